@@ -1,0 +1,58 @@
+"""Config validation with clear errors, and the values derived from a config."""
+
+import dataclasses
+
+import ml_collections
+
+BACKENDS = ("pmap", "mesh")
+
+
+class ConfigError(ValueError):
+  """A config or command-line mistake; the CLI reports it in one line and exits with status 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """How the global batch is split over processes and devices."""
+  num_devices: int
+  num_processes: int
+  global_batch: int
+  eval_global_batch: int
+
+  @property
+  def per_device_batch(self) -> int:
+    return self.global_batch // self.num_devices
+
+  @property
+  def process_batch(self) -> int:
+    return self.global_batch // self.num_processes
+
+  @property
+  def eval_process_batch(self) -> int:
+    return self.eval_global_batch // self.num_processes
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+  """The global eval batch: `eval_batch_size`, or `batch_size` when that is 0."""
+  return config.get("eval_batch_size", 0) or config.batch_size
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int) -> Layout:
+  """Checks the fields every run needs; returns the batch layout."""
+  _positive(config, "batch_size", "num_train_steps", "log_every_steps", "eval_every_steps")
+  if not config.learning_rate > 0:
+    raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
+  if config.parallel.backend not in BACKENDS:
+    raise ConfigError(f"unknown parallel.backend {config.parallel.backend!r} (choose from {', '.join(BACKENDS)})")
+  layout = Layout(num_devices, num_processes, config.batch_size, eval_batch_size(config))
+  for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):
+    if size % num_devices:
+      raise ConfigError(f"{key} ({size}) must be divisible by the number of devices ({num_devices})")
+  return layout
+
+
+def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:
+  for key in keys:
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise ConfigError(f"{key} must be a positive integer, got {value!r}")

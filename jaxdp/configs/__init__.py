@@ -1,0 +1,1 @@
+"""Ready configs: each file has `get_config()`; pass its path to `--config`."""

@@ -1,0 +1,37 @@
+"""Default: a small CNN on the offline `digits` dataset (8x8 handwritten digits, scikit-learn)."""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The default config; other configs start from it and change a few fields."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0                    # Seeds parameters, data order and augmentation.
+  config.batch_size = 128            # Global batch size. Must be divisible by the number of devices.
+  config.eval_batch_size = 0         # Global eval batch size; 0 means batch_size.
+  config.num_train_steps = 400       # Optimizer steps.
+  config.optimizer = "adam"          # sgd | momentum | adam | adamw.
+  config.learning_rate = 3e-3        # Peak learning rate. Must be positive.
+  config.momentum = 0.9              # Momentum of the "momentum" optimizer.
+  config.weight_decay = 0.0          # Decoupled weight decay (adamw), L2 otherwise.
+  config.lr_schedule = "constant"    # constant | cosine (cosine decays to 0 at num_train_steps).
+  config.warmup_steps = 0            # Linear warmup steps before the schedule.
+  config.log_every_steps = 50        # Write train metrics every this many steps.
+  config.eval_every_steps = 200      # Evaluate on the whole eval split every this many steps (and at the end).
+
+  config.parallel = ml_collections.ConfigDict()
+  config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
+  config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
+  config.parallel.max_steps_in_flight = 2  # Bounds async dispatch (fake CPU devices deadlock without it).
+  config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
+
+  config.model = ml_collections.ConfigDict()
+  config.model.name = "cnn"          # mlp | cnn | "package.module:ClassName" (NNX or linen); other fields are kwargs.
+
+  config.dataset = ml_collections.ConfigDict()
+  config.dataset.name = "digits"     # Any registered TFDS builder, read with its supervised keys.
+  config.dataset.data_dir = config_dict.placeholder(str)  # TFDS data_dir; None means the TFDS default.
+  config.dataset.train_split = "train"  # TFDS split spec, e.g. "train[:90%]".
+  config.dataset.eval_split = "test"    # Evaluated exactly once per example.
+  return config

@@ -1,0 +1,53 @@
+"""Models: built-in NNX modules, or any NNX / linen class named by "package.module:ClassName"."""
+
+import importlib
+import inspect
+from typing import Any
+
+import ml_collections
+from flax import linen, nnx
+
+from jaxdp.config import ConfigError
+from jaxdp.models.adapter import Model, from_linen, from_nnx, sample_inputs
+
+BUILTIN = {
+    "mlp": "jaxdp.models.mlp:MLP",
+    "cnn": "jaxdp.models.cnn:CNN",
+}
+
+__all__ = ["Model", "get_model", "BUILTIN"]
+
+
+def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int) -> Model:
+  """Resolves `config.name` and builds the module with the other fields of `config` as kwargs.
+
+  `input_shape` and `num_classes` (from the dataset) are passed too when the class takes them and the
+  config does not set them.
+  """
+  cls = resolve(config.name)
+  kwargs = {k: v for k, v in config.to_dict().items() if k != "name"}
+  accepted = inspect.signature(cls.__init__ if issubclass(cls, nnx.Module) else cls).parameters
+  for key, value in (("input_shape", tuple(input_shape)), ("num_classes", num_classes)):
+    if key in accepted and key not in kwargs:
+      kwargs[key] = value
+  try:
+    if issubclass(cls, nnx.Module):
+      return from_nnx(cls, kwargs)
+    return from_linen(cls(**kwargs), sample_inputs(input_shape))
+  except TypeError as e:  # Wrong kwargs for the class: a config mistake.
+    raise ConfigError(f"model {config.name!r} does not accept the config's fields: {e}") from None
+
+
+def resolve(name: str) -> type[Any]:
+  """The NNX or linen class for a built-in name or "package.module:ClassName"."""
+  path = BUILTIN.get(name, name)
+  if ":" not in path:
+    raise ConfigError(f"unknown model {name!r} (built-in: {', '.join(BUILTIN)}; or 'package.module:ClassName')")
+  module_name, _, class_name = path.partition(":")
+  try:
+    cls = getattr(importlib.import_module(module_name), class_name)
+  except (ImportError, AttributeError) as e:
+    raise ConfigError(f"unknown model {name!r}: {e}") from None
+  if not (inspect.isclass(cls) and issubclass(cls, (nnx.Module, linen.Module))):
+    raise ConfigError(f"model {name!r} is not a Flax NNX or linen Module class")
+  return cls

@@ -1,0 +1,140 @@
+"""The only module that knows devices: how state is replicated, how a host batch becomes a device
+batch, and how the per-replica step is mapped over devices, for the `pmap` and `mesh` backends."""
+
+import abc
+import collections
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxdp.config import ConfigError
+from jaxdp.step import DataAxis
+
+PyTree = Any
+AXIS = "data"
+
+
+class Backend(abc.ABC):
+  """Maps a per-replica step `(state, batch, *, axis) -> out` over a 1-D set of devices."""
+  axis: DataAxis
+
+  def __init__(self, devices: list[jax.Device]):
+    self.devices = devices
+    self.local_devices = [d for d in devices if d.process_index == jax.process_index()]
+    self.mesh = Mesh(np.array(devices), (AXIS,))
+
+  @property
+  def num_devices(self) -> int:
+    return len(self.devices)
+
+  @abc.abstractmethod
+  def init(self, fn: Callable[[], PyTree]) -> PyTree:
+    """Runs `fn` (a deterministic state constructor) so that every device holds the result."""
+
+  @abc.abstractmethod
+  def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
+    """This process's host batch -> the step's device batch (the one host-to-device seam)."""
+
+  @abc.abstractmethod
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    """The compiled, device-mapped `step(state, batch) -> (state, metrics)`; the state is donated."""
+
+  @abc.abstractmethod
+  def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    """The compiled, device-mapped `step(state, batch) -> metrics`."""
+
+  @abc.abstractmethod
+  def replicas(self, tree: PyTree) -> PyTree:
+    """Every local replica of a replicated tree, stacked on a leading axis (numpy)."""
+
+  def get(self, tree: PyTree) -> PyTree:
+    """One host copy (numpy) of a replicated tree, e.g. metrics or parameters."""
+    return jax.tree.map(lambda x: x[0], self.replicas(tree))
+
+
+class PmapBackend(Backend):
+  """`jax.pmap` over this process's devices; leaves carry a leading [local_devices] axis."""
+  axis = DataAxis(AXIS, mark_varying=False)
+
+  def __init__(self, devices: list[jax.Device]):
+    super().__init__(devices)
+    self._local_mesh = Mesh(np.array(self.local_devices), (AXIS,))
+    self._pmap = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devices)
+
+  def init(self, fn: Callable[[], PyTree]) -> PyTree:
+    # Each device builds the same state itself: no host copy, no transfer.
+    return self._pmap(lambda _: fn())(np.zeros(len(self.local_devices)))
+
+  def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
+    sharding = NamedSharding(self._local_mesh, P(AXIS))
+    n = len(self.local_devices)
+    return {k: jax.device_put(v.reshape(n, v.shape[0] // n, *v.shape[1:]), sharding) for k, v in batch.items()}
+
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    return self._pmap(functools.partial(step, axis=self.axis), donate_argnums=0)
+
+  def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    return self._pmap(functools.partial(step, axis=self.axis))
+
+  def replicas(self, tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda x: np.stack([np.asarray(s.data)[0] for s in x.addressable_shards]), tree)
+
+
+class MeshBackend(Backend):
+  """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data')."""
+  axis = DataAxis(AXIS, mark_varying=True)
+
+  def __init__(self, devices: list[jax.Device]):
+    super().__init__(devices)
+    self.replicated = NamedSharding(self.mesh, P())
+    self.sharded = NamedSharding(self.mesh, P(AXIS))
+
+  def init(self, fn: Callable[[], PyTree]) -> PyTree:
+    # Created already replicated on every device, never first on one.
+    return jax.jit(fn, out_shardings=self.replicated)()
+
+  def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
+    return {k: jax.make_array_from_process_local_data(self.sharded, v) for k, v in batch.items()}
+
+  def _shard_map(self, step: Callable[..., Any], out_specs: Any) -> Callable[..., Any]:
+    return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
+                         in_specs=(P(), P(AXIS)), out_specs=out_specs)
+
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    return jax.jit(self._shard_map(step, (P(), P())), donate_argnums=0)
+
+  def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    return jax.jit(self._shard_map(step, P()))
+
+  def replicas(self, tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda x: np.stack([np.asarray(s.data) for s in x.addressable_shards]), tree)
+
+
+BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
+
+
+def make_backend(name: str, num_devices: int = 0) -> Backend:
+  """The backend `name` over all devices, or over the first `num_devices` (single process only)."""
+  devices = jax.devices()
+  if num_devices:
+    if jax.process_count() > 1:
+      raise ConfigError(f"parallel.num_devices ({num_devices}) is for single-process runs; use 0 (all devices)")
+    if num_devices > len(devices):
+      raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
+    devices = devices[:num_devices]
+  return BACKENDS[name](devices)
+
+
+def prefetch(backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int) -> Iterator[PyTree]:
+  """Places the next `size` host batches on devices ahead of use (transfers are asynchronous)."""
+  queue: collections.deque = collections.deque()
+  for batch in batches:
+    queue.append(backend.put_batch(batch))
+    if len(queue) > size:
+      yield queue.popleft()
+  yield from queue
