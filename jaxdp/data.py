@@ -66,8 +66,9 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
 
 def _prepare(builder: tfds.core.DatasetBuilder) -> None:
   """Prepares the dataset under a file lock, so concurrent processes never corrupt it."""
-  os.makedirs(builder.data_dir, exist_ok=True)
-  lock_path = os.path.join(os.path.dirname(builder.data_dir), f".{builder.name}.prepare.lock")
+  root = os.path.dirname(os.path.dirname(builder.data_dir))  # data_dir/name/version -> data_dir
+  os.makedirs(root, exist_ok=True)
+  lock_path = os.path.join(root, f".{builder.name}.prepare.lock")
   with open(lock_path, "w") as lock, contextlib.ExitStack() as stack:
     fcntl.flock(lock, fcntl.LOCK_EX)  # One process prepares; the others wait, then reuse it.
     stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)

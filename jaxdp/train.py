@@ -17,6 +17,7 @@ import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import tempfile  # noqa: E402
 
 import jax  # noqa: E402
@@ -120,6 +121,8 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
     fv(argv)
   except flags.Error as e:
     raise config_lib.ConfigError(str(e)) from None
+  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
+    raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
   if not fv["config"].present:
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
   if not fv.workdir:
@@ -129,10 +132,16 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
     raise config_lib.ConfigError(f"config file {path!r} not found")
   try:
     return fv.config, fv.workdir
-  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    key = str(e).strip("'\"")
-    bad = [a.split("=")[0] for a in argv if a.startswith("--config.") and key in a]
-    raise config_lib.ConfigError(f"unknown config key {bad[0] if bad else key!r}") from None
+  except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
+    raise config_lib.ConfigError(f"could not load config file {path!r}: {e.__cause__ or e}") from None
+
+
+def _bad_override(argv: list[str], error: Exception) -> str:
+  """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
+  key = re.search(r"\w+", str(error)).group()
+  hint = re.search(r'Did you mean "(\w+)"', str(error))
+  flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
+  return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
 
 
 def main(argv: list[str]) -> int:

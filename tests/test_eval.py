@@ -1,0 +1,33 @@
+"""Eval counts every example of the split exactly once, whatever the device count and batch size."""
+
+import pytest
+
+from jaxdp import metrics, train
+
+SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+@pytest.mark.parametrize("num_devices, eval_batch", [(1, 24), (3, 24), (8, 24), (8, 16), (3, 9)])
+def test_eval_counts_every_example_once(config, tmp_path, backend, num_devices, eval_batch):
+  config.parallel.backend = backend
+  config.parallel.num_devices = num_devices
+  config.batch_size = 24
+  config.eval_batch_size = eval_batch
+  config.num_train_steps = 1
+  config.dataset.eval_split = SPLIT
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result.eval_metrics["eval/num_examples"] == SIZE
+  assert metrics.read(str(tmp_path))[-1]["eval/num_examples"] == SIZE
+
+
+def test_eval_accuracy_does_not_depend_on_the_device_count(config, tmp_path):
+  config.num_train_steps = 10
+  config.dataset.eval_split = SPLIT
+  config.batch_size = config.eval_batch_size = 24
+  results = []
+  for n in (1, 3, 8):
+    config.parallel.num_devices = n
+    results.append(train.train_and_evaluate(config, str(tmp_path / str(n))).eval_metrics)
+  assert results[0]["eval/accuracy"] == results[1]["eval/accuracy"] == results[2]["eval/accuracy"]
+  assert results[0]["eval/loss"] == pytest.approx(results[2]["eval/loss"], rel=1e-5)

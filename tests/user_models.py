@@ -1,0 +1,27 @@
+"""Models a user brings without touching jaxdp: one linen (with BatchNorm state), one NNX."""
+
+import jax
+from flax import linen as nn
+from flax import nnx
+
+
+class LinenBNNet(nn.Module):
+  """linen: Dense, BatchNorm, ReLU, Dense; takes `train` as the adapter expects."""
+  width: int = 32
+  num_classes: int = 10
+
+  @nn.compact
+  def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+    x = nn.Dense(self.width)(x.reshape(x.shape[0], -1))
+    x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+    return nn.Dense(self.num_classes)(nn.relu(x))
+
+
+class NNXNet(nnx.Module):
+  """NNX: a linear model over flattened 8x8 inputs; its sizes come from the config."""
+
+  def __init__(self, in_features: int, num_classes: int, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(in_features, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.linear(x.reshape(x.shape[0], -1))
