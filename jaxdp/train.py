@@ -146,7 +146,8 @@ def _bad_override(argv: list[str], error: Exception) -> str:
 
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
-  logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
+  log.setLevel(logging.INFO)  # jaxdp's own lines; libraries stay at WARNING.
   try:
     config, workdir = parse(argv)
     train_and_evaluate(config, workdir)
