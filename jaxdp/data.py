@@ -54,7 +54,7 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
   """Finds the TFDS builder named by `config.name`, preparing it once if needed."""
   import jaxdp.datasets  # noqa: F401  Registers the builders jaxdp ships.
   try:
-    builder = tfds.builder(config.name, data_dir=config.data_dir)
+    builder = tfds.builder(config.name, data_dir=config.data_dir, **dict(config.get("builder_kwargs") or {}))
   except tfds.core.registered.DatasetNotFoundError:
     raise ConfigError(f"unknown dataset {config.name!r}: no TFDS builder of that name is registered") from None
   if not builder.info.supervised_keys:
