@@ -13,6 +13,8 @@ from jaxdp.models.adapter import Model, from_linen, from_nnx, sample_inputs
 BUILTIN = {
     "mlp": "jaxdp.models.mlp:MLP",
     "cnn": "jaxdp.models.cnn:CNN",
+    "resnet": "jaxdp.models.resnet:ResNet",
+    "gpt": "jaxdp.models.gpt:GPT",
 }
 
 __all__ = ["Model", "get_model", "BUILTIN"]

@@ -1,0 +1,38 @@
+"""`tiny_shakespeare_chars`: TFDS `tiny_shakespeare` as supervised character windows.
+
+`tiny_shakespeare` holds one example per split (the whole text) and no supervised keys; this view cuts
+each split (train / validation / test, about 1 MB / 55 kB / 55 kB of ASCII) into byte windows like
+`text_file`. Preparing it prepares `tiny_shakespeare` in the same data_dir (a download, the first time).
+
+    tfds.builder("tiny_shakespeare_chars", data_dir=..., seq_len=256)
+"""
+
+import tensorflow_datasets as tfds
+
+from jaxdp.datasets.text_file import WindowedText
+
+SOURCE = "tiny_shakespeare"
+SPLITS = ("train", "validation", "test")
+
+
+def source_text(split: str, data_dir: str | None) -> bytes:
+  """The whole text of one split of the prepared TFDS `tiny_shakespeare`."""
+  builder = tfds.builder(SOURCE, data_dir=data_dir)
+  builder.download_and_prepare()
+  examples = builder.as_dataset(split=split, shuffle_files=False)
+  return b"".join(ex["text"] for ex in tfds.as_numpy(examples))
+
+
+class TinyShakespeareChars(WindowedText):
+  """Byte windows over tiny_shakespeare's splits (each split stays whole, windows never cross them)."""
+
+  RELEASE_NOTES = {"1.0.0": "Byte tokens over tiny_shakespeare train / validation / test."}
+
+  def __init__(self, *, seq_len: int = 256, stride: int = 0, data_dir: str | None = None, **kwargs):
+    self.source_data_dir = data_dir  # tiny_shakespeare is read from (and prepared in) the same data_dir.
+    kwargs["config"] = self.window_config(f"t{seq_len}-s{stride or seq_len}", seq_len, stride,
+                                          "Windows over TFDS tiny_shakespeare.")
+    super().__init__(data_dir=data_dir, **kwargs)
+
+  def _texts(self) -> dict[str, bytes]:
+    return {split: source_text(split, self.source_data_dir) for split in SPLITS}

@@ -1,0 +1,87 @@
+"""A small decoder-only transformer (NNX): causal self-attention, pre-LayerNorm, learned or rotary positions.
+
+Trained as a character (byte) level language model: inputs are token ids [B, T], outputs logits
+[B, T, vocab] for the next token at every position.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxdp.config import ConfigError
+
+POSITIONS = ("learned", "rotary")
+
+
+def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
+  """Rotary position embedding of x [B, T, heads, head_dim] (head_dim even), position = index in T."""
+  t, dim = x.shape[1], x.shape[-1]
+  freqs = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
+  angles = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs[None, :]   # [T, dim/2]
+  cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+
+
+class CausalSelfAttention(nnx.Module):
+  """Multi-head self-attention in which position t attends to positions <= t only."""
+
+  def __init__(self, dim: int, num_heads: int, use_rotary: bool, out_init: nnx.Initializer, *, rngs: nnx.Rngs):
+    if dim % num_heads:
+      raise ConfigError(f"model embed_dim ({dim}) must be divisible by num_heads ({num_heads})")
+    self.num_heads, self.use_rotary = num_heads, use_rotary
+    self.qkv = nnx.Linear(dim, 3 * dim, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.out = nnx.Linear(dim, dim, kernel_init=out_init, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    b, t, d = x.shape
+    q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
+    if self.use_rotary:
+      q, k = rotary(q), rotary(k)
+    y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    return self.out(y.reshape(b, t, d))
+
+
+class Block(nnx.Module):
+  """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+  def __init__(self, dim: int, num_heads: int, mlp_ratio: int, use_rotary: bool, num_layers: int,
+               *, rngs: nnx.Rngs):
+    out_init = nnx.initializers.normal(0.02 / (2 * num_layers) ** 0.5)  # GPT-2: scaled residual projections.
+    self.ln1 = nnx.LayerNorm(dim, rngs=rngs)
+    self.attn = CausalSelfAttention(dim, num_heads, use_rotary, out_init, rngs=rngs)
+    self.ln2 = nnx.LayerNorm(dim, rngs=rngs)
+    self.fc = nnx.Linear(dim, mlp_ratio * dim, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.proj = nnx.Linear(mlp_ratio * dim, dim, kernel_init=out_init, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = x + self.attn(self.ln1(x))
+    return x + self.proj(nnx.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nnx.Module):
+  """Decoder-only transformer over `num_classes` tokens (the vocabulary) and contexts of input_shape[0]."""
+
+  def __init__(self, input_shape: Sequence[int], num_classes: int, num_layers: int = 4, num_heads: int = 4,
+               embed_dim: int = 128, mlp_ratio: int = 4, positions: str = "learned", *, rngs: nnx.Rngs):
+    if positions not in POSITIONS:
+      raise ConfigError(f"unknown model positions {positions!r} (choose from {', '.join(POSITIONS)})")
+    self.seq_len = input_shape[0]
+    self.embed = nnx.Embed(num_classes, embed_dim, embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.pos = None
+    if positions == "learned":
+      self.pos = nnx.Param(nnx.initializers.normal(0.02)(rngs.params(), (self.seq_len, embed_dim)))
+    self.blocks = nnx.List([Block(embed_dim, num_heads, mlp_ratio, positions == "rotary", num_layers, rngs=rngs)
+                            for _ in range(num_layers)])
+    self.ln_f = nnx.LayerNorm(embed_dim, rngs=rngs)
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    # The input pipeline hands over float32; ids < 2**24 are exact in float32.
+    x = self.embed(tokens.astype(jnp.int32))
+    if self.pos is not None:
+      x = x + self.pos[:tokens.shape[1]]
+    for block in self.blocks:
+      x = block(x)
+    return self.embed.attend(self.ln_f(x))  # Output layer tied to the embedding.

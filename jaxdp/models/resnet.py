@@ -1,0 +1,68 @@
+"""ResNet (NNX) for small images such as 32x32 CIFAR, with BatchNorm synchronized across replicas.
+
+ResNet-18 for CIFAR: a 3x3 stem without max-pool, four stages of two basic blocks (64, 128, 256, 512
+channels; stride 2 from the second stage on), global average pooling, one dense layer.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def _batch_norm(features: int, axis_name: str | None, momentum: float, rngs: nnx.Rngs,
+                zero_scale: bool = False) -> nnx.BatchNorm:
+  """BatchNorm whose batch statistics are averaged over `axis_name` (the data axis) in training."""
+  scale_init = nnx.initializers.zeros if zero_scale else nnx.initializers.ones
+  return nnx.BatchNorm(features, momentum=momentum, epsilon=1e-5, axis_name=axis_name, scale_init=scale_init,
+                       rngs=rngs)
+
+
+class BasicBlock(nnx.Module):
+  """Two 3x3 convolutions with a residual connection (projected when the shape changes)."""
+
+  def __init__(self, in_features: int, features: int, stride: int, axis_name: str | None, momentum: float,
+               *, rngs: nnx.Rngs):
+    self.conv1 = nnx.Conv(in_features, features, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+    self.bn1 = _batch_norm(features, axis_name, momentum, rngs)
+    self.conv2 = nnx.Conv(features, features, (3, 3), use_bias=False, rngs=rngs)
+    # Zero-initialised last scale: each block starts as the identity, which helps large-batch training.
+    self.bn2 = _batch_norm(features, axis_name, momentum, rngs, zero_scale=True)
+    self.project = None
+    if stride != 1 or in_features != features:
+      self.project = nnx.Conv(in_features, features, (1, 1), strides=stride, use_bias=False, rngs=rngs)
+      self.project_bn = _batch_norm(features, axis_name, momentum, rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = nnx.relu(self.bn1(self.conv1(x)))
+    y = self.bn2(self.conv2(y))
+    shortcut = x if self.project is None else self.project_bn(self.project(x))
+    return nnx.relu(y + shortcut)
+
+
+class ResNet(nnx.Module):
+  """ResNet with basic blocks; the defaults are ResNet-18 for 32x32 inputs."""
+
+  def __init__(self, input_shape: Sequence[int], num_classes: int, stage_sizes: Sequence[int] = (2, 2, 2, 2),
+               width: int = 64, bn_axis_name: str | None = "data", bn_momentum: float = 0.9,
+               *, rngs: nnx.Rngs):
+    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None keeps them local."""
+    channels = input_shape[-1]
+    self.stem = nnx.Conv(channels, width, (3, 3), use_bias=False, rngs=rngs)
+    self.stem_bn = _batch_norm(width, bn_axis_name, bn_momentum, rngs)
+    blocks, features = [], width
+    for i, size in enumerate(stage_sizes):
+      out = width * 2**i
+      for j in range(size):
+        stride = 2 if i > 0 and j == 0 else 1
+        blocks.append(BasicBlock(features, out, stride, bn_axis_name, bn_momentum, rngs=rngs))
+        features = out
+    self.blocks = nnx.List(blocks)
+    self.head = nnx.Linear(features, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = nnx.relu(self.stem_bn(self.stem(x)))
+    for block in self.blocks:
+      x = block(x)
+    return self.head(jnp.mean(x, axis=(1, 2)))
