@@ -56,6 +56,19 @@ class Backend(abc.ABC):
     """One host copy (numpy) of a replicated tree, e.g. metrics or parameters."""
     return jax.tree.map(lambda x: x[0], self.replicas(tree))
 
+  def abstract_global(self, abstract: PyTree) -> PyTree:
+    """Shapes of a state (from `jax.eval_shape`) as global arrays replicated over all devices."""
+    replicated = NamedSharding(self.mesh, P())
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract)
+
+  def to_global(self, tree: PyTree) -> PyTree:
+    """This backend's replicated layout -> global arrays replicated over all devices (for orbax)."""
+    return tree
+
+  def from_global(self, tree: PyTree) -> PyTree:
+    """Global replicated arrays -> this backend's replicated layout."""
+    return tree
+
 
 class PmapBackend(Backend):
   """`jax.pmap` over this process's devices; leaves carry a leading [local_devices] axis."""
@@ -83,6 +96,27 @@ class PmapBackend(Backend):
 
   def replicas(self, tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: np.stack([np.asarray(s.data)[0] for s in x.addressable_shards]), tree)
+
+  def to_global(self, tree: PyTree) -> PyTree:
+    # pmap's [local_devices, ...] replicas become one global array per leaf, without a host copy.
+    replicated = NamedSharding(self.mesh, P())
+
+    def one(x: jax.Array) -> jax.Array:
+      by_device = {s.device: s.data.reshape(x.shape[1:]) for s in x.addressable_shards}
+      return jax.make_array_from_single_device_arrays(x.shape[1:], replicated, [by_device[d] for d in self.local_devices])
+
+    return jax.tree.map(one, tree)
+
+  def from_global(self, tree: PyTree) -> PyTree:
+    stacked = NamedSharding(self._local_mesh, P(AXIS))
+    n = len(self.local_devices)
+
+    def one(x: jax.Array) -> jax.Array:
+      by_device = {s.device: s.data for s in x.addressable_shards}
+      shards = [by_device[d].reshape(1, *x.shape) for d in self.local_devices]
+      return jax.make_array_from_single_device_arrays((n, *x.shape), stacked, shards)
+
+    return jax.tree.map(one, tree)
 
 
 class MeshBackend(Backend):

@@ -72,22 +72,38 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   (loss, (logits, model_state)), grads = grad_fn(axis.vary(state.params))
   grads = lax.pmean(grads, axis.name)  # The all-reduce of data parallelism.
+  loss = lax.pmean(loss, axis.name)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  new_state = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                            model_state=_pmean_floats(model_state, axis.name), opt_state=opt_state)
+  updated = state.replace(params=optax.apply_updates(state.params, updates),
+                          model_state=_pmean_floats(model_state, axis.name), opt_state=opt_state)
+  # A NaN/Inf on any replica reaches every replica through the pmeans above, so all of them take
+  # the same decision: skip this update (the batch is still consumed).
+  finite = _all_finite((loss, grads))
+  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
   accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["labels"])
-  return new_state, {"loss": lax.pmean(loss, axis.name), "accuracy": lax.pmean(accuracy, axis.name)}
+  return new_state.replace(step=state.step + 1), {
+      "loss": loss, "accuracy": lax.pmean(accuracy, axis.name), "nonfinite": 1 - finite.astype(jnp.int32)}
 
 
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, axis: DataAxis) -> Metrics:
-  """Sums of loss, correct predictions and real examples over all replicas (padding masked out)."""
+  """Sums of loss, correct predictions, real examples and their targets over all replicas (padding masked out).
+
+  Labels may have more dims than the [B] mask (e.g. [B, T] next tokens): every label is one target.
+  """
   logits, _ = model.apply(state.params, state.model_state, batch["inputs"], train=False)
-  mask = batch["mask"]
-  correct = (jnp.argmax(logits, -1) == batch["labels"]) & mask
-  loss = jnp.where(mask, cross_entropy(logits, batch["labels"]), 0.0)
+  labels, mask = batch["labels"], batch["mask"]
+  targets = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (labels.ndim - 1)), labels.shape)
+  correct = (jnp.argmax(logits, -1) == labels) & targets
+  loss = jnp.where(targets, cross_entropy(logits, labels), 0.0)
   return {"loss_sum": lax.psum(loss.sum(), axis.name),
           "correct": lax.psum(correct.sum(dtype=jnp.int32), axis.name),
-          "num_examples": lax.psum(mask.sum(dtype=jnp.int32), axis.name)}
+          "num_examples": lax.psum(mask.sum(dtype=jnp.int32), axis.name),
+          "num_targets": lax.psum(targets.sum(dtype=jnp.int32), axis.name)}
+
+
+def _all_finite(tree: PyTree) -> jax.Array:
+  """True when every element of every leaf is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 
 def _pmean_floats(tree: PyTree, axis_name: str) -> PyTree:

@@ -19,6 +19,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
 import tempfile  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -27,7 +28,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxdp import config as config_lib  # noqa: E402
-from jaxdp import data, metrics, models, optim, parallel  # noqa: E402
+from jaxdp import checkpoint, data, metrics, models, optim, parallel, preemption, replicas  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 
 log = logging.getLogger("jaxdp")
@@ -35,14 +36,44 @@ log = logging.getLogger("jaxdp")
 
 @dataclasses.dataclass
 class Result:
-  """What a finished run leaves: the final (device) state, its backend, the last eval metrics."""
+  """What a run leaves: the final (device) state, its backend, the last eval metrics."""
   state: step_lib.TrainState
   backend: parallel.Backend
   eval_metrics: dict[str, float]
+  preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or gradients stayed NaN/Inf for too many consecutive steps."""
+
+
+@dataclasses.dataclass
+class _Run:
+  """Everything a run is built from, before the loop starts."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  layout: config_lib.Layout
+  backend: parallel.Backend
+  ds: data.Dataset
+  checkpointer: checkpoint.Checkpointer
+  state: step_lib.TrainState
+  train_step: Callable
+  eval_step: Callable
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
-  """Trains `config` for `num_train_steps`, evaluating periodically; writes WORKDIR/metrics.jsonl."""
+  """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
+  run = _setup(config, workdir)
+  try:
+    with preemption.Watcher(config.get("preemption_sync_every_steps", 1)) as watcher:
+      return _train(run, watcher)
+  finally:
+    run.checkpointer.wait()  # Never exit with a save half-written.
+    run.checkpointer.close()
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
+  """Validates the config, then builds data, model, optimizer, steps, and the (restored) state."""
   num_devices = config.parallel.get("num_devices", 0) or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
   _check_workdir(workdir)
@@ -50,51 +81,96 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Resul
   ds = data.load(config.dataset)
   model = models.get_model(config.model, ds.input_shape, ds.num_classes)
   tx = optim.make(config)
-  state = backend.init(functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx))
+  checkpointer = checkpoint.Checkpointer(workdir, config)
+  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx)
+  state = checkpointer.restore_or_init(backend, init)
   train_step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, model=model))
-  evaluate = functools.partial(_evaluate, backend, eval_step, ds, config, layout)
+  return _Run(config, workdir, layout, backend, ds, checkpointer, state, train_step, eval_step)
 
-  start = int(backend.get(state.step))
+
+def _train(run: _Run, watcher: preemption.Watcher) -> Result:
+  """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
+  config, backend, state = run.config, run.backend, run.state
+  start, total = int(backend.get(state.step)), config.num_train_steps
   batches = parallel.prefetch(backend, data.train_batches(
-      ds, config.dataset.train_split, seed=config.seed, global_batch=layout.global_batch, start_step=start,
-      process_index=jax.process_index(), process_count=jax.process_count()), config.parallel.prefetch)
-  writer = metrics.JsonlWriter(workdir)
-  in_flight: collections.deque = collections.deque()
-  history: list = []
+      run.ds, config.dataset.train_split, seed=config.seed, global_batch=run.layout.global_batch,
+      start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
+      config.parallel.prefetch)
+  writer = metrics.JsonlWriter(run.workdir)
+  tracker = _StepMetrics(backend, config.parallel.max_steps_in_flight, config.get("max_consecutive_nonfinite", 5))
   eval_metrics: dict[str, float] = {}
-  for step in range(start + 1, config.num_train_steps + 1):
-    state, step_metrics = train_step(state, next(batches))
-    in_flight.append(step_metrics)
-    # Reading an older step's metrics bounds the steps in flight (many in flight deadlock fake devices).
-    while len(in_flight) >= config.parallel.max_steps_in_flight:
-      history.append(backend.get(in_flight.popleft()))
-    if _itstime(step, config.log_every_steps, config.num_train_steps):
-      history += [backend.get(m) for m in in_flight]
-      in_flight.clear()
-      writer.write(step, metrics.mean(history, "train"))
-      log.info("step %d: %s", step, history[-1])
-      history = []
-    if _itstime(step, config.eval_every_steps, config.num_train_steps):
-      eval_metrics = evaluate(state)
+  for step in range(start + 1, total + 1):
+    state, step_metrics = run.train_step(state, next(batches))
+    tracker.push(step, step_metrics)
+    if _itstime(step, config.log_every_steps, total):
+      writer.write(step, tracker.flush())
+    if _itstime(step, config.get("check_replicas_every_steps", 0), total):
+      replicas.check(state.params)
+    evaluated = _itstime(step, config.eval_every_steps, total)
+    if evaluated:
+      eval_metrics = _evaluate(run, state)
       writer.write(step, eval_metrics)
       log.info("step %d: %s", step, eval_metrics)
+    if _itstime(step, config.get("checkpoint_every_steps", 0), total):
+      run.checkpointer.save(step, state, backend, eval_metrics if evaluated else None)
+    if watcher.should_stop(step):
+      run.checkpointer.save(step, state, backend, force=True)
+      log.info("step %d: stop requested; checkpoint saved, exiting", step)
+      return Result(state, backend, eval_metrics, preempted=True)
   return Result(state, backend, eval_metrics)
 
 
+class _StepMetrics:
+  """Reads each step's metrics one step late, which bounds the steps in flight, and guards NaNs."""
+
+  def __init__(self, backend: parallel.Backend, max_in_flight: int, max_nonfinite: int):
+    self.backend, self.max_in_flight, self.max_nonfinite = backend, max_in_flight, max_nonfinite
+    self.in_flight: collections.deque = collections.deque()
+    self.history: list[dict] = []
+    self.nonfinite_run: list[int] = []
+    self.last_step = 0
+
+  def push(self, step: int, step_metrics: dict) -> None:
+    self.in_flight.append((step, step_metrics))
+    # Many steps in flight deadlock fake CPU devices; reading an older step's metrics waits for it.
+    while len(self.in_flight) >= self.max_in_flight:
+      self._read()
+
+  def flush(self) -> dict[str, float]:
+    """Mean train metrics since the last flush (`train/loss`, ...), with the skipped steps counted."""
+    while self.in_flight:
+      self._read()
+    history, self.history = self.history, []
+    out = metrics.mean(history, "train")
+    out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
+    log.info("step %d: %s", self.last_step, out)
+    return out
+
+  def _read(self) -> None:
+    step, device_metrics = self.in_flight.popleft()
+    host = self.backend.get(device_metrics)
+    self.history.append(host)
+    self.last_step = step
+    self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
+    if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
+      raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
+                           f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training stopped; "
+                           "the last checkpoint is intact")
+
+
 def _itstime(step: int, every: int, total: int) -> bool:
-  """Periodic work runs every `every` steps and at the last step."""
-  return step % every == 0 or step == total
+  """Periodic work runs every `every` steps and at the last step; never when `every` is 0."""
+  return every > 0 and (step % every == 0 or step == total)
 
 
-def _evaluate(backend: parallel.Backend, eval_step, ds: data.Dataset, config: ml_collections.ConfigDict,
-              layout: config_lib.Layout, state: step_lib.TrainState) -> dict[str, float]:
+def _evaluate(run: _Run, state: step_lib.TrainState) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, each counted once."""
-  batches = data.eval_batches(ds, config.dataset.eval_split, global_batch=layout.eval_global_batch,
+  batches = data.eval_batches(run.ds, run.config.dataset.eval_split, global_batch=run.layout.eval_global_batch,
                               process_index=jax.process_index(), process_count=jax.process_count())
   totals = None
   for batch in batches:
-    sums = backend.get(eval_step(state, backend.put_batch(batch)))
+    sums = run.backend.get(run.eval_step(state, run.backend.put_batch(batch)))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return metrics.summarize_eval(totals)
 
@@ -154,7 +230,10 @@ def main(argv: list[str]) -> int:
   except config_lib.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  return 0
+  except (NonFiniteError, replicas.ReplicaMismatchError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0  # Also after a preemption: the checkpoint is written and a rerun resumes.
 
 
 if __name__ == "__main__":

@@ -13,12 +13,23 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 400       # Optimizer steps.
   config.optimizer = "adam"          # sgd | momentum | adam | adamw.
   config.learning_rate = 3e-3        # Peak learning rate. Must be positive.
+  config.base_batch_size = 0         # Linear scaling rule: if > 0, the peak lr is learning_rate * batch_size / base_batch_size.
   config.momentum = 0.9              # Momentum of the "momentum" optimizer.
+  config.nesterov = False            # Nesterov momentum (the "momentum" optimizer only).
   config.weight_decay = 0.0          # Decoupled weight decay (adamw), L2 otherwise.
   config.lr_schedule = "constant"    # constant | cosine (cosine decays to 0 at num_train_steps).
   config.warmup_steps = 0            # Linear warmup steps before the schedule.
   config.log_every_steps = 50        # Write train metrics every this many steps.
   config.eval_every_steps = 200      # Evaluate on the whole eval split every this many steps (and at the end).
+  config.checkpoint_every_steps = 200  # Save WORKDIR/checkpoints/STEP every this many steps (and at the end); 0: never.
+  config.keep_checkpoints = 3        # Keep the newest this many checkpoints ...
+  config.keep_best_checkpoints = 0   # ... plus this many best by `best_metric` (among evaluated steps).
+  config.best_metric = "eval/accuracy"  # Metric that ranks checkpoints for keep_best_checkpoints.
+  config.best_mode = "max"           # max | min: which end of best_metric is best.
+  config.async_checkpointing = True  # Write checkpoints in the background while training continues.
+  config.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/Inf steps (each is skipped); 0: never.
+  config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
+  config.preemption_sync_every_steps = 1  # Multi-process: agree on a stop signal every this many steps.
 
   config.parallel = ml_collections.ConfigDict()
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
@@ -32,6 +43,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset = ml_collections.ConfigDict()
   config.dataset.name = "digits"     # Any registered TFDS builder, read with its supervised keys.
   config.dataset.data_dir = config_dict.placeholder(str)  # TFDS data_dir; None means the TFDS default.
+  config.dataset.builder_kwargs = ml_collections.ConfigDict()  # Keyword arguments of the TFDS builder (text_file: path, seq_len).
   config.dataset.train_split = "train"  # TFDS split spec, e.g. "train[:90%]".
   config.dataset.eval_split = "test"    # Evaluated exactly once per example.
   return config
