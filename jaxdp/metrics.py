@@ -1,13 +1,25 @@
-"""Host-side metric writers: `metrics.jsonl` in the workdir, written by process 0 only."""
+"""Host-side metric writers: `metrics.jsonl` and TensorBoard event files in the workdir, process 0 only."""
 
+import glob
 import json
+import numbers
 import os
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import jax
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+class Writer(Protocol):
+  """Takes the scalars of one step; `close` flushes what is buffered."""
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None: ...
+
+  def close(self) -> None: ...
 
 
 class JsonlWriter:
@@ -24,11 +36,76 @@ class JsonlWriter:
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
+  def close(self) -> None:
+    """Nothing buffered: every record is on disk once `write` returns."""
+
+
+class TensorBoardWriter:
+  """TensorBoard event files in the workdir (`tensorboard --logdir WORKDIR`); a no-op off process 0.
+
+  Uses TensorBoard's numpy-only `tensorboard.summary.Writer`, so no TensorFlow ops run.
+  """
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    self._writer = None
+    if self.enabled:
+      from tensorboard.summary import Writer as EventWriter  # Only process 0 pays for the import.
+      self._writer = EventWriter(workdir)
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    if self._writer is None:
+      return
+    for key, value in scalars.items():
+      if _is_number(value):
+        self._writer.add_scalar(key, float(value), int(step))
+    self._writer.flush()  # Periodic and small: flushing keeps the files current if the run dies.
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()
+      self._writer = None
+
+
+class MultiWriter:
+  """Fans each write out to several writers."""
+
+  def __init__(self, writers: Sequence[Writer]):
+    self.writers = list(writers)
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    for writer in self.writers:
+      writer.write(step, scalars)
+
+  def close(self) -> None:
+    for writer in self.writers:
+      writer.close()
+
+
+def create_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
+  """metrics.jsonl plus (optionally) TensorBoard event files; both write on process 0 only."""
+  writers: list[Writer] = [JsonlWriter(workdir)]
+  if tensorboard:
+    writers.append(TensorBoardWriter(workdir))
+  return MultiWriter(writers)
+
 
 def read(workdir: str) -> list[dict]:
   """All records of a workdir's metrics.jsonl."""
   with open(os.path.join(workdir, METRICS_FILE)) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def read_tensorboard(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Every scalar in a workdir's TensorBoard event files: tag -> [(step, value), ...] in file order."""
+  from tensorboard.backend.event_processing import event_file_loader
+  scalars: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(glob.glob(os.path.join(workdir, EVENTS_GLOB))):
+    for event in event_file_loader.EventFileLoader(path).Load():
+      for value in event.summary.value:
+        number = value.tensor.float_val[0] if value.HasField("tensor") else value.simple_value
+        scalars.setdefault(value.tag, []).append((int(event.step), float(number)))
+  return scalars
 
 
 def mean(history: Sequence[Mapping[str, np.ndarray]], prefix: str) -> dict[str, float]:
@@ -37,10 +114,16 @@ def mean(history: Sequence[Mapping[str, np.ndarray]], prefix: str) -> dict[str, 
 
 
 def summarize_eval(sums: Mapping[str, np.ndarray]) -> dict[str, float]:
-  """Eval sums -> `eval/loss`, `eval/accuracy`, `eval/num_examples`."""
+  """Eval sums -> `eval/loss`, `eval/accuracy` (per target: per example, or per token), `eval/num_examples`."""
   n = int(sums["num_examples"])
-  return {"eval/loss": float(sums["loss_sum"]) / n, "eval/accuracy": float(sums["correct"]) / n,
+  t = int(sums.get("num_targets", n))
+  return {"eval/loss": float(sums["loss_sum"]) / t, "eval/accuracy": float(sums["correct"]) / t,
           "eval/num_examples": n}
+
+
+def _is_number(value: object) -> bool:
+  return isinstance(value, numbers.Number | np.generic | np.ndarray) and not isinstance(value, bool) \
+      and np.ndim(value) == 0
 
 
 def _plain(value: object) -> object:

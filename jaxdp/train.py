@@ -28,7 +28,8 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxdp import config as config_lib  # noqa: E402
-from jaxdp import checkpoint, data, metrics, models, optim, parallel, preemption, replicas  # noqa: E402
+from jaxdp import checkpoint, data, metrics, models, optim, parallel, preemption, progress, replicas  # noqa: E402
+from jaxdp import summary  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 
 log = logging.getLogger("jaxdp")
@@ -81,6 +82,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   ds = data.load(config.dataset)
   model = models.get_model(config.model, ds.input_shape, ds.num_classes)
   tx = optim.make(config)
+  summary.report(summary.describe(config, backend, layout, ds, model))
   checkpointer = checkpoint.Checkpointer(workdir, config)
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx)
   state = checkpointer.restore_or_init(backend, init)
@@ -97,27 +99,33 @@ def _train(run: _Run, watcher: preemption.Watcher) -> Result:
       run.ds, config.dataset.train_split, seed=config.seed, global_batch=run.layout.global_batch,
       start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
       config.parallel.prefetch)
-  writer = metrics.JsonlWriter(run.workdir)
+  writer = metrics.create_writer(run.workdir)  # metrics.jsonl + TensorBoard, process 0 only.
+  reporter, batches = progress.start(run.train_step, state, batches, start_step=start, total_steps=total,
+                                     global_batch=run.layout.global_batch, devices=backend.devices)
   tracker = _StepMetrics(backend, config.parallel.max_steps_in_flight, config.get("max_consecutive_nonfinite", 5))
   eval_metrics: dict[str, float] = {}
   for step in range(start + 1, total + 1):
     state, step_metrics = run.train_step(state, next(batches))
     tracker.push(step, step_metrics)
+    reporter.on_step(step)
     if _itstime(step, config.log_every_steps, total):
-      writer.write(step, tracker.flush())
+      train_metrics = tracker.flush()
+      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics)})
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
       replicas.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
       eval_metrics = _evaluate(run, state)
       writer.write(step, eval_metrics)
-      log.info("step %d: %s", step, eval_metrics)
+      reporter.on_eval(step, eval_metrics)
     if _itstime(step, config.get("checkpoint_every_steps", 0), total):
       run.checkpointer.save(step, state, backend, eval_metrics if evaluated else None)
     if watcher.should_stop(step):
       run.checkpointer.save(step, state, backend, force=True)
       log.info("step %d: stop requested; checkpoint saved, exiting", step)
       return Result(state, backend, eval_metrics, preempted=True)
+  reporter.close()
+  writer.close()
   return Result(state, backend, eval_metrics)
 
 
@@ -144,7 +152,7 @@ class _StepMetrics:
     history, self.history = self.history, []
     out = metrics.mean(history, "train")
     out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
-    log.info("step %d: %s", self.last_step, out)
+    log.debug("step %d: %s", self.last_step, out)  # The progress reporter prints the readable line.
     return out
 
   def _read(self) -> None:

@@ -1,0 +1,196 @@
+"""What a run shows while it trains (process 0 only): a live progress bar on a terminal, plain
+periodic lines otherwise (so logs stay readable), with loss, throughput, step time, MFU and ETA."""
+
+import itertools
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TextIO
+
+import jax
+
+from jaxdp import flops as flops_lib
+from jaxdp import summary
+
+BAR_WIDTH = 24
+REDRAW_SECONDS = 0.1  # A bar redrawn every step would cost more than a tiny step.
+
+
+class Reporter:
+  """Times the steps between sync points and prints progress.
+
+  The loop calls `on_step` after dispatching each step, `on_log` once the metrics of every step up
+  to `step` are on the host (a sync point, so the timing is exact), and `on_eval` after an eval.
+  Time spent in eval is not counted as training time.
+  """
+
+  def __init__(self, total_steps: int, start_step: int, global_batch: int, num_devices: int, *,
+               flops_per_step: float | None = None, peak_flops: float | None = None,
+               stream: TextIO | None = None, interactive: bool | None = None, enabled: bool | None = None,
+               clock: Callable[[], float] = time.perf_counter):
+    self.total_steps = total_steps
+    self.start_step = start_step
+    self.global_batch = global_batch
+    self.num_devices = num_devices
+    self.flops_per_step = flops_per_step
+    self.peak_flops = peak_flops
+    self.stream = stream if stream is not None else sys.stdout
+    self.interactive = _isatty(self.stream) if interactive is None else interactive
+    self.enabled = jax.process_index() == 0 if enabled is None else enabled
+    self._clock = clock
+    self._window: tuple[int, float] | None = None  # (step, time) where the current timing began.
+    self._timed_steps = 0
+    self._timed_seconds = 0.0
+    self._loss: float | None = None
+    self._last_draw = -math.inf
+
+  def on_step(self, step: int) -> None:
+    """Called after step `step` was dispatched; redraws the bar on a terminal."""
+    now = self._clock()
+    if self._window is None:  # The first step's dispatch (and any compile) is not timed.
+      self._window = (step, now)
+    if self.enabled and self.interactive and (now - self._last_draw >= REDRAW_SECONDS or step == self.total_steps):
+      self._last_draw = now
+      self.stream.write("\r" + self._bar(step, now) + "\x1b[K")
+      self.stream.flush()
+
+  def on_log(self, step: int, scalars: Mapping[str, float]) -> dict[str, float]:
+    """At a sync point after `step`: prints the train line; returns the `perf/...` scalars to write."""
+    perf = self._close_window(step)
+    self._loss = scalars.get("train/loss", self._loss)
+    self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step)))
+    return perf
+
+  def on_eval(self, step: int, scalars: Mapping[str, float]) -> None:
+    """Prints the eval line; the next timing window starts now, after the eval."""
+    self._print(eval_line(step, self.total_steps, scalars))
+    self._window = (step, self._clock())
+
+  def close(self) -> None:
+    """Prints the average throughput of the timed steps."""
+    if self._timed_steps:
+      step_time = self._timed_seconds / self._timed_steps
+      self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
+                  f"over {self._timed_steps} timed steps ({_duration(self._timed_seconds)})")
+
+  def eta_seconds(self, step: int) -> float | None:
+    """Seconds left for the remaining steps at the average step time so far (None before any timing)."""
+    if not self._timed_steps:
+      return None
+    return (self.total_steps - step) * self._timed_seconds / self._timed_steps
+
+  def _close_window(self, step: int) -> dict[str, float]:
+    """Throughput of the steps since the window began; starts the next window."""
+    now = self._clock()
+    if self._window is None or step <= self._window[0]:
+      self._window = (step, now)
+      return {}
+    steps, seconds = step - self._window[0], now - self._window[1]
+    self._window = (step, now)
+    self._timed_steps += steps
+    self._timed_seconds += seconds
+    return perf_scalars(seconds / steps, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops)
+
+  def _bar(self, step: int, now: float) -> str:
+    done = (step - self.start_step) / max(self.total_steps - self.start_step, 1)
+    filled = int(BAR_WIDTH * done)
+    parts = [f"{step:>{len(str(self.total_steps))}}/{self.total_steps} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"
+             f" {100 * step / self.total_steps:3.0f}%"]
+    if self._loss is not None:
+      parts.append(f"loss {self._loss:.4f}")
+    step_time = self._running_step_time(step, now)
+    if step_time:
+      parts.append(f"{self.global_batch / step_time:,.0f} ex/s")
+      parts.append(f"ETA {_duration((self.total_steps - step) * step_time)}")
+    return " | ".join(parts)
+
+  def _running_step_time(self, step: int, now: float) -> float | None:
+    """The average step time so far, or the current window's estimate before the first sync."""
+    if self._timed_steps:
+      return self._timed_seconds / self._timed_steps
+    if self._window is not None and step > self._window[0]:
+      return (now - self._window[1]) / (step - self._window[0])
+    return None
+
+  def _print(self, line: str) -> None:
+    if not self.enabled:
+      return
+    prefix = "\r\x1b[K" if self.interactive else ""  # Clears the bar; it is redrawn on the next step.
+    self.stream.write(prefix + line + "\n")
+    self.stream.flush()
+
+
+def start(train_step: Callable, state: Any, batches: Iterator, *, start_step: int, total_steps: int,
+          global_batch: int, devices: list[jax.Device]) -> tuple["Reporter", Iterator]:
+  """Counts the compiled step's FLOPs on the first batch, prints them, and makes the Reporter.
+
+  Returns the reporter and `batches` with the first batch put back. The compile done here is the one
+  the first real step reuses (JAX caches the executable).
+  """
+  step_flops = None
+  if start_step < total_steps:
+    first = next(batches)
+    batches = itertools.chain([first], batches)
+    step_flops = flops_lib.step_flops(train_step, state, first)
+  peak = flops_lib.peak_flops(devices[0])
+  summary.report({"compute": summary.compute(step_flops, peak, devices[0])}, title=None)
+  reporter = Reporter(total_steps, start_step, global_batch, len(devices), flops_per_step=step_flops, peak_flops=peak)
+  return reporter, batches
+
+
+def perf_scalars(step_seconds: float, global_batch: int, num_devices: int, flops_per_step: float | None,
+                 peak_flops: float | None) -> dict[str, float]:
+  """Step time, examples per second (total and per device) and, when the peak is known, MFU."""
+  perf = {"perf/step_time": step_seconds, "perf/examples_per_second": global_batch / step_seconds,
+          "perf/examples_per_second_per_device": global_batch / step_seconds / num_devices}
+  if (mfu := flops_lib.mfu(flops_per_step, step_seconds, peak_flops)) is not None:
+    perf["perf/mfu"] = mfu
+  return perf
+
+
+def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mapping[str, float],
+               eta: float | None) -> str:
+  """`step 50/400  12% | loss 0.4123 | acc 87.5% | 5,234 ex/s (654/device) | 24.5 ms/step | ETA 0:00:07`."""
+  parts = [f"step {step:>{len(str(total))}}/{total} {100 * step / total:3.0f}%"]
+  if "train/loss" in scalars:
+    parts.append(f"loss {scalars['train/loss']:.4f}")
+  if "train/accuracy" in scalars:
+    parts.append(f"acc {100 * scalars['train/accuracy']:.1f}%")
+  if scalars.get("train/nonfinite"):
+    parts.append(f"{int(scalars['train/nonfinite'])} non-finite steps skipped")
+  if "perf/examples_per_second" in perf:
+    parts.append(f"{perf['perf/examples_per_second']:,.0f} ex/s "
+                 f"({perf['perf/examples_per_second_per_device']:,.0f}/device)")
+    parts.append(f"{1000 * perf['perf/step_time']:.1f} ms/step")
+  if "perf/mfu" in perf:
+    parts.append(f"MFU {100 * perf['perf/mfu']:.1f}%")
+  if eta is not None:
+    parts.append(f"ETA {_duration(eta)}")
+  return " | ".join(parts)
+
+
+def eval_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
+  """`step 200/400 eval | loss 0.1234 | acc 97.2% | 360 examples`."""
+  parts = [f"step {step:>{len(str(total))}}/{total} eval"]
+  if "eval/loss" in scalars:
+    parts.append(f"loss {scalars['eval/loss']:.4f}")
+  if "eval/accuracy" in scalars:
+    parts.append(f"acc {100 * scalars['eval/accuracy']:.1f}%")
+  if "eval/num_examples" in scalars:
+    parts.append(f"{int(scalars['eval/num_examples']):,} examples")
+  return " | ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+  """H:MM:SS."""
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def _isatty(stream: TextIO) -> bool:
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):  # No isatty, or a closed stream.
+    return False

@@ -1,0 +1,100 @@
+"""The short summary a run prints at start: devices, backend, batch layout, model size, data, compute."""
+
+import sys
+from typing import TextIO
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxdp import config as config_lib
+from jaxdp import data, parallel
+from jaxdp.models import Model
+
+
+TOPIC_WIDTH = 9  # Fixed, so that lines printed later (e.g. "compute") align with the block.
+
+
+def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layout: config_lib.Layout,
+             ds: data.Dataset, model: Model) -> dict[str, str]:
+  """Topic -> one line of text, in the order printed (the step's FLOPs come later: see `compute`)."""
+  count, nbytes = parameter_size(model)
+  n_train = ds.num_examples(config.dataset.train_split)
+  n_eval = ds.num_examples(config.dataset.eval_split)
+  steps_per_epoch = n_train // layout.global_batch
+  return {
+      "devices": _devices(backend),
+      "backend": _backend(config.parallel.backend, backend),
+      "batch": _batch(layout),
+      "model": f"{config.model.name}: {count:,} parameters, {_bytes(nbytes)}",
+      "data": (f"{ds.builder.name} {config.dataset.train_split!r} {n_train:,} examples, "
+               f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {ds.num_classes} classes"),
+      "schedule": (f"{config.num_train_steps:,} steps, {steps_per_epoch:,} per epoch "
+                   f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
+  }
+
+
+def format_summary(lines: dict[str, str]) -> str:
+  """The aligned block of text."""
+  return "\n".join(f"  {topic:<{TOPIC_WIDTH}} {text}" for topic, text in lines.items())
+
+
+def report(lines: dict[str, str], stream: TextIO | None = None, title: str | None = "jaxdp") -> None:
+  """Prints the summary (or more lines of it) on process 0."""
+  if jax.process_index() == 0:
+    stream = stream if stream is not None else sys.stdout
+    stream.write((f"{title}\n" if title else "") + format_summary(lines) + "\n")
+    stream.flush()
+
+
+def parameter_size(model: Model) -> tuple[int, int]:
+  """(number, bytes) of the trainable parameters, from shapes alone (nothing is allocated)."""
+  params, _ = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  leaves = jax.tree.leaves(params)
+  return (sum(int(np.prod(x.shape)) for x in leaves),
+          sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves))
+
+
+def _devices(backend: parallel.Backend) -> str:
+  device = backend.devices[0]
+  processes = jax.process_count()
+  return (f"{backend.num_devices} x {device.device_kind} ({device.platform}); {processes} "
+          f"process{'es' if processes > 1 else ''}, {len(backend.local_devices)} devices on this one")
+
+
+def _batch(layout: config_lib.Layout) -> str:
+  per_process = f" ({layout.process_batch} per process)" if layout.num_processes > 1 else ""
+  return (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}{per_process}; "
+          f"eval global {layout.eval_global_batch}")
+
+
+def _backend(name: str, backend: parallel.Backend) -> str:
+  axes = ", ".join(f"{axis!r}: {size}" for axis, size in backend.mesh.shape.items())
+  if name == "pmap":
+    return f"pmap: jax.pmap over {backend.num_devices} devices (axis {axes}), one state copy per device"
+  return f"{name}: jit(shard_map) over Mesh({{{axes}}}), state replicated, batch sharded"
+
+
+def compute(step_flops: float | None, peak: float | None, device: jax.Device) -> str:
+  """The step's FLOPs per device and whether MFU can be reported."""
+  if step_flops is None:
+    return "FLOPs per step unknown: no MFU"
+  text = f"{_si(step_flops)}FLOP per step per device (XLA cost analysis)"
+  if peak is None:
+    return text + f"; peak FLOP/s of {device.device_kind!r} unknown: no MFU"
+  return text + f"; peak {_si(peak)}FLOP/s per device (bf16): MFU reported"
+
+
+def _si(value: float) -> str:
+  """1.23e9 -> '1.23 G'."""
+  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if value >= scale:
+      return f"{value / scale:.3g} {unit}"
+  return f"{value:.3g} "
+
+
+def _bytes(n: int) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:.1f} {unit}"
+  return f"{n} B"
