@@ -44,7 +44,8 @@ def plot(workdirs: list[str], out: str) -> str:
       for split, style in (("train", "-"), ("eval", "--")):
         if f"{split}/{metric}" in run:
           steps, values = run[f"{split}/{metric}"]
-          ax.plot(steps, values, style, color=f"C{color}", marker="o" if len(steps) < 3 else None,
+          ax.plot(steps, values, style, color=f"C{color}", marker="o" if split == "eval" or len(steps) < 3 else None,
+                  markersize=4,
                   label=f"{label} {split}")
           drawn += 1
     ax.set(title=title, xlabel="step")

@@ -13,7 +13,7 @@ import jax
 from jaxdp import flops as flops_lib
 from jaxdp import summary
 
-BAR_WIDTH = 24
+BAR_WIDTH = 20  # The whole bar line stays under 80 columns: a wrapped line breaks the redraw.
 REDRAW_SECONDS = 0.1  # A bar redrawn every step would cost more than a tiny step.
 
 
@@ -99,16 +99,16 @@ class Reporter:
              f" {100 * step / self.total_steps:3.0f}%"]
     if self._loss is not None:
       parts.append(f"loss {self._loss:.4f}")
-    step_time = self._running_step_time(step, now)
-    if step_time:
-      parts.append(f"{self.global_batch / step_time:,.0f} ex/s")
-      parts.append(f"ETA {_duration((self.total_steps - step) * step_time)}")
+    live = self._window_step_time(step, now)
+    if live:
+      parts.append(f"{self.global_batch / live:,.0f} ex/s")
+    eta = self.eta_seconds(step) if self._timed_steps else ((self.total_steps - step) * live if live else None)
+    if eta is not None:
+      parts.append(f"ETA {_duration(eta)}")
     return " | ".join(parts)
 
-  def _running_step_time(self, step: int, now: float) -> float | None:
-    """The average step time so far, or the current window's estimate before the first sync."""
-    if self._timed_steps:
-      return self._timed_seconds / self._timed_steps
+  def _window_step_time(self, step: int, now: float) -> float | None:
+    """The current window's step time so far (dispatch-timed; the bound on steps in flight keeps it close)."""
     if self._window is not None and step > self._window[0]:
       return (now - self._window[1]) / (step - self._window[0])
     return None

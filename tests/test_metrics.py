@@ -1,0 +1,60 @@
+"""Metric writers: metrics.jsonl and TensorBoard hold the same scalars, written by process 0 only."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import metrics, train
+
+CONTRACT = {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy", "eval/num_examples"}
+PERF = {"perf/step_time", "perf/examples_per_second", "perf/examples_per_second_per_device"}
+
+
+def test_tensorboard_files_hold_every_scalar_of_metrics_jsonl(config, tmp_path):
+  config.num_train_steps, config.log_every_steps, config.eval_every_steps = 4, 2, 4
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  jsonl = {(key, r["step"]): value for r in metrics.read(workdir) for key, value in r.items() if key != "step"}
+  events = metrics.read_tensorboard(workdir)
+  tensorboard = {(tag, step): value for tag, points in events.items() for step, value in points}
+  assert tensorboard.keys() == jsonl.keys()
+  for key, value in jsonl.items():
+    assert tensorboard[key] == pytest.approx(value, rel=1e-6), key  # Event files hold float32.
+  assert CONTRACT | PERF <= set(events)
+  assert "perf/mfu" not in events  # No known peak FLOP/s on CPU.
+  assert [step for step, _ in events["train/loss"]] == [2, 4]
+  throughput = dict(events["perf/examples_per_second"])[4]
+  per_device = dict(events["perf/examples_per_second_per_device"])[4]
+  assert throughput == pytest.approx(config.batch_size / dict(events["perf/step_time"])[4], rel=1e-5)
+  assert per_device == pytest.approx(throughput / jax.device_count(), rel=1e-5)
+
+
+def test_tensorboard_writes_numbers_only(tmp_path):
+  writer = metrics.TensorBoardWriter(str(tmp_path))
+  writer.write(3, {"a": 1.5, "b": np.float32(2.0), "c": 7, "name": "text", "flag": True, "vector": np.ones(2)})
+  writer.close()
+  assert metrics.read_tensorboard(str(tmp_path)) == {"a": [(3, 1.5)], "b": [(3, 2.0)], "c": [(3, 7.0)]}
+
+
+def test_writers_write_nothing_off_process_0(tmp_path, monkeypatch):
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  writer = metrics.create_writer(str(tmp_path))
+  writer.write(1, {"train/loss": 1.0})
+  writer.close()
+  assert list(tmp_path.iterdir()) == []
+
+
+def test_multi_writer_fans_out():
+  seen = []
+
+  class Recorder:
+    def write(self, step, scalars):
+      seen.append((step, dict(scalars)))
+
+    def close(self):
+      seen.append("closed")
+
+  writer = metrics.MultiWriter([Recorder(), Recorder()])
+  writer.write(5, {"train/loss": 0.5})
+  writer.close()
+  assert seen == [(5, {"train/loss": 0.5})] * 2 + ["closed"] * 2

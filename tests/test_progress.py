@@ -1,0 +1,138 @@
+"""Progress: exact throughput, step time, MFU and ETA from the clock; plain lines when not a terminal;
+the start summary; the CLI's output when it is piped."""
+
+import functools
+import io
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import config as config_lib
+from jaxdp import data, models, parallel, progress, summary
+from jaxdp.configs import default
+
+TRAIN_LINE = re.compile(r"^step +\d+/\d+ +\d+% \| loss \d+\.\d{4} \| acc \d+\.\d% \| [\d,]+ ex/s \([\d,]+/device\) "
+                        r"\| \d+\.\d ms/step \| ETA \d+:\d\d:\d\d$")
+EVAL_LINE = re.compile(r"^step +\d+/\d+ eval \| loss \d+\.\d{4} \| acc \d+\.\d% \| [\d,]+ examples$")
+
+
+class Clock:
+  """A clock the test moves by hand."""
+
+  def __init__(self):
+    self.now = 0.0
+
+  def __call__(self):
+    return self.now
+
+
+def _reporter(clock, stream, interactive=False, **kw):
+  return progress.Reporter(10, 0, 64, 8, flops_per_step=1e9, peak_flops=1e12, stream=stream,
+                           interactive=interactive, enabled=True, clock=clock, **kw)
+
+
+def test_throughput_mfu_and_eta_from_the_clock_with_eval_excluded():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out)
+  for step in range(1, 5):  # Step 1's dispatch starts the clock; steps 2..4 take 1.5 s each.
+    reporter.on_step(step)
+    clock.now += 1.5
+  clock.now -= 1.5
+  perf = reporter.on_log(4, {"train/loss": 0.5, "train/accuracy": 0.75})
+  assert perf == pytest.approx({"perf/step_time": 1.5, "perf/examples_per_second": 64 / 1.5,
+                                "perf/examples_per_second_per_device": 8 / 1.5, "perf/mfu": 1e9 / 1.5 / 1e12})
+  assert reporter.eta_seconds(4) == pytest.approx(6 * 1.5)
+  clock.now += 100.0  # A long eval: not training time.
+  reporter.on_eval(4, {"eval/loss": 0.25, "eval/accuracy": 0.875, "eval/num_examples": 360})
+  for step in (5, 6):
+    clock.now += 0.5
+    reporter.on_step(step)
+  perf = reporter.on_log(6, {"train/loss": 0.4, "train/accuracy": 0.8})
+  assert perf["perf/step_time"] == pytest.approx(0.5)
+  assert reporter.eta_seconds(6) == pytest.approx(4 * (3 * 1.5 + 2 * 0.5) / 5)
+  lines = out.getvalue().splitlines()
+  assert lines[0] == "step  4/10  40% | loss 0.5000 | acc 75.0% | 43 ex/s (5/device) | 1500.0 ms/step | MFU 0.1% | ETA 0:00:09"
+  assert lines[1] == "step  4/10 eval | loss 0.2500 | acc 87.5% | 360 examples"
+  assert lines[2].startswith("step  6/10  60% | loss 0.4000 | acc 80.0% | 128 ex/s (16/device) | 500.0 ms/step")
+  assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
+
+
+def test_first_log_at_the_first_step_has_no_throughput_yet():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out)
+  reporter.on_step(1)
+  assert reporter.on_log(1, {"train/loss": 1.0}) == {}
+  assert reporter.eta_seconds(1) is None
+  assert out.getvalue() == "step  1/10  10% | loss 1.0000\n"
+
+
+def test_terminal_gets_a_redrawn_bar():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out, interactive=True)
+  for step in range(1, 4):
+    reporter.on_step(step)
+    clock.now += 1.0
+  text = out.getvalue()
+  assert text.count("\r") == 3 and "[" in text and "ETA" in text
+  reporter.on_log(3, {"train/loss": 0.5})
+  assert out.getvalue()[len(text):].startswith("\r\x1b[K")  # The line replaces the bar.
+
+
+def test_only_process_0_prints(monkeypatch):
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  out = io.StringIO()
+  reporter = progress.Reporter(10, 0, 64, 8, stream=out)
+  reporter.on_step(1)
+  reporter.on_log(2, {"train/loss": 1.0})
+  summary.report({"devices": "x"}, stream=out)
+  assert out.getvalue() == ""
+
+
+def test_summary_describes_the_run(config):
+  backend = parallel.make_backend("mesh")
+  layout = config_lib.validate(config, backend.num_devices, 1)
+  ds = data.load(config.dataset)
+  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
+  lines = summary.describe(config, backend, layout, ds, model)
+  params, _ = model.init(jax.random.PRNGKey(0))
+  count = sum(x.size for x in jax.tree.leaves(params))
+  nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  n_train, n_eval = ds.num_examples("train"), ds.num_examples("test")
+  assert summary.parameter_size(model) == (count, nbytes)
+  assert f"{count:,} parameters" in lines["model"]
+  assert lines["devices"].startswith(f"{jax.device_count()} x cpu")
+  assert f"global 32 = {jax.device_count()} devices x {32 // jax.device_count()}" in lines["batch"]
+  assert f"{n_train:,} examples" in lines["data"] and f"{n_eval:,}" in lines["data"]
+  assert f"{n_train // 32} per epoch" in lines["schedule"]
+  assert "'data': 8" in lines["backend"]
+
+
+def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
+  workdir = tmp_path / "run"
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "4", "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+  proc = subprocess.run(
+      [sys.executable, "-m", "jaxdp.train", "--config", default.__file__, "--workdir", str(workdir),
+       f"--config.dataset.data_dir={data_dir}", "--config.model.name=mlp", "--config.batch_size=32",
+       "--config.num_train_steps=6", "--config.log_every_steps=2", "--config.eval_every_steps=6",
+       "--config.checkpoint_every_steps=0"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=180, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = proc.stdout
+  assert "\r" not in out and "\x1b" not in out  # No bar in a log file.
+  lines = out.splitlines()
+  assert lines[0] == "jaxdp"
+  topics = [line.split()[0] for line in lines[1:9]]
+  assert topics == ["devices", "backend", "batch", "model", "data", "schedule", "compute"] + ["step"], out
+  assert lines[1].split()[1:3] == ["4", "x"]
+  assert "global 32 = 4 devices x 8" in lines[3]
+  progress_lines = lines[8:]
+  assert [line.split()[1] for line in progress_lines[:-1]] == ["2/6", "4/6", "6/6", "6/6"], out
+  assert all(TRAIN_LINE.match(line) for line in progress_lines[:3]), out
+  assert EVAL_LINE.match(progress_lines[3]), out
+  assert progress_lines[-1].startswith("done | ")
+  assert (workdir / "metrics.jsonl").exists() and list(workdir.glob("events.out.tfevents.*"))
