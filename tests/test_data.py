@@ -1,23 +1,31 @@
-"""The input stream: one seeded global order, sliced per process, resumable at any step."""
+"""The input stream: one seeded global order, sliced per process and device, resumable at any step;
+augmentation keyed by the example's position; exactly-once eval; the opt-in per-process shards."""
 
+import contextlib
 import itertools
 
+import ml_collections
 import numpy as np
 import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
 
-from jaxdp import data
+from jaxdp import data, parallel
+from jaxdp.config import ConfigError
+from jaxdp.preprocess import Preprocess
 
 B = 32
+MOCK_EXAMPLES = 96  # Mocked cifar10: 6 global batches of 16 per epoch.
+CIFAR = {"name": "cifar10", "crop_padding": 4, "flip": True, "mean": (0.5, 0.4, 0.3), "std": (0.2, 0.25, 0.3)}
 
 
 @pytest.fixture(scope="module")
 def digits(data_dir):
-  import ml_collections
   return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))
 
 
-def _train(ds, steps, *, seed=0, start=0, process_index=0, process_count=1):
-  it = data.train_batches(ds, "train", seed=seed, global_batch=B, start_step=start,
+def _train(ds, steps, *, seed=0, start=0, process_index=0, process_count=1, batch=B, split="train"):
+  it = data.train_batches(ds, split, seed=seed, global_batch=batch, start_step=start,
                           process_index=process_index, process_count=process_count)
   return list(itertools.islice(it, steps))
 
@@ -26,6 +34,13 @@ def _global(ds, steps, process_count, **kw):
   """The global batches as the processes of a `process_count`-process run would assemble them."""
   per_process = [_train(ds, steps, process_index=p, process_count=process_count, **kw) for p in range(process_count)]
   return [{k: np.concatenate([pp[s][k] for pp in per_process]) for k in per_process[0][s]} for s in range(steps)]
+
+
+@contextlib.contextmanager
+def _cifar(tmp_path, **fields):
+  """Mocked cifar10 (random images, no download) with CIFAR augmentation, loaded inside the mock."""
+  with tfds.testing.mock_data(num_examples=MOCK_EXAMPLES):
+    yield data.load(ml_collections.ConfigDict({**CIFAR, "data_dir": str(tmp_path), **fields}))
 
 
 def _assert_same(a, b):
@@ -47,6 +62,26 @@ def test_other_seed_other_order(digits):
 @pytest.mark.parametrize("process_count", [2, 4, 8])
 def test_global_batches_do_not_depend_on_the_process_count(digits, process_count):
   _assert_same(_global(digits, 3, 1), _global(digits, 3, process_count))
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_one_two_and_eight_devices_see_the_same_global_batches(digits, backend):
+  host = _train(digits, 3)
+  seen = {}
+  for n in (1, 2, 8):
+    be = parallel.make_backend(backend, n)
+    seen[n] = [{k: _device_rows(v, be.local_devices, b[k].shape[1:]) for k, v in be.put_batch(b).items()}
+               for b in host]
+  _assert_same(seen[1], host)
+  _assert_same(seen[2], host)
+  _assert_same(seen[8], host)
+
+
+def _device_rows(array, devices, row_shape):
+  """Each device's rows of a device batch, concatenated in the backend's device order."""
+  by_device = {s.device: np.asarray(s.data).reshape(-1, *row_shape) for s in array.addressable_shards}
+  assert len(by_device) == len(devices)
+  return np.concatenate([by_device[d] for d in devices])
 
 
 def test_batches_are_decoded_and_typed(digits):
@@ -72,10 +107,113 @@ def test_resume_continues_with_the_next_batch(digits, k):
   _assert_same(straight[k:], resumed)
 
 
+def test_augmented_stream_is_deterministic_resumable_and_process_count_invariant(tmp_path):
+  with _cifar(tmp_path) as ds:
+    straight = _global(ds, 8, 1, batch=16)           # Crosses an epoch boundary (6 steps per epoch).
+    _assert_same(straight, _global(ds, 8, 1, batch=16))
+    _assert_same(straight, _global(ds, 8, 8, batch=16))
+    _assert_same(straight[5:], _global(ds, 3, 2, batch=16, start=5))
+    other_seed = _global(ds, 1, 1, batch=16, seed=1)
+  assert not np.array_equal(straight[0]["inputs"], other_seed[0]["inputs"])
+
+
+def test_augmentation_and_normalization_are_applied(tmp_path):
+  with _cifar(tmp_path, crop_padding=0, flip=False, mean=(), std=()) as plain_ds:
+    plain = _train(plain_ds, 6, batch=16)
+  with _cifar(tmp_path) as aug_ds:
+    augmented = _train(aug_ds, 6, batch=16)
+  raw = np.concatenate([b["inputs"] for b in plain])
+  out = np.concatenate([b["inputs"] for b in augmented])
+  # Undo the normalization: what is left is raw, shifted by up to 4 pixels, maybe mirrored, zero-padded.
+  out = out * np.array(CIFAR["std"]) + np.array(CIFAR["mean"])
+  matched = [_crop_and_flip_of(o, r) for o, r in zip(out, raw)]
+  assert all(m is not None for m in matched)
+  offsets = {m[:2] for m in matched}
+  assert len(offsets) > 10 and {m[2] for m in matched} == {False, True}  # Crops and flips vary per example.
+
+
+def _crop_and_flip_of(out, raw, pad=4):
+  """(dy, dx, flipped) with out == that crop of zero-padded raw, or None."""
+  padded = np.pad(raw, [(pad, pad), (pad, pad), (0, 0)])
+  for flipped in (False, True):
+    src = padded[:, ::-1] if flipped else padded
+    for dy in range(2 * pad + 1):
+      for dx in range(2 * pad + 1):
+        if np.allclose(src[dy:dy + 32, dx:dx + 32], out, atol=1e-5):
+          return dy, dx, flipped
+  return None
+
+
+def test_crop_and_flip_at_known_draws():
+  images = tf.reshape(tf.range(2 * 4 * 5, dtype=tf.int32) % 251 + 1, [2, 4, 5, 1])
+  images = tf.cast(images, tf.uint8)
+  pre = Preprocess(crop_padding=2, flip=True)
+  # Row 0: offset 0 (shifted down-right by 2, zeros enter), no flip. Row 1: offset 2 (unchanged), flipped.
+  out = pre.augment(images, tf.constant([[0.0, 0.0, 0.9], [0.5, 0.5, 0.1]])).numpy()
+  x = images.numpy()
+  np.testing.assert_array_equal(out[0, 2:, 2:], x[0, :-2, :-2])
+  assert (out[0, :2] == 0).all() and (out[0, :, :2] == 0).all()
+  np.testing.assert_array_equal(out[1], x[1, :, ::-1])
+
+
+def test_eval_is_not_augmented(tmp_path):
+  with _cifar(tmp_path) as aug_ds:
+    augmented = list(data.eval_batches(aug_ds, "test", global_batch=32, process_index=0, process_count=1))
+  with _cifar(tmp_path, crop_padding=0, flip=False) as plain_ds:
+    plain = list(data.eval_batches(plain_ds, "test", global_batch=32, process_index=0, process_count=1))
+  _assert_same(augmented, plain)
+
+
 @pytest.mark.parametrize("process_count", [1, 2, 4])
 def test_eval_covers_the_split_once(digits, process_count):
-  batches = [list(data.eval_batches(digits, "test[:101]", global_batch=B, process_index=p,
+  split = "test[:101]"
+  batches = [list(data.eval_batches(digits, split, global_batch=B, process_index=p,
                                     process_count=process_count)) for p in range(process_count)]
-  assert {len(b) for b in batches} == {data.num_eval_steps(digits, "test[:101]", B)}  # Same count everywhere.
+  assert {len(b) for b in batches} == {data.num_eval_steps(digits, split, B)}  # Same count everywhere.
   masks = np.concatenate([np.concatenate([b["mask"] for b in per]) for per in batches])
   assert masks.sum() == 101 and masks.size == 4 * B
+  # The unmasked rows of all processes are exactly the split's examples (as a multiset).
+  seen = np.concatenate([b["inputs"][b["mask"]].reshape(-1, 64) for per in batches for b in per])
+  truth = np.concatenate([b["inputs"][b["mask"]].reshape(-1, 64) for b in
+                          data.eval_batches(digits, split, global_batch=101, process_index=0, process_count=1)])
+  assert len(truth) == 101
+  np.testing.assert_array_equal(_sorted_rows(seen), _sorted_rows(truth))
+
+
+def _sorted_rows(x):
+  return x[np.lexsort(x.T[::-1])]
+
+
+def test_shard_by_process_is_deterministic_disjoint_and_even(data_dir):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "shard_by_process": True,
+                                            "shuffle_buffer": 256}))
+  steps_per_epoch = (digits_train := ds.num_examples("train")) // 2 // (B // 2)  # 1437 // 2 // 16 = 44
+  per_process = [_train(ds, steps_per_epoch, process_index=p, process_count=2) for p in range(2)]
+  assert [len(b) for b in per_process] == [steps_per_epoch, steps_per_epoch]
+  rows = [{r.tobytes() for b in per for r in b["inputs"]} for per in per_process]
+  assert len(rows[0] & rows[1]) <= 0.03 * digits_train  # Disjoint shards (a few digits images are duplicates).
+  _assert_same(per_process[0][:3], _train(ds, 3, process_index=0, process_count=2))
+  straight = _train(ds, steps_per_epoch + 2, process_index=1, process_count=2)  # Into the second epoch.
+  _assert_same(straight[:steps_per_epoch], per_process[1])
+  _assert_same(straight[steps_per_epoch - 1:], _train(ds, 3, process_index=1, process_count=2,
+                                                      start=steps_per_epoch - 1))
+
+
+def test_stream_spec_guards_resume(digits):
+  spec = data.stream_spec(digits, "train", seed=0, global_batch=B, process_count=1)
+  data.check_resume(spec, data.stream_spec(digits, "train", seed=0, global_batch=B, process_count=4))
+  with pytest.raises(ConfigError, match="global_batch 32 -> 64"):
+    data.check_resume(spec, data.stream_spec(digits, "train", seed=0, global_batch=2 * B, process_count=1))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"mean": (0.1, 0.2)}, "dataset.mean"),
+    ({"std": (0.0,)}, "dataset.std must be positive"),
+    ({"crop_padding": -1}, "dataset.crop_padding"),
+    ({"prefetch": -2}, "dataset.prefetch"),
+    ({"max_memory_gb": 1e-9}, "shard_by_process"),
+])
+def test_bad_fields_are_config_errors(data_dir, fields, message):
+  with pytest.raises(ConfigError, match=message):
+    ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
+    _train(ds, 1)

@@ -46,4 +46,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.builder_kwargs = ml_collections.ConfigDict()  # Keyword arguments of the TFDS builder (text_file: path, seq_len).
   config.dataset.train_split = "train"  # TFDS split spec, e.g. "train[:90%]".
   config.dataset.eval_split = "test"    # Evaluated exactly once per example.
+  config.dataset.mean = ()           # Per-channel mean subtracted from inputs (uint8 images first scaled to [0, 1]); (): none.
+  config.dataset.std = ()            # Per-channel std the inputs are divided by, after the mean; (): none.
+  config.dataset.crop_padding = 0    # Train only: zero-pad images by this many pixels, then randomly crop back; 0: off.
+  config.dataset.flip = False        # Train only: random horizontal flip.
+  config.dataset.prefetch = 2        # Host batches tf.data prepares ahead (-1: autotune); parallel.prefetch then places them on devices.
+  config.dataset.shard_by_process = False  # Each process streams its own file shards (for datasets too large for memory); batches then depend on the process count.
+  config.dataset.shuffle_buffer = 16_384   # Shuffle buffer (examples) of shard_by_process; the default mode shuffles whole epochs.
+  config.dataset.max_memory_gb = 16.0  # The default mode holds the decoded train split in memory; a larger one is an error (use shard_by_process).
   return config

@@ -1,0 +1,92 @@
+"""Host-side preprocessing of whole batches: train augmentation (random crop with padding, horizontal
+flip), then inputs to float32 and per-channel normalization.
+
+Every function takes one process's rows of a global batch and uses only vectorized TF ops (no
+per-example map), so it costs a few ops per batch. Augmentation is stateless: the draws of global
+batch `step` come from one `tf.random.stateless_uniform` seeded by (seed, step) over all its rows, and
+the example at global position `id = step * global_batch + row` takes row `row`. An example's crop and
+flip therefore depend on the seed and its position only, never on which process or device gets it.
+"""
+
+import dataclasses
+
+import ml_collections
+import tensorflow as tf
+
+from jaxdp.config import ConfigError
+
+SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
+
+
+def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
+  """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
+  base = tf.constant([seed, stream], tf.int64)
+  return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocess:
+  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip)."""
+  mean: tuple[float, ...] = ()
+  std: tuple[float, ...] = ()
+  crop_padding: int = 0
+  flip: bool = False
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
+    """Reads and checks the fields against the dataset's input shape."""
+    pre = cls(tuple(config.get("mean", ())), tuple(config.get("std", ())), config.get("crop_padding", 0),
+              bool(config.get("flip", False)))
+    channels = input_shape[-1] if input_shape else 1
+    for key, value in (("mean", pre.mean), ("std", pre.std)):
+      if len(value) not in (0, 1, channels):
+        raise ConfigError(f"dataset.{key} {value!r} needs 1 or {channels} values (one per channel), or none")
+    if pre.std and min(pre.std) <= 0:
+      raise ConfigError(f"dataset.std must be positive, got {pre.std!r}")
+    if not isinstance(pre.crop_padding, int) or pre.crop_padding < 0:
+      raise ConfigError(f"dataset.crop_padding must be a non-negative integer, got {pre.crop_padding!r}")
+    if (pre.crop_padding or pre.flip) and len(input_shape) != 3:
+      raise ConfigError(f"dataset.crop_padding / dataset.flip need images (height, width, channels); "
+                        f"the inputs have shape {input_shape!r}")
+    return pre
+
+  @property
+  def augments(self) -> bool:
+    return bool(self.crop_padding or self.flip)
+
+  def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
+    """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
+    x = batch["inputs"]
+    if self.augments:
+      draws = tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
+      x = self.augment(x, draws[first_row:first_row + tf.shape(x)[0]])
+    return self.finish({**batch, "inputs": x})
+
+  def augment(self, images: tf.Tensor, draws: tf.Tensor) -> tf.Tensor:
+    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1)."""
+    if self.crop_padding:
+      images = _crop(images, self.crop_padding, draws[:, 0], draws[:, 1])
+    if self.flip:
+      flip = draws[:, 2] < 0.5
+      images = tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
+    return images
+
+  def finish(self, batch: dict) -> dict:
+    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; labels to int32."""
+    x = batch["inputs"]
+    x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
+    if self.mean:
+      x = x - tf.constant(self.mean, tf.float32)
+    if self.std:
+      x = x / tf.constant(self.std, tf.float32)
+    return {**batch, "inputs": x, "labels": tf.cast(batch["labels"], tf.int32)}
+
+
+def _crop(images: tf.Tensor, pad: int, uy: tf.Tensor, ux: tf.Tensor) -> tf.Tensor:
+  """Each image padded by `pad` zeros, then cut back to its size at offsets floor(u * (2 pad + 1))."""
+  height, width = images.shape[1], images.shape[2]
+  padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
+  top = tf.cast(uy * (2 * pad + 1), tf.int32)[:, None] + tf.range(height)[None, :]   # [rows, height]
+  left = tf.cast(ux * (2 * pad + 1), tf.int32)[:, None] + tf.range(width)[None, :]   # [rows, width]
+  rows = tf.gather(padded, top, axis=1, batch_dims=1)      # [rows, height, width + 2 pad, channels]
+  return tf.gather(rows, left, axis=2, batch_dims=1)       # [rows, height, width, channels]
