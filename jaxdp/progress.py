@@ -122,7 +122,7 @@ class Reporter:
 
 
 def start(train_step: Callable, state: Any, batches: Iterator, *, start_step: int, total_steps: int,
-          global_batch: int, devices: list[jax.Device]) -> tuple["Reporter", Iterator]:
+          global_batch: int, devices: list[jax.Device]) -> tuple[Reporter, Iterator]:
   """Counts the compiled step's FLOPs on the first batch, prints them, and makes the Reporter.
 
   Returns the reporter and `batches` with the first batch put back. The compile done here is the one
