@@ -74,10 +74,12 @@ class Checkpointer:
     """Raises a ConfigError naming what differs when the checkpoint does not fit the config."""
     stored = _shapes(self.manager.item_metadata(step)["state"].tree)
     wanted = _shapes(abstract)
-    diffs = [f"{k} missing from the checkpoint" for k in sorted(wanted.keys() - stored.keys())]
-    diffs += [f"{k} in the checkpoint but not in the config's model" for k in sorted(stored.keys() - wanted.keys())]
-    diffs += [f"{k} is {stored[k]} in the checkpoint, {wanted[k]} in the config"
-              for k in sorted(wanted.keys() & stored.keys()) if stored[k] != wanted[k]]
+    diffs = [(k, f"{k} is missing from the checkpoint") for k in wanted.keys() - stored.keys()]
+    diffs += [(k, f"{k} is in the checkpoint, not in the config's model") for k in stored.keys() - wanted.keys()]
+    diffs += [(k, f"{k} is {stored[k]} in the checkpoint, {wanted[k]} in the config")
+              for k in wanted.keys() & stored.keys() if stored[k] != wanted[k]]
+    # Parameters first: they say what differs; optimizer-state paths only repeat them.
+    diffs = [text for key, text in sorted(diffs, key=lambda d: (not d[0].startswith("params/"), d[0]))]
     if diffs:
       more = f" (and {len(diffs) - 3} more)" if len(diffs) > 3 else ""
       raise ConfigError(f"checkpoint {self.directory}/{step} does not fit the config: {'; '.join(diffs[:3])}{more}"

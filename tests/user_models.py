@@ -25,3 +25,15 @@ class NNXNet(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.linear(x.reshape(x.shape[0], -1))
+
+
+class PoisonNNX(nnx.Module):
+  """NNX linear model whose loss is NaN when `poison` is set: plants non-finite gradients."""
+
+  def __init__(self, in_features: int = 64, num_classes: int = 10, poison: bool = False, *, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(in_features, num_classes, rngs=rngs)
+    self.poison = poison
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    logits = self.linear(x.reshape(x.shape[0], -1))
+    return logits * float("nan") if self.poison else logits

@@ -1,0 +1,153 @@
+"""Checkpoints and faults: bitwise resume (SIGTERM, SIGKILL), torn saves, NaN skips, replica sentinel."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import checkpoint, metrics, train
+from jaxdp.configs import default, mlp_digits
+
+STEPS = 120
+
+
+def _config(data_dir, **overrides):
+  config = default.get_config()
+  config.dataset.data_dir = data_dir
+  config.model.name = "mlp"
+  config.num_train_steps = STEPS
+  config.log_every_steps = 1
+  config.eval_every_steps = 60
+  config.checkpoint_every_steps = 20
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return config
+
+
+def _cli(workdir, data_dir, config_file=default.__file__, **overrides):
+  args = [f"--config.{k}={v}" for k, v in {"dataset.data_dir": data_dir, "model.name": "mlp",
+                                           "num_train_steps": STEPS, "log_every_steps": 1,
+                                           "eval_every_steps": 60, "checkpoint_every_steps": 20,
+                                           **overrides}.items()]
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "8"}
+  return subprocess.Popen([sys.executable, "-m", "jaxdp.train", "--config", config_file,
+                           "--workdir", str(workdir), *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(predicate, timeout=120.0, every=0.005):
+  deadline = time.time() + timeout
+  while not predicate():
+    assert time.time() < deadline, "timed out"
+    time.sleep(every)
+
+
+def _state(result):
+  return result.backend.get({"params": result.state.params, "opt_state": result.state.opt_state})
+
+
+def _assert_bitwise(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+
+
+def _train_losses(workdir, after=0):
+  return {r["step"]: r["train/loss"] for r in metrics.read(str(workdir)) if "train/loss" in r and r["step"] > after}
+
+
+@pytest.fixture(scope="module")
+def straight(data_dir, tmp_path_factory):
+  """The uninterrupted run every interrupted one must end exactly like (per backend)."""
+  runs = {}
+  for backend in ("mesh", "pmap"):
+    workdir = tmp_path_factory.mktemp(f"straight_{backend}")
+    runs[backend] = (_state(train.train_and_evaluate(_config(data_dir, **{"parallel.backend": backend}),
+                                                     str(workdir))), workdir)
+  return runs
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_stop_and_resume_is_bitwise(data_dir, tmp_path, straight, backend):
+  first = _config(data_dir, num_train_steps=STEPS // 2, **{"parallel.backend": backend})
+  train.train_and_evaluate(first, str(tmp_path))
+  resumed = train.train_and_evaluate(_config(data_dir, **{"parallel.backend": backend}), str(tmp_path))
+  expected, straight_dir = straight[backend]
+  _assert_bitwise(_state(resumed), expected)
+  assert _train_losses(tmp_path, STEPS // 2) == _train_losses(straight_dir, STEPS // 2)
+
+
+def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(data_dir, tmp_path, straight):
+  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "mesh"})
+  _wait_for(lambda: os.path.exists(tmp_path / "metrics.jsonl") and len(_train_losses(tmp_path)) >= 30)
+  sent = time.time()
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=30)
+  assert proc.returncode == 0, out
+  assert time.time() - sent < 30
+  stopped = checkpoint.Checkpointer(str(tmp_path), _config(data_dir)).latest_step()
+  assert 30 <= stopped < STEPS and "stop requested" in out  # Stopped within a few steps of the signal.
+  resumed = train.train_and_evaluate(_config(data_dir), str(tmp_path))
+  _assert_bitwise(_state(resumed), straight["mesh"][0])
+  assert _train_losses(tmp_path, stopped) == _train_losses(straight["mesh"][1], stopped)
+
+
+def test_sigkill_after_a_checkpoint_resumes_bitwise(data_dir, tmp_path, straight):
+  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "pmap"})
+  _wait_for(lambda: (tmp_path / "checkpoints" / "40").is_dir())
+  proc.kill()
+  proc.communicate(timeout=30)
+  config = _config(data_dir, **{"parallel.backend": "pmap"})
+  assert 40 <= checkpoint.Checkpointer(str(tmp_path), config).latest_step() < STEPS
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  _assert_bitwise(_state(resumed), straight["pmap"][0])
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_usable(data_dir, tmp_path):
+  # A wide model makes each save take long enough to be killed in the middle of it.
+  wide = {"model.hidden": "(1024,1024,1024)", "checkpoint_every_steps": 5}
+  proc = _cli(tmp_path, data_dir, mlp_digits.__file__, num_train_steps=STEPS * 50, **wide)
+  ckpts = tmp_path / "checkpoints"
+
+  def saving_after_a_complete_one():
+    names = os.listdir(ckpts) if ckpts.is_dir() else []
+    return any(n.isdigit() for n in names) and any("tmp" in n for n in names)
+
+  _wait_for(saving_after_a_complete_one, every=0.001)
+  proc.kill()
+  proc.communicate(timeout=30)
+  torn = [n for n in os.listdir(ckpts) if "tmp" in n]
+  assert torn, "the kill did not land during a save"
+  config = _config(data_dir, num_train_steps=STEPS * 50)
+  config.model.hidden = (1024, 1024, 1024)
+  latest = checkpoint.Checkpointer(str(tmp_path), config).latest_step()
+  config.num_train_steps = latest + 2
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert int(result.backend.get(result.state.step)) == latest + 2  # Restored from `latest`, trained on.
+
+
+def test_a_checkpoint_that_does_not_fit_is_named_and_kept(data_dir, tmp_path, capsys):
+  train.train_and_evaluate(_config(data_dir, num_train_steps=20), str(tmp_path))
+  before = sorted(os.listdir(tmp_path / "checkpoints"))
+  status = train.main(["jaxdp.train", "--config", default.__file__, "--workdir", str(tmp_path),
+                       f"--config.dataset.data_dir={data_dir}", "--config.model.name=cnn"])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and err.startswith("error: checkpoint") and "params/" in err and len(err.splitlines()) == 1
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == before
+
+
+def test_keeps_the_newest_and_the_best(data_dir, tmp_path):
+  config = _config(data_dir, num_train_steps=100, checkpoint_every_steps=10, eval_every_steps=10,
+                   keep_checkpoints=2, keep_best_checkpoints=1, best_metric="eval/loss", best_mode="min")
+  train.train_and_evaluate(config, str(tmp_path))
+  kept = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
+  losses = {r["step"]: r["eval/loss"] for r in metrics.read(str(tmp_path)) if "eval/loss" in r}
+  best = min(losses, key=losses.get)
+  assert kept == sorted({90, 100, best})

@@ -1,0 +1,74 @@
+"""Faults: a NaN on one device is skipped by every replica alike; the sentinel names a diverged replica."""
+
+import functools
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import data, metrics, models, optim, parallel, replicas, train
+from jaxdp import step as step_lib
+
+
+def _setup(config, backend_name):
+  ds = data.load(config.dataset)
+  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
+  tx = optim.make(config)
+  backend = parallel.make_backend(backend_name)
+  state = backend.init(functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx))
+  step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
+  batch = next(data.train_batches(ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                  process_index=0, process_count=1))
+  return backend, state, step, batch
+
+
+@pytest.mark.parametrize("backend_name", ["mesh", "pmap"])
+def test_nan_on_one_device_is_skipped_by_all_replicas(config, backend_name):
+  backend, state, step, batch = _setup(config, backend_name)
+  before = backend.replicas(state)
+  poisoned = dict(batch)
+  per_device = config.batch_size // 8
+  poisoned["inputs"] = batch["inputs"].copy()
+  poisoned["inputs"][3 * per_device] = np.nan  # One example on device 3 only.
+  state, m = step(state, backend.put_batch(poisoned))
+  assert int(backend.get(m)["nonfinite"]) == 1
+  after = backend.replicas(state)
+  jax.tree.map(np.testing.assert_array_equal, after.params, before.params)  # Skipped everywhere...
+  jax.tree.map(np.testing.assert_array_equal, after.opt_state, before.opt_state)
+  assert int(backend.get(state.step)) == 1  # ... while the batch counts as consumed.
+  state, m = step(state, backend.put_batch(batch))  # A clean batch trains again.
+  assert int(backend.get(m)["nonfinite"]) == 0
+  moved = backend.replicas(state.params)
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(before.params)))
+  for leaf in jax.tree.leaves(moved):
+    assert all(np.array_equal(leaf[0], leaf[r]) for r in range(8))
+
+
+def test_repeated_nans_stop_the_run_and_keep_the_last_good_checkpoint(config, tmp_path, capsys):
+  config.model = type(config.model)({"name": "user_models:PoisonNNX", "poison": False})
+  config.num_train_steps, config.checkpoint_every_steps = 10, 10
+  train.train_and_evaluate(config, str(tmp_path))
+  saved = os.listdir(tmp_path / "checkpoints")
+  config.model.poison = True
+  config.num_train_steps, config.max_consecutive_nonfinite = 30, 4
+  with pytest.raises(train.NonFiniteError, match="4 consecutive steps"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert os.listdir(tmp_path / "checkpoints") == saved
+  records = metrics.read(str(tmp_path))
+  assert any(r.get("train/nonfinite", 0) > 0 for r in records)  # The skips are counted.
+
+
+@pytest.mark.parametrize("backend_name", ["mesh", "pmap"])
+def test_sentinel_names_the_diverged_replica(config, backend_name):
+  backend, state, _, _ = _setup(config, backend_name)
+  replicas.check(state.params)  # Identical replicas pass.
+  leaf = jax.tree.leaves(state.params)[0]
+  shards = [s.data for s in leaf.addressable_shards]
+  victim = next(i for i, s in enumerate(leaf.addressable_shards) if s.device.id == 5)
+  shards[victim] = jax.device_put(np.asarray(shards[victim]) + np.float32(1e-7), shards[victim].device)
+  planted = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, shards)
+  params = jax.tree.unflatten(jax.tree.structure(state.params), [planted, *jax.tree.leaves(state.params)[1:]])
+  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\)") as info:
+    replicas.check(params)
+  assert "device 4" not in str(info.value) and "device 6" not in str(info.value)
