@@ -9,9 +9,17 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 
 
+def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
+  """`learning_rate`, scaled by batch_size / base_batch_size when base_batch_size > 0 (linear scaling rule)."""
+  base = config.get("base_batch_size", 0)
+  if not isinstance(base, int) or isinstance(base, bool) or base < 0:
+    raise ConfigError(f"base_batch_size must be a non-negative integer, got {base!r}")
+  return config.learning_rate * config.batch_size / base if base else config.learning_rate
+
+
 def schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to `learning_rate`, then constant or cosine decay to 0 at `num_train_steps`."""
-  lr, warmup, total = config.learning_rate, config.get("warmup_steps", 0), config.num_train_steps
+  """Linear warmup to the peak learning rate, then constant or cosine decay to 0 at `num_train_steps`."""
+  lr, warmup, total = peak_learning_rate(config), config.get("warmup_steps", 0), config.num_train_steps
   kind = config.get("lr_schedule", "constant")
   if kind not in SCHEDULES:
     raise ConfigError(f"unknown lr_schedule {kind!r} (choose from {', '.join(SCHEDULES)})")

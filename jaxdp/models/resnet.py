@@ -29,10 +29,10 @@ class BasicBlock(nnx.Module):
     self.conv2 = nnx.Conv(features, features, (3, 3), use_bias=False, rngs=rngs)
     # Zero-initialised last scale: each block starts as the identity, which helps large-batch training.
     self.bn2 = _batch_norm(features, axis_name, momentum, rngs, zero_scale=True)
-    self.project = None
-    if stride != 1 or in_features != features:
-      self.project = nnx.Conv(in_features, features, (1, 1), strides=stride, use_bias=False, rngs=rngs)
-      self.project_bn = _batch_norm(features, axis_name, momentum, rngs)
+    reshape = stride != 1 or in_features != features
+    self.project = nnx.Conv(in_features, features, (1, 1), strides=stride, use_bias=False,
+                            rngs=rngs) if reshape else None
+    self.project_bn = _batch_norm(features, axis_name, momentum, rngs) if reshape else None
 
   def __call__(self, x: jax.Array) -> jax.Array:
     y = nnx.relu(self.bn1(self.conv1(x)))

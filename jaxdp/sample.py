@@ -1,0 +1,59 @@
+"""Text from a trained byte-level language model (the `gpt` workload).
+
+`generate` samples token ids from any model with the adapter's pure `apply`; `sample_text` wraps it for
+strings (UTF-8 bytes in and out).
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp.datasets.text_file import decode, encode
+from jaxdp.models import Model
+
+PyTree = Any
+
+
+def generate(model: Model, params: PyTree, model_state: PyTree, prompt_tokens: np.ndarray, num_tokens: int,
+             rng: jax.Array, temperature: float = 1.0, *, seq_len: int) -> np.ndarray:
+  """`num_tokens` ids sampled after `prompt_tokens` (non-empty); the model sees the last `seq_len` tokens.
+
+  temperature 0 picks the most likely token (greedy); otherwise softmax(logits / temperature) is sampled.
+  """
+  prompt = np.asarray(prompt_tokens, np.int32).reshape(-1)
+  if prompt.size == 0:
+    raise ValueError("the prompt needs at least one token")
+  if num_tokens <= 0:
+    return np.zeros((0,), np.int32)
+  total = prompt.size + num_tokens
+  tokens = jnp.zeros((max(total, seq_len),), jnp.int32).at[:prompt.size].set(prompt)
+  out = _generate(model, seq_len, params, model_state, tokens, prompt.size, total, rng, jnp.float32(temperature))
+  return np.asarray(out[prompt.size:total])
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _generate(model: Model, seq_len: int, params: PyTree, model_state: PyTree, tokens: jax.Array, start: jax.Array,
+              total: jax.Array, rng: jax.Array, temperature: jax.Array) -> jax.Array:
+  """Fills tokens[start:total] one at a time; each step reads a window of `seq_len` ending at cur - 1."""
+
+  def body(cur: jax.Array, tokens: jax.Array) -> jax.Array:
+    first = jnp.maximum(cur - seq_len, 0)
+    window = jax.lax.dynamic_slice(tokens, (first,), (seq_len,))  # Causal: what follows cur - 1 is ignored.
+    logits, _ = model.apply(params, model_state, window[None].astype(jnp.float32), train=False)
+    logits = logits[0, cur - 1 - first].astype(jnp.float32)
+    sampled = jax.random.categorical(jax.random.fold_in(rng, cur), logits / jnp.maximum(temperature, 1e-6))
+    token = jnp.where(temperature > 0, sampled, jnp.argmax(logits))
+    return tokens.at[cur].set(token.astype(jnp.int32))
+
+  return jax.lax.fori_loop(start, total, body, tokens)
+
+
+def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, num_chars: int, *, seq_len: int,
+                seed: int = 0, temperature: float = 0.8) -> str:
+  """`prompt` followed by `num_chars` sampled bytes, decoded as UTF-8 (a cut multi-byte character: U+FFFD)."""
+  tokens = generate(model, params, model_state, encode(prompt), num_chars, jax.random.PRNGKey(seed), temperature,
+                    seq_len=seq_len)
+  return prompt + decode(tokens)
