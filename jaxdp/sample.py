@@ -1,16 +1,24 @@
 """Text from a trained byte-level language model (the `gpt` workload).
 
 `generate` samples token ids from any model with the adapter's pure `apply`; `sample_text` wraps it for
-strings (UTF-8 bytes in and out).
+strings (UTF-8 bytes in and out). The CLI samples from the newest checkpoint of a training workdir:
+
+    python -m jaxdp.sample --config jaxdp/configs/gpt_text_file.py --workdir DIR \
+        [--config.key=value ...] [--prompt TEXT] [--num_chars N] [--temperature T] [--seed S]
+
+(the same --config and overrides as the training run, so that the model and dataset match).
 """
 
+import argparse
 import functools
+import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdp.config import ConfigError
 from jaxdp.datasets.text_file import decode, encode
 from jaxdp.models import Model
 
@@ -57,3 +65,47 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
   tokens = generate(model, params, model_state, encode(prompt), num_chars, jax.random.PRNGKey(seed), temperature,
                     seq_len=seq_len)
   return prompt + decode(tokens)
+
+
+def restore(config: Any, workdir: str) -> tuple[Model, PyTree, PyTree, int]:
+  """The model of `config` with the parameters and state of WORKDIR's newest checkpoint, on one device."""
+  from jaxdp import checkpoint, data, models, optim, parallel  # Heavy imports: only the CLI needs them.
+  from jaxdp import step as step_lib
+  checkpointer = checkpoint.Checkpointer(workdir, config)
+  try:
+    if checkpointer.latest_step() is None:
+      raise ConfigError(f"no checkpoint in workdir {workdir!r} (train with checkpoint_every_steps > 0)")
+    ds = data.load(config.dataset)
+    model = models.get_model(config.model, ds.input_shape, ds.num_classes)
+    backend = parallel.make_backend("mesh", 1)
+    init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=optim.make(config))
+    state = checkpointer.restore_or_init(backend, init)
+  finally:
+    checkpointer.close()
+  return model, backend.get(state.params), backend.get(state.model_state), ds.input_shape[0]
+
+
+def main(argv: list[str]) -> int:
+  """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
+  from jaxdp import train  # The training CLI's parser: same --config, --workdir and overrides.
+  parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
+  parser.add_argument("--prompt", default="\n")
+  parser.add_argument("--num_chars", type=int, default=500)
+  parser.add_argument("--temperature", type=float, default=0.8)
+  parser.add_argument("--seed", type=int, default=0)
+  ours, rest = parser.parse_known_args(argv[1:])
+  try:
+    config, workdir = train.parse(argv[:1] + rest)
+    model, params, model_state, seq_len = restore(config, workdir)
+    if not ours.prompt:
+      raise ConfigError("--prompt must not be empty")
+  except ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(sample_text(model, params, model_state, ours.prompt, ours.num_chars, seq_len=seq_len, seed=ours.seed,
+                    temperature=ours.temperature))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

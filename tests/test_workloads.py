@@ -125,13 +125,14 @@ def _assert_causal(model, params, model_state, seq_len):
   assert not np.allclose(a[:, 9:], b[:, 9:])               # ... but the present and future see the past.
 
 
-def test_gpt_text_file_trains_lowers_its_loss_and_samples(text_path, tmp_path):
+def test_gpt_text_file_trains_lowers_its_loss_and_samples(text_path, tmp_path, capsys):
   config = _tiny_gpt(gpt_text_file.get_config())
   config.dataset.data_dir = str(tmp_path / "tfds")
   config.dataset.builder_kwargs.update(path=text_path, seq_len=32, stride=16)
   config.batch_size, config.eval_batch_size, config.num_train_steps = 32, 64, 100
   config.log_every_steps, config.eval_every_steps, config.warmup_steps = 10, 100, 5
   config.learning_rate = 1e-2
+  config.checkpoint_every_steps = 100  # For the sampling CLI below.
   result = train.train_and_evaluate(config, str(tmp_path / "run"))
   losses = [r["train/loss"] for r in metrics.read(str(tmp_path / "run")) if "train/loss" in r]
   assert losses[0] > 4.0               # Near ln(256) = 5.55 nats: uniform over bytes.
@@ -151,6 +152,17 @@ def test_gpt_text_file_trains_lowers_its_loss_and_samples(text_path, tmp_path):
   tokens = sample.generate(model, params, model_state, text_file.encode("x" * 34), 10, jax.random.PRNGKey(0),
                            1.0, seq_len=32)
   assert tokens.shape == (10,) and tokens.dtype == np.int32 and tokens.max() < 256
+  # The CLI restores the checkpoint (same config and overrides as the run) and continues the same way.
+  overrides = {"dataset.data_dir": config.dataset.data_dir, "dataset.builder_kwargs.path": text_path,
+               "dataset.builder_kwargs.seq_len": 32, "dataset.builder_kwargs.stride": 16, "model.num_layers": 1,
+               "model.num_heads": 2, "model.embed_dim": 32, "model.mlp_ratio": 2}
+  argv = ["sample", "--config", gpt_text_file.__file__, "--workdir", str(tmp_path / "run"),
+          *[f"--config.{k}={v}" for k, v in overrides.items()], "--prompt=The ", "--num_chars=40", "--temperature=0"]
+  capsys.readouterr()
+  assert sample.main(argv) == 0
+  assert capsys.readouterr().out == greedy[0] + "\n"
+  assert sample.main(argv[:3] + ["--workdir", str(tmp_path / "empty")] + argv[5:]) == 2
+  assert "no checkpoint" in capsys.readouterr().err
 
 
 def test_gpt_tiny_shakespeare_two_steps_under_mock_data(tmp_path):
