@@ -63,30 +63,32 @@ class Preprocess:
     return self.finish({**batch, "inputs": x})
 
   def augment(self, images: tf.Tensor, draws: tf.Tensor) -> tf.Tensor:
-    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1)."""
-    if self.crop_padding:
-      images = _crop(images, self.crop_padding, draws[:, 0], draws[:, 1])
-    if self.flip:
-      flip = draws[:, 2] < 0.5
-      images = tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
-    return images
+    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
+
+    One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
+    (top + i, left + width - 1 - j) when the row is flipped.
+    """
+    rows, height, width, channels = (tf.shape(images)[0], *images.shape[1:])
+    pad = self.crop_padding
+    top = tf.cast(draws[:, 0] * (2 * pad + 1), tf.int32)
+    left = tf.cast(draws[:, 1] * (2 * pad + 1), tf.int32)
+    j = tf.range(width)[None, :]
+    cols = left[:, None] + (tf.where((draws[:, 2] < 0.5)[:, None], width - 1 - j, j) if self.flip else j)
+    ys = top[:, None] + tf.range(height)[None, :]                                   # [rows, height]
+    hp, wp = height + 2 * pad, width + 2 * pad
+    flat = (tf.range(rows)[:, None, None] * hp + ys[:, :, None]) * wp + cols[:, None, :]  # [rows, height, width]
+    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]]) if pad else images
+    return tf.gather(tf.reshape(padded, [-1, channels]), flat)
 
   def finish(self, batch: dict) -> dict:
     """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; labels to int32."""
-    x = batch["inputs"]
-    x = tf.cast(x, tf.float32) / 255.0 if x.dtype == tf.uint8 else tf.cast(x, tf.float32)
-    if self.mean:
-      x = x - tf.constant(self.mean, tf.float32)
-    if self.std:
-      x = x / tf.constant(self.std, tf.float32)
+    x = tf.cast(batch["inputs"], tf.float32)
+    # (x / 255 - mean) / std as one multiply-add: scale = 1 / (255 std), offset = -mean / std.
+    scale = 1 / 255 if batch["inputs"].dtype == tf.uint8 else 1.0
+    std = tf.constant(self.std or (1.0,), tf.float32)
+    mean = tf.constant(self.mean or (0.0,), tf.float32)
+    if self.mean or self.std or scale != 1.0:
+      # Broadcast to one example's full shape first: TF broadcasts over a leading axis much faster.
+      shape = tf.shape(x)[1:]
+      x = x * tf.broadcast_to(scale / std, shape) - tf.broadcast_to(mean / std, shape)
     return {**batch, "inputs": x, "labels": tf.cast(batch["labels"], tf.int32)}
-
-
-def _crop(images: tf.Tensor, pad: int, uy: tf.Tensor, ux: tf.Tensor) -> tf.Tensor:
-  """Each image padded by `pad` zeros, then cut back to its size at offsets floor(u * (2 pad + 1))."""
-  height, width = images.shape[1], images.shape[2]
-  padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]])
-  top = tf.cast(uy * (2 * pad + 1), tf.int32)[:, None] + tf.range(height)[None, :]   # [rows, height]
-  left = tf.cast(ux * (2 * pad + 1), tf.int32)[:, None] + tf.range(width)[None, :]   # [rows, width]
-  rows = tf.gather(padded, top, axis=1, batch_dims=1)      # [rows, height, width + 2 pad, channels]
-  return tf.gather(rows, left, axis=2, batch_dims=1)       # [rows, height, width, channels]
