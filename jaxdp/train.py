@@ -29,7 +29,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from jaxdp import config as config_lib  # noqa: E402
 from jaxdp import checkpoint, data, metrics, models, optim, parallel, preemption, progress, replicas  # noqa: E402
-from jaxdp import summary  # noqa: E402
+from jaxdp import distributed, summary  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 
 log = logging.getLogger("jaxdp")
@@ -234,11 +234,13 @@ def main(argv: list[str]) -> int:
   log.setLevel(logging.INFO)  # jaxdp's own lines; libraries stay at WARNING.
   try:
     config, workdir = parse(argv)
+    if distributed.initialize(config) and jax.process_index() != 0:
+      log.setLevel(logging.WARNING)  # Only process 0 logs progress.
     train_and_evaluate(config, workdir)
   except config_lib.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  except (NonFiniteError, replicas.ReplicaMismatchError) as e:
+  except (NonFiniteError, replicas.ReplicaMismatchError, distributed.DistributedInitError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   return 0  # Also after a preemption: the checkpoint is written and a rerun resumes.

@@ -2,76 +2,39 @@
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
-import jax
-import numpy as np
 import pytest
+import runs
 
 from jaxdp import checkpoint, metrics, train
 from jaxdp.configs import default, mlp_digits
 
 STEPS = 120
+BASE = {"model.name": "mlp", "num_train_steps": STEPS, "log_every_steps": 1, "eval_every_steps": 60,
+        "checkpoint_every_steps": 20}
 
 
 def _config(data_dir, **overrides):
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.model.name = "mlp"
-  config.num_train_steps = STEPS
-  config.log_every_steps = 1
-  config.eval_every_steps = 60
-  config.checkpoint_every_steps = 20
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split(".")
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
-  return config
+  return runs.config_with({"dataset.data_dir": data_dir, **BASE, **overrides})
 
 
-def _cli(workdir, data_dir, config_file=default.__file__, **overrides):
-  args = [f"--config.{k}={v}" for k, v in {"dataset.data_dir": data_dir, "model.name": "mlp",
-                                           "num_train_steps": STEPS, "log_every_steps": 1,
-                                           "eval_every_steps": 60, "checkpoint_every_steps": 20,
-                                           **overrides}.items()]
-  env = {**os.environ, "JAXDP_CPU_DEVICES": "8"}
-  return subprocess.Popen([sys.executable, "-m", "jaxdp.train", "--config", config_file,
-                           "--workdir", str(workdir), *args], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-
-
-def _wait_for(predicate, timeout=120.0, every=0.005):
-  deadline = time.time() + timeout
-  while not predicate():
-    assert time.time() < deadline, "timed out"
-    time.sleep(every)
-
-
-def _state(result):
-  return result.backend.get({"params": result.state.params, "opt_state": result.state.opt_state})
-
-
-def _assert_bitwise(a, b):
-  jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
-
-
-def _train_losses(workdir, after=0):
-  return {r["step"]: r["train/loss"] for r in metrics.read(str(workdir)) if "train/loss" in r and r["step"] > after}
+def _cli(workdir, data_dir, base=default, **overrides):
+  overrides = {"dataset.data_dir": data_dir, **BASE, **overrides}
+  if base is not default:
+    del overrides["model.name"]
+  return runs.start("jaxdp.train", [*runs.flags(overrides, base), "--workdir", str(workdir)])
 
 
 @pytest.fixture(scope="module")
 def straight(data_dir, tmp_path_factory):
   """The uninterrupted run every interrupted one must end exactly like (per backend)."""
-  runs = {}
+  done = {}
   for backend in ("mesh", "pmap"):
     workdir = tmp_path_factory.mktemp(f"straight_{backend}")
-    runs[backend] = (_state(train.train_and_evaluate(_config(data_dir, **{"parallel.backend": backend}),
+    done[backend] = (runs.host_state(train.train_and_evaluate(_config(data_dir, **{"parallel.backend": backend}),
                                                      str(workdir))), workdir)
-  return runs
+  return done
 
 
 @pytest.mark.parametrize("backend", ["mesh", "pmap"])
@@ -80,13 +43,13 @@ def test_stop_and_resume_is_bitwise(data_dir, tmp_path, straight, backend):
   train.train_and_evaluate(first, str(tmp_path))
   resumed = train.train_and_evaluate(_config(data_dir, **{"parallel.backend": backend}), str(tmp_path))
   expected, straight_dir = straight[backend]
-  _assert_bitwise(_state(resumed), expected)
-  assert _train_losses(tmp_path, STEPS // 2) == _train_losses(straight_dir, STEPS // 2)
+  runs.assert_bitwise(runs.host_state(resumed), expected)
+  assert runs.train_losses(tmp_path, STEPS // 2) == runs.train_losses(straight_dir, STEPS // 2)
 
 
 def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(data_dir, tmp_path, straight):
   proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "mesh"})
-  _wait_for(lambda: os.path.exists(tmp_path / "metrics.jsonl") and len(_train_losses(tmp_path)) >= 30)
+  runs.wait_for(lambda: os.path.exists(tmp_path / "metrics.jsonl") and len(runs.train_losses(tmp_path)) >= 30)
   sent = time.time()
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=30)
@@ -95,32 +58,32 @@ def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(data_dir, tmp_path, str
   stopped = checkpoint.Checkpointer(str(tmp_path), _config(data_dir)).latest_step()
   assert 30 <= stopped < STEPS and "stop requested" in out  # Stopped within a few steps of the signal.
   resumed = train.train_and_evaluate(_config(data_dir), str(tmp_path))
-  _assert_bitwise(_state(resumed), straight["mesh"][0])
-  assert _train_losses(tmp_path, stopped) == _train_losses(straight["mesh"][1], stopped)
+  runs.assert_bitwise(runs.host_state(resumed), straight["mesh"][0])
+  assert runs.train_losses(tmp_path, stopped) == runs.train_losses(straight["mesh"][1], stopped)
 
 
 def test_sigkill_after_a_checkpoint_resumes_bitwise(data_dir, tmp_path, straight):
   proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "pmap"})
-  _wait_for(lambda: (tmp_path / "checkpoints" / "40").is_dir())
+  runs.wait_for(lambda: (tmp_path / "checkpoints" / "40").is_dir())
   proc.kill()
   proc.communicate(timeout=30)
   config = _config(data_dir, **{"parallel.backend": "pmap"})
   assert 40 <= checkpoint.Checkpointer(str(tmp_path), config).latest_step() < STEPS
   resumed = train.train_and_evaluate(config, str(tmp_path))
-  _assert_bitwise(_state(resumed), straight["pmap"][0])
+  runs.assert_bitwise(runs.host_state(resumed), straight["pmap"][0])
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_usable(data_dir, tmp_path):
   # A wide model makes each save take long enough to be killed in the middle of it.
   wide = {"model.hidden": "(1024,1024,1024)", "checkpoint_every_steps": 5}
-  proc = _cli(tmp_path, data_dir, mlp_digits.__file__, num_train_steps=STEPS * 50, **wide)
+  proc = _cli(tmp_path, data_dir, mlp_digits, num_train_steps=STEPS * 50, **wide)
   ckpts = tmp_path / "checkpoints"
 
   def saving_after_a_complete_one():
     names = os.listdir(ckpts) if ckpts.is_dir() else []
     return any(n.isdigit() for n in names) and any("tmp" in n for n in names)
 
-  _wait_for(saving_after_a_complete_one, every=0.001)
+  runs.wait_for(saving_after_a_complete_one, every=0.001)
   proc.kill()
   proc.communicate(timeout=30)
   torn = [n for n in os.listdir(ckpts) if "tmp" in n]

@@ -31,6 +31,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
   config.preemption_sync_every_steps = 1  # Multi-process: agree on a stop signal every this many steps.
 
+  # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
+  # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.coordinator_address = config_dict.placeholder(str)  # "host:port" of process 0.
+  config.distributed.num_processes = 0   # Processes in the run; 0: from the environment.
+  config.distributed.process_id = -1     # This process's rank; -1: from the environment.
+  config.distributed.auto_detect = True  # Join automatically under SLURM, Open MPI or a multi-host TPU slice.
+  config.distributed.init_timeout_s = 300  # Give up joining after this long, with an error naming the coordinator.
+  config.distributed.heartbeat_timeout_s = 100  # A process silent this long is declared lost; the others exit.
+
   config.parallel = ml_collections.ConfigDict()
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.

@@ -1,0 +1,119 @@
+"""`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments>`.
+
+Starts P local processes of `jaxdp.train` that join one run through `jax.distributed` (coordinator on
+127.0.0.1, a free port), each with D CPU devices; prefixes each line of their output with its rank;
+exits with the first non-zero status (stopping the others), or 0 when all succeed.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from jaxdp import distributed
+
+GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on right now."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env(rank: int, args: argparse.Namespace, port: int) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}", distributed.ENV_NUM_PROCESSES: str(args.num_processes),
+              distributed.ENV_PROCESS_ID: str(rank), "JAXDP_CPU_DEVICES": str(args.devices_per_process),
+              "PYTHONUNBUFFERED": "1"})
+  return env
+
+
+def _relay(rank: int, proc: subprocess.Popen) -> None:
+  """Copies a process's output to ours, each line prefixed with its rank."""
+  for line in proc.stdout:
+    sys.stdout.write(f"[{rank}] {line}")
+    sys.stdout.flush()
+
+
+def _describe(status: int) -> str:
+  if status < 0:
+    return f"was lost (killed by {signal.Signals(-status).name})"
+  return f"exited with status {status}"
+
+
+def launch(args: argparse.Namespace) -> int:
+  """Runs the processes; returns the launcher's exit status."""
+  port = args.port or free_port()
+  cmd = [sys.executable, "-m", "jaxdp.train", *args.train_args]
+  procs = [subprocess.Popen(cmd, env=_env(r, args, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True) for r in range(args.num_processes)]
+  relays = [threading.Thread(target=_relay, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+  for t in relays:
+    t.start()
+  try:
+    failed = _wait(procs)
+  except KeyboardInterrupt:
+    failed = None
+    _stop(procs, signal.SIGINT)  # Each process checkpoints and exits (preemption path).
+  for t in relays:
+    t.join(timeout=5)
+  if failed is None:
+    return max((abs(p.returncode) for p in procs), default=0) and 1
+  rank, status = failed
+  print(f"error: process {rank} of {len(procs)} {_describe(status)}; stopped the others", file=sys.stderr)
+  return status if status > 0 else 128 - status
+
+
+def _wait(procs: list[subprocess.Popen]) -> tuple[int, int] | None:
+  """Waits for all; on the first failure, stops the rest and returns (rank, status)."""
+  while True:
+    for rank, p in enumerate(procs):
+      if p.poll() not in (None, 0):
+        _stop([q for q in procs if q is not p], signal.SIGTERM)
+        return rank, p.returncode
+    if all(p.poll() == 0 for p in procs):
+      return None
+    time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen], sig: int) -> None:
+  """Sends `sig`, then kills whatever has not exited after the grace period."""
+  for p in procs:
+    if p.poll() is None:
+      os.killpg(p.pid, sig)
+  deadline = time.time() + GRACE_S
+  for p in procs:
+    try:
+      p.wait(timeout=max(0.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+      os.killpg(p.pid, signal.SIGKILL)
+      p.wait()
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+  """Launcher flags; everything after `--` goes to jaxdp.train."""
+  parser = argparse.ArgumentParser(prog="python -m jaxdp.launch", description=__doc__.splitlines()[0])
+  parser.add_argument("--num_processes", type=int, required=True, help="Local processes to start.")
+  parser.add_argument("--devices_per_process", type=int, default=1, help="CPU devices each process simulates.")
+  parser.add_argument("--port", type=int, default=0, help="Coordinator port on 127.0.0.1 (0: a free one).")
+  parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then jaxdp.train's arguments.")
+  args = parser.parse_args(argv)
+  args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
+  for name in ("num_processes", "devices_per_process"):
+    if getattr(args, name) < 1:
+      parser.exit(2, f"error: --{name} must be a positive integer, got {getattr(args, name)}\n")
+  return args
+
+
+def main(argv: list[str]) -> int:
+  return launch(parse(argv))
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,58 @@
+"""One set of overrides -> the same run in-process (a config) or as a CLI process (flags)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+from jaxdp import metrics
+from jaxdp.configs import default
+
+
+def config_with(overrides: dict, base=default):
+  """`base.get_config()` with dotted-key overrides applied."""
+  config = base.get_config()
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    target = config
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  return config
+
+
+def flags(overrides: dict, base=default) -> list[str]:
+  """The same overrides as jaxdp.train command-line flags."""
+  return ["--config", base.__file__, *[f"--config.{k}={v}" for k, v in overrides.items()]]
+
+
+def start(module: str, args: list[str], devices: int = 8, **env) -> subprocess.Popen:
+  """`python -m module args` with `devices` CPU devices, output captured as text."""
+  full_env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices), **env}
+  full_env.pop("XLA_FLAGS", None)
+  return subprocess.Popen([sys.executable, "-m", module, *args], env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout: float = 120.0, every: float = 0.005) -> None:
+  deadline = time.time() + timeout
+  while not predicate():
+    assert time.time() < deadline, "timed out"
+    time.sleep(every)
+
+
+def train_losses(workdir, after: int = 0) -> dict[int, float]:
+  """step -> train/loss logged in a workdir, for steps after `after`."""
+  return {r["step"]: r["train/loss"] for r in metrics.read(str(workdir)) if "train/loss" in r and r["step"] > after}
+
+
+def host_state(result) -> dict:
+  """Parameters and optimizer state of a finished run, on the host."""
+  return result.backend.get({"params": result.state.params, "opt_state": result.state.opt_state})
+
+
+def assert_bitwise(a, b) -> None:
+  jax.tree.map(np.testing.assert_array_equal, a, b)

@@ -1,0 +1,143 @@
+"""Real multi-process runs on 127.0.0.1 (jax.distributed, gloo): 2 processes x 4 devices vs 1 x 8."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import runs
+
+from jaxdp import checkpoint, launch, train
+
+K = 20  # Steps before the checkpoint that the elastic restarts resume from; runs go to 2K.
+
+
+def _overrides(data_dir, **more):
+  return {"dataset.data_dir": data_dir, "model.name": "mlp", "num_train_steps": 2 * K, "log_every_steps": 1,
+          "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, **more}
+
+
+def _launch(workdir, overrides, processes=2, devices=4, **popen):
+  args = ["--num_processes", str(processes), "--devices_per_process", str(devices), "--",
+          *runs.flags(overrides), "--workdir", str(workdir)]
+  return subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+                          **popen)
+
+
+def _finish(proc, timeout=150):
+  out, err = proc.communicate(timeout=timeout)
+  assert proc.returncode == 0, out[-3000:] + err[-3000:]
+  return out
+
+
+def _assert_losses_close(a, b):
+  assert a.keys() == b.keys() and a
+  for step in a:
+    assert a[step] == pytest.approx(b[step], rel=1e-4), step
+
+
+@pytest.fixture(scope="module")
+def one_by_eight(data_dir, tmp_path_factory):
+  """The reference: 1 process x 8 devices, uninterrupted, in this process."""
+  workdir = tmp_path_factory.mktemp("one_by_eight")
+  result = train.train_and_evaluate(runs.config_with(_overrides(data_dir)), str(workdir))
+  return workdir, result.backend.get(result.state.params)
+
+
+@pytest.fixture(scope="module")
+def two_by_four(data_dir, tmp_path_factory):
+  """2 processes x 4 devices through the launcher, same config and seed."""
+  workdir = tmp_path_factory.mktemp("two_by_four")
+  out = _finish(_launch(workdir, _overrides(data_dir)))
+  return workdir, out
+
+
+def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
+  (ref_dir, ref_params), (workdir, out) = one_by_eight, two_by_four
+  _assert_losses_close(runs.train_losses(workdir), runs.train_losses(ref_dir))
+  config = runs.config_with(_overrides(data_dir))
+  # The 2-process checkpoint restores in 1 process (elastic), and its parameters match.
+  backend = train.parallel.make_backend("mesh")
+  state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, _init_for(config))
+  params = backend.get(state.params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params, ref_params)
+  assert "[0] step" in out and "[1] step" not in out  # Only process 0 reports progress ...
+  steps = [r["step"] for r in train.metrics.read(str(workdir)) if "train/loss" in r]
+  assert steps == sorted(set(steps))  # ... and writes each metrics line once.
+
+
+def _init_for(config):
+  import functools
+  from jaxdp import data, models, optim
+  from jaxdp import step as step_lib
+  ds = data.load(config.dataset)
+  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
+  return functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=optim.make(config))
+
+
+def test_resume_two_processes_on_one(data_dir, tmp_path, one_by_eight, two_by_four):
+  shutil.copytree(two_by_four[0], tmp_path, dirs_exist_ok=True)
+  shutil.rmtree(tmp_path / "checkpoints" / str(2 * K))  # Continue from step K, saved by 2 processes.
+  train.train_and_evaluate(runs.config_with(_overrides(data_dir)), str(tmp_path))
+  resumed = {s: l for s, l in runs.train_losses(tmp_path, K).items()}
+  _assert_losses_close(resumed, runs.train_losses(one_by_eight[0], K))
+
+
+def test_resume_one_process_on_two(data_dir, tmp_path, one_by_eight):
+  train.train_and_evaluate(runs.config_with(_overrides(data_dir, num_train_steps=K)), str(tmp_path))
+  _finish(_launch(tmp_path, _overrides(data_dir)))
+  _assert_losses_close(runs.train_losses(tmp_path, K), runs.train_losses(one_by_eight[0], K))
+
+
+def _pid_of_rank(workdir, rank):
+  """The pid of the jaxdp.train process with JAXDP_PROCESS_ID=rank running in `workdir`."""
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      cmdline = open(f"/proc/{pid}/cmdline").read()
+      environ = open(f"/proc/{pid}/environ").read().split("\0")
+    except OSError:
+      continue
+    if "jaxdp.train" in cmdline and str(workdir) in cmdline and f"JAXDP_PROCESS_ID={rank}" in environ:
+      return int(pid)
+  return None
+
+
+def test_killing_one_process_stops_the_launcher_naming_it(data_dir, tmp_path):
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
+  os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
+  killed = time.time()
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode != 0
+  assert time.time() - killed < 30
+  assert "error: process 1 of 2 was lost (killed by SIGKILL)" in err
+
+
+def test_a_hung_process_is_declared_lost_without_the_launcher(data_dir, tmp_path):
+  port = launch.free_port()
+  args = [*runs.flags(_overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0,
+                                 **{"distributed.heartbeat_timeout_s": 5})), "--workdir", str(tmp_path)]
+  env = {"JAXDP_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAXDP_NUM_PROCESSES": "2"}
+  procs = [runs.start("jaxdp.train", args, devices=4, JAXDP_PROCESS_ID=str(r), **env) for r in range(2)]
+  try:
+    runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
+    procs[1].send_signal(signal.SIGSTOP)  # Alive but silent: no heartbeats.
+    stopped = time.time()
+    out, _ = procs[0].communicate(timeout=60)
+    assert procs[0].returncode != 0 and time.time() - stopped < 5 + 25
+    assert "tasks are unhealthy (stopped sending heartbeats):\n1\n" in out
+  finally:
+    procs[1].kill()
+    procs[1].communicate()
+
+
+def test_launcher_rejects_bad_counts(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    launch.parse(["--num_processes", "0", "--", "--config", "x.py"])
+  assert exit_info.value.code == 2 and "--num_processes" in capsys.readouterr().err
