@@ -5,6 +5,7 @@ import dataclasses
 import ml_collections
 
 BACKENDS = ("pmap", "mesh")
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,14 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):
     if size % num_devices:
       raise ConfigError(f"{key} ({size}) must be divisible by the number of devices ({num_devices})")
+  accum = config.get("grad_accum_steps", 1)
+  if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
+    raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
+                      f"({layout.per_device_batch})")
+  for key, value in (("dtype", config.get("dtype", "float32")),
+                     ("parallel.allreduce_dtype", config.parallel.get("allreduce_dtype", "float32"))):
+    if value not in DTYPES:
+      raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")
   return layout
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxdp import zero
 from jaxdp.config import ConfigError
 from jaxdp.step import DataAxis
 
@@ -56,10 +57,15 @@ class Backend(abc.ABC):
     """One host copy (numpy) of a replicated tree, e.g. metrics or parameters."""
     return jax.tree.map(lambda x: x[0], self.replicas(tree))
 
+  def bind_state(self, abstract_state: PyTree) -> None:
+    """Fixes how each leaf of the training state is laid out (before `init` and `map_train`)."""
+    self.state_specs = jax.tree.map(lambda _: P(), abstract_state)
+
   def abstract_global(self, abstract: PyTree) -> PyTree:
-    """Shapes of a state (from `jax.eval_shape`) as global arrays replicated over all devices."""
-    replicated = NamedSharding(self.mesh, P())
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), abstract)
+    """Shapes of a state (from `jax.eval_shape`) as global arrays laid out over all devices (for orbax)."""
+    specs = getattr(self, "state_specs", None) or jax.tree.map(lambda _: P(), abstract)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(self.mesh, s)),
+                        abstract, specs)
 
   def to_global(self, tree: PyTree) -> PyTree:
     """This backend's replicated layout -> global arrays replicated over all devices (for orbax)."""
@@ -120,27 +126,40 @@ class PmapBackend(Backend):
 
 
 class MeshBackend(Backend):
-  """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data')."""
-  axis = DataAxis(AXIS, mark_varying=True)
+  """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data').
 
-  def __init__(self, devices: list[jax.Device]):
+  With `shard_optimizer_state` (ZeRO-1) the optimizer state is sharded P('data') instead. Its step
+  mixes replicated and sharded values in ways the replication checker cannot follow (the all-gather
+  of new parameters), so that mode runs shard_map unchecked; then `grad` adds no implicit psum and
+  the parameters need no marking.
+  """
+
+  def __init__(self, devices: list[jax.Device], shard_optimizer_state: bool = False):
     super().__init__(devices)
-    self.replicated = NamedSharding(self.mesh, P())
+    self.zero = shard_optimizer_state
+    self.axis = DataAxis(AXIS, mark_varying=not self.zero)
     self.sharded = NamedSharding(self.mesh, P(AXIS))
+    self.state_specs: PyTree = P()  # A prefix: the whole state replicated, until bind_state.
+
+  def bind_state(self, abstract_state: PyTree) -> None:
+    self.state_specs = zero.state_specs(abstract_state) if self.zero else jax.tree.map(lambda _: P(), abstract_state)
+
+  def _shardings(self, specs: PyTree) -> PyTree:
+    return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
 
   def init(self, fn: Callable[[], PyTree]) -> PyTree:
-    # Created already replicated on every device, never first on one.
-    return jax.jit(fn, out_shardings=self.replicated)()
+    # Created already in place on every device (replicated, or sharded for ZeRO), never first on one.
+    return jax.jit(fn, out_shardings=self._shardings(self.state_specs))()
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
     return {k: jax.make_array_from_process_local_data(self.sharded, v) for k, v in batch.items()}
 
   def _shard_map(self, step: Callable[..., Any], out_specs: Any) -> Callable[..., Any]:
     return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
-                         in_specs=(P(), P(AXIS)), out_specs=out_specs)
+                         in_specs=(self.state_specs, P(AXIS)), out_specs=out_specs, check_vma=not self.zero)
 
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    return jax.jit(self._shard_map(step, (P(), P())), donate_argnums=0)
+    return jax.jit(self._shard_map(step, (self.state_specs, P())), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(self._shard_map(step, P()))
@@ -152,7 +171,7 @@ class MeshBackend(Backend):
 BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 
-def make_backend(name: str, num_devices: int = 0) -> Backend:
+def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False) -> Backend:
   """The backend `name` over all devices, or over the first `num_devices` (single process only)."""
   devices = jax.devices()
   if num_devices:
@@ -161,6 +180,10 @@ def make_backend(name: str, num_devices: int = 0) -> Backend:
     if num_devices > len(devices):
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
+  if shard_optimizer_state:
+    if name != "mesh":
+      raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
+    return MeshBackend(devices, shard_optimizer_state=True)
   return BACKENDS[name](devices)
 
 

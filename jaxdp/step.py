@@ -13,6 +13,7 @@ import optax
 from flax import struct
 from jax import lax
 
+from jaxdp import zero
 from jaxdp.models import Model
 
 PyTree = Any
@@ -47,12 +48,30 @@ class DataAxis:
     return jax.tree.map(lambda x: lax.pcast(x, self.name, to="varying"), tree)
 
 
-def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation) -> TrainState:
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How the per-replica step computes and communicates; from the config."""
+  accum_steps: int = 1                 # Micro-batches per optimizer step; gradients all-reduced once.
+  compute_dtype: str = "float32"       # Forward/backward dtype; parameters and updates stay float32.
+  allreduce_dtype: str = "float32"     # Dtype of the gradient all-reduce (bfloat16 halves its bytes).
+  shard_optimizer_state: bool = False  # ZeRO-1: optimizer state sharded over the data axis.
+  num_shards: int = 1                  # Devices on the data axis (ZeRO-1 shard count).
+
+  @classmethod
+  def from_config(cls, config: Any, num_devices: int = 1) -> "StepOptions":
+    return cls(accum_steps=config.get("grad_accum_steps", 1), compute_dtype=config.get("dtype", "float32"),
+               allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"),
+               shard_optimizer_state=config.parallel.get("shard_optimizer_state", False), num_shards=num_devices)
+
+
+def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation,
+               options: StepOptions = StepOptions()) -> TrainState:
   """A fresh state: parameters from `rng`, zero step."""
   init_rng, state_rng = jax.random.split(rng)
   params, model_state = model.init(init_rng)
+  opt_params = zero.flatten(params, options.num_shards) if options.shard_optimizer_state else params
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
-                    opt_state=tx.init(params), rng=state_rng)
+                    opt_state=tx.init(opt_params), rng=state_rng)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -61,36 +80,83 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
-               tx: optax.GradientTransformation, axis: DataAxis) -> tuple[TrainState, Metrics]:
-  """One optimizer step on this replica's slice; gradients are averaged over `axis` with pmean."""
+               tx: optax.GradientTransformation, axis: DataAxis,
+               options: StepOptions = StepOptions()) -> tuple[TrainState, Metrics]:
+  """One optimizer step on this replica's slice; gradients are averaged over `axis` once."""
   rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params: PyTree) -> tuple[jax.Array, tuple[jax.Array, PyTree]]:
-    logits, model_state = model.apply(params, state.model_state, batch["inputs"], train=True, rng=rng)
-    return cross_entropy(logits, batch["labels"]).mean(), (logits, model_state)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (loss, (logits, model_state)), grads = grad_fn(axis.vary(state.params))
-  grads = lax.pmean(grads, axis.name)  # The all-reduce of data parallelism.
+  loss, accuracy, model_state, grads = _local_gradients(state, batch, model=model, rng=rng, axis=axis,
+                                                        options=options)
   loss = lax.pmean(loss, axis.name)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  updated = state.replace(params=optax.apply_updates(state.params, updates),
-                          model_state=_pmean_floats(model_state, axis.name), opt_state=opt_state)
-  # A NaN/Inf on any replica reaches every replica through the pmeans above, so all of them take
+  apply = zero.apply_gradients if options.shard_optimizer_state else _apply_gradients
+  params, opt_state, finite = apply(state, grads, loss, tx=tx, axis=axis, options=options)
+  updated = state.replace(params=params, model_state=_pmean_floats(model_state, axis.name), opt_state=opt_state)
+  # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take
   # the same decision: skip this update (the batch is still consumed).
-  finite = _all_finite((loss, grads))
   new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
-  accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["labels"])
   return new_state.replace(step=state.step + 1), {
       "loss": loss, "accuracy": lax.pmean(accuracy, axis.name), "nonfinite": 1 - finite.astype(jnp.int32)}
 
 
-def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, axis: DataAxis) -> Metrics:
+def _local_gradients(state: TrainState, batch: dict[str, jax.Array], *, model: Model, rng: jax.Array,
+                     axis: DataAxis, options: StepOptions) -> tuple[jax.Array, jax.Array, PyTree, PyTree]:
+  """Mean loss, accuracy, new model state and gradients over this replica's slice, with no communication.
+
+  With `accum_steps` = k the slice is cut into k micro-batches, run one after another, and their
+  gradients are averaged locally (PyTorch DDP's `no_sync`): the all-reduce still happens once.
+  """
+  dtype = jnp.dtype(options.compute_dtype)
+
+  def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
+    inputs = micro["inputs"].astype(dtype) if jnp.issubdtype(micro["inputs"].dtype, jnp.floating) else micro["inputs"]
+    logits, model_state = model.apply(_cast_floats(params, dtype), model_state, inputs, train=True, rng=micro_rng)
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == micro["labels"])
+    return cross_entropy(logits, micro["labels"]).mean(), (accuracy, model_state)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  params, k = axis.vary(state.params), options.accum_steps
+  if k == 1:
+    (loss, (accuracy, model_state)), grads = grad_fn(params, state.model_state, batch, rng)
+    return loss, accuracy, model_state, grads
+
+  def micro_step(carry: tuple, xs: tuple) -> tuple:
+    model_state, grad_sum, loss_sum, acc_sum = carry
+    micro, i = xs
+    (loss, (accuracy, model_state)), grads = grad_fn(params, model_state, micro, jax.random.fold_in(rng, i))
+    return (model_state, jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss, acc_sum + accuracy), None
+
+  micro_batches = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+  zero_sums = axis.vary((jax.tree.map(jnp.zeros_like, state.params), jnp.float32(0), jnp.float32(0)))
+  carry = (axis.vary(state.model_state), *zero_sums)
+  (model_state, grad_sum, loss_sum, acc_sum), _ = lax.scan(micro_step, carry, (micro_batches, jnp.arange(k)))
+  return loss_sum / k, acc_sum / k, model_state, jax.tree.map(lambda g: g / k, grad_sum)
+
+
+def _apply_gradients(state: TrainState, grads: PyTree, loss: jax.Array, *, tx: optax.GradientTransformation,
+                     axis: DataAxis, options: StepOptions) -> tuple[PyTree, PyTree, jax.Array]:
+  """All-reduce (mean) the gradients, then the same optax update on every replica."""
+  grads = all_reduce_mean(grads, axis.name, options.allreduce_dtype)  # The all-reduce of data parallelism.
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  return optax.apply_updates(state.params, updates), opt_state, _all_finite((loss, grads))
+
+
+def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyTree:
+  """`lax.pmean` over the axis, communicated in `dtype` (results back in their own dtype)."""
+  return jax.tree.map(lambda g: lax.pmean(g.astype(dtype), axis_name).astype(g.dtype), tree)
+
+
+def _cast_floats(tree: PyTree, dtype: jnp.dtype) -> PyTree:
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, axis: DataAxis,
+              options: StepOptions = StepOptions()) -> Metrics:
   """Sums of loss, correct predictions, real examples and their targets over all replicas (padding masked out).
 
   Labels may have more dims than the [B] mask (e.g. [B, T] next tokens): every label is one target.
   """
-  logits, _ = model.apply(state.params, state.model_state, batch["inputs"], train=False)
+  dtype = jnp.dtype(options.compute_dtype)
+  inputs = batch["inputs"].astype(dtype) if jnp.issubdtype(batch["inputs"].dtype, jnp.floating) else batch["inputs"]
+  logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, inputs, train=False)
   labels, mask = batch["labels"], batch["mask"]
   targets = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (labels.ndim - 1)), labels.shape)
   correct = (jnp.argmax(logits, -1) == labels) & targets

@@ -14,7 +14,6 @@ if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS only o
 
 import collections  # noqa: E402
 import dataclasses  # noqa: E402
-import functools  # noqa: E402
 import logging  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
@@ -28,7 +27,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxdp import config as config_lib  # noqa: E402
-from jaxdp import checkpoint, data, metrics, models, optim, parallel, preemption, progress, replicas  # noqa: E402
+from jaxdp import build, checkpoint, data, metrics, parallel, preemption, progress, replicas  # noqa: E402
 from jaxdp import distributed, summary  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 
@@ -74,21 +73,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Resul
 
 
 def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
-  """Validates the config, then builds data, model, optimizer, steps, and the (restored) state."""
-  num_devices = config.parallel.get("num_devices", 0) or jax.device_count()
-  layout = config_lib.validate(config, num_devices, jax.process_count())
+  """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
+  parts = build.build(config)
   _check_workdir(workdir)
-  backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0))
-  ds = data.load(config.dataset)
-  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
-  tx = optim.make(config)
-  summary.report(summary.describe(config, backend, layout, ds, model))
+  summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
   checkpointer = checkpoint.Checkpointer(workdir, config)
-  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx)
-  state = checkpointer.restore_or_init(backend, init)
-  train_step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
-  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, model=model))
-  return _Run(config, workdir, layout, backend, ds, checkpointer, state, train_step, eval_step)
+  state = checkpointer.restore_or_init(parts.backend, parts.init)
+  return _Run(config, workdir, parts.layout, parts.backend, parts.ds, checkpointer, state, parts.train_step,
+              parts.eval_step)
 
 
 def _train(run: _Run, watcher: preemption.Watcher) -> Result:

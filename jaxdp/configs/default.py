@@ -19,6 +19,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 0.0          # Decoupled weight decay (adamw), L2 otherwise.
   config.lr_schedule = "constant"    # constant | cosine (cosine decays to 0 at num_train_steps).
   config.warmup_steps = 0            # Linear warmup steps before the schedule.
+  config.grad_accum_steps = 1        # Micro-batches per optimizer step (divides the per-device batch); one all-reduce per step.
+  config.dtype = "float32"           # Compute dtype of forward and backward (bfloat16: mixed precision); parameters stay float32.
   config.log_every_steps = 50        # Write train metrics every this many steps.
   config.eval_every_steps = 200      # Evaluate on the whole eval split every this many steps (and at the end).
   config.checkpoint_every_steps = 200  # Save WORKDIR/checkpoints/STEP every this many steps (and at the end); 0: never.
@@ -43,6 +45,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.parallel = ml_collections.ConfigDict()
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
+  config.parallel.allreduce_dtype = "float32"  # Dtype of the gradient all-reduce; bfloat16 halves the bytes sent.
+  config.parallel.shard_optimizer_state = False  # ZeRO-1 (mesh backend): optimizer state sharded over devices.
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
   config.parallel.max_steps_in_flight = 2  # Bounds async dispatch (fake CPU devices deadlock without it).
   config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
