@@ -7,11 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from jax import lax
 from pydoc_data import topics
 
 from jaxdp import config as config_lib
-from jaxdp import data, metrics, models, optim, sample, train
+from jaxdp import metrics, models, optim, sample, train
 from jaxdp import step as step_lib
 from jaxdp.configs import cifar10_resnet18, gpt_text_file, gpt_tiny_shakespeare
 from jaxdp.datasets import text_file, tiny_shakespeare_chars
@@ -66,7 +65,8 @@ def test_text_file_windows_are_next_token_pairs_over_a_held_out_tail(text_path, 
   assert splits["train"].num_examples == len(range(0, cut - 50, 25))
   assert splits["test"].num_examples == len(range(0, len(raw) - cut - 50, 50))  # Eval windows never overlap.
   test = list(tfds.as_numpy(builder.as_dataset(split="test", as_supervised=True)))
-  assert {text_file.decode(x) for x, _ in test} == {raw[cut + s:cut + s + 50].decode() for s in range(0, len(raw) - cut - 50, 50)}
+  starts = range(0, len(raw) - cut - 50, 50)
+  assert {text_file.decode(x) for x, _ in test} == {raw[cut + s:cut + s + 50].decode() for s in starts}
   for x, y in test:
     np.testing.assert_array_equal(x[1:], y[:-1])
   other = tfds.builder("text_file", data_dir=str(tmp_path), path=text_path, seq_len=40)
