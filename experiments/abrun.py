@@ -1,0 +1,109 @@
+"""Alternating A/B measurement shared by the experiments: rounds of A B A B ..., per-step medians, ratios.
+
+On a shared, noisy machine an absolute time says little; a ratio of two contenders measured in the
+same rounds, back to back, says much more. Every study here reports `median (min..max)` over rounds of
+per-round ratios of per-step medians, and states the machine, the load and the command it ran.
+"""
+
+import contextlib
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# A contender runs `n` steps and returns each step's seconds (it blocks until each step is done).
+Contender = Callable[[int], list[float]]
+
+
+def time_steps(step: Callable[[], Any], n: int, block: Callable[[Any], Any]) -> list[float]:
+  """Seconds of each of `n` calls of `step()`, each waited for with `block(result)`."""
+  times = []
+  for _ in range(n):
+    start = time.perf_counter()
+    block(step())
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def alternate(contenders: dict[str, Contender], rounds: int, steps: int, warmup: int = 3) -> dict[str, list[float]]:
+  """Per-round median step time of each contender, running them in turn A B C A B C ... for `rounds` rounds.
+
+  Each contender first runs `warmup` untimed steps (compilation, buffer allocation).
+  """
+  for run in contenders.values():
+    run(warmup)
+  medians: dict[str, list[float]] = {name: [] for name in contenders}
+  for _ in range(rounds):
+    for name, run in contenders.items():
+      medians[name].append(statistics.median(run(steps)))
+  return medians
+
+
+def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+  """Round-by-round ratios a / b (both measured in the same round)."""
+  return [x / y for x, y in zip(a, b)]
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+  """Median, min and max of `values`."""
+  return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(values: Sequence[float], digits: int = 3) -> str:
+  """`median (min..max)` with `digits` significant digits."""
+  s = spread(values)
+  return f"{s['median']:.{digits}g} ({s['min']:.{digits}g}..{s['max']:.{digits}g})"
+
+
+def fmt_ms(values: Sequence[float]) -> str:
+  """Seconds as `median (min..max)` milliseconds."""
+  return fmt([v * 1e3 for v in values])
+
+
+def cpu_model() -> str:
+  """The CPU's model name from /proc/cpuinfo."""
+  with contextlib.suppress(OSError):
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  return platform.processor() or "unknown CPU"
+
+
+def load() -> float:
+  """The 1-minute load average."""
+  return os.getloadavg()[0]
+
+
+def command(argv: Sequence[str] | None = None) -> str:
+  """The command line that ran this script, as typed from the repository root."""
+  argv = sys.argv if argv is None else argv
+  return " ".join(["python", os.path.relpath(argv[0])] + list(argv[1:]))
+
+
+def header(title: str, load_before: float, devices: str, cmd: str | None = None) -> list[str]:
+  """The lines every results file starts with: date, machine, load, devices, command."""
+  return [
+      f"# {title}",
+      "",
+      f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+      f"- machine: {cpu_model()} ({platform.machine()}), {os.cpu_count()} CPU cores, shared with other jobs; "
+      f"1-minute load average {load_before:.1f} at the start, {load():.1f} at the end",
+      f"- devices: {devices}",
+      f"- command: `{cmd or command()}`",
+      "",
+  ]
+
+
+def write(path: str | None, lines: list[str]) -> str:
+  """Joins `lines`, prints them, and writes them to `path` when given; returns the text."""
+  text = "\n".join(lines).rstrip() + "\n"
+  print(text)
+  if path:
+    with open(path, "w") as f:
+      f.write(text)
+  return text

@@ -1,0 +1,202 @@
+"""Framework overhead: jaxdp's train step against a minimal hand-written `jax.jit` step, on 1 and 2 devices.
+
+    python experiments/overhead.py [--devices 1,2] [--workloads cnn,mlp] [--rounds 21] [--steps 10] \
+        [--out experiments/results/overhead.md]
+
+Both contenders train the same model with the same optimizer on the same global batch, over the same
+mesh, donate their state, and are fed the same device-resident batch:
+  jaxdp     `parallel.make_backend("mesh", n).map_train(step.train_step)`: jit(shard_map) with an
+            explicit `lax.pmean` of the gradients, NaN/Inf guard, loss and accuracy metrics;
+  baseline  `jax.jit` of loss -> grad -> optax update over the global batch with in/out shardings
+            (state replicated, batch sharded) and donation; XLA's partitioner inserts the all-reduce.
+Ablations (the same step with one feature removed, written here) show where a difference comes from:
+  no_guard  jaxdp's step without the NaN/Inf guard (`jnp.where` over the whole state);
+  no_extras jaxdp's step without the guard and without the accuracy metric and its pmean;
+  cond_guard jaxdp's step with the guard as one `lax.cond` (update or keep) instead of the `jnp.where`.
+Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
+contender; the ratios jaxdp / baseline are taken per round and reported as median (min..max).
+"""
+
+import sys
+
+from jaxdp import cpu_devices
+
+if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
+  cpu_devices.simulate(2)
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import os  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
+
+from jaxdp import models, optim, parallel  # noqa: E402
+from jaxdp import step as step_lib  # noqa: E402
+from jaxdp.configs import default  # noqa: E402
+
+TARGET = 1.05  # jaxdp / baseline step time.
+# name -> (model fields, input shape, global batch): the default config's CNN on digits-shaped data,
+# and the MLP 784-1024-1024-10 of the PyTorch comparison.
+WORKLOADS: dict[str, tuple[dict, tuple[int, ...], int]] = {
+    "cnn": ({"name": "cnn"}, (8, 8, 1), 128),
+    "mlp": ({"name": "mlp", "hidden": (1024, 1024)}, (28, 28, 1), 256),
+}
+NUM_CLASSES = 10
+ABLATIONS = ("no_guard", "no_extras", "cond_guard")
+
+
+def setup(workload: str, num_devices: int) -> dict[str, Any]:
+  """Model, optimizer, backend and one device-resident batch for `workload` on `num_devices` devices."""
+  fields, shape, batch = WORKLOADS[workload]
+  config = default.get_config()
+  config.model.update(fields)
+  config.batch_size = batch
+  model = models.get_model(config.model, shape, NUM_CLASSES)
+  tx = optim.make(config)
+  backend = parallel.make_backend("mesh", num_devices)
+  rng = np.random.default_rng(0)
+  host = {"inputs": rng.standard_normal((batch, *shape)).astype(np.float32),
+          "labels": rng.integers(0, NUM_CLASSES, batch).astype(np.int32)}
+  return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host)}
+
+
+def jaxdp_contender(env: dict[str, Any], step_fn: Callable = step_lib.train_step) -> abrun.Contender:
+  """jaxdp's own pieces: backend.init, backend.map_train(step), the device batch."""
+  model, tx, backend = env["model"], env["tx"], env["backend"]
+  state = backend.init(functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx))
+  train = backend.map_train(functools.partial(step_fn, model=model, tx=tx))
+  return _carry(train, state, env["batch"])
+
+
+def baseline_contender(env: dict[str, Any]) -> abrun.Contender:
+  """A minimal hand-written data-parallel step: plain jax.jit with shardings and donation, no shard_map."""
+  model, tx, mesh = env["model"], env["tx"], env["backend"].mesh
+  replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+  def init() -> tuple[Any, Any]:
+    params, _ = model.init(jax.random.PRNGKey(0))
+    return params, tx.init(params)
+
+  _, model_state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  assert not jax.tree.leaves(model_state), "the baseline is for models without state (no BatchNorm)"
+
+  def train(state: tuple[Any, Any], batch: dict[str, jax.Array]) -> tuple[tuple[Any, Any], jax.Array]:
+    params, opt_state = state
+
+    def loss_fn(p: Any) -> jax.Array:
+      logits, _ = model.apply(p, {}, batch["inputs"], train=True)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)  # The mean over the global batch: XLA all-reduces.
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  state = jax.jit(init, out_shardings=replicated)()
+  step = jax.jit(train, in_shardings=(replicated, sharded), out_shardings=(replicated, replicated),
+                 donate_argnums=0)
+  return _carry(step, state, env["batch"])
+
+
+def _carry(step: Callable, state: Any, batch: Any) -> abrun.Contender:
+  """A contender that threads the (donated) state through `step(state, batch)`."""
+  box = [state]
+
+  def call() -> Any:
+    box[0], out = step(box[0], batch)
+    return box[0], out
+
+  return lambda n: abrun.time_steps(call, n, jax.block_until_ready)
+
+
+def step_variant(state, batch, *, model, tx, axis, guard: str = "none", accuracy: bool = True):
+  """jaxdp's train_step with its NaN/Inf guard done by `guard` ("none" or "cond": `lax.cond` instead of a
+  `jnp.where` over every leaf of the state) and, with accuracy=False, without the accuracy metric."""
+  rng = jax.random.fold_in(state.rng, state.step)
+
+  def loss_fn(params):
+    logits, model_state = model.apply(params, state.model_state, batch["inputs"], train=True, rng=rng)
+    return step_lib.cross_entropy(logits, batch["labels"]).mean(), (logits, model_state)
+
+  (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(axis.vary(state.params))
+  grads = lax.pmean(grads, axis.name)
+  loss = lax.pmean(loss, axis.name)
+
+  def update(_: Any) -> step_lib.TrainState:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates),
+                         model_state=step_lib._pmean_floats(model_state, axis.name), opt_state=opt_state)
+
+  if guard == "cond":
+    new_state = lax.cond(step_lib._all_finite((loss, grads)), update, lambda _: state, None)
+  else:
+    new_state = update(None)
+  metrics = {"loss": loss}
+  if accuracy:
+    metrics["accuracy"] = lax.pmean(jnp.mean(jnp.argmax(logits, -1) == batch["labels"]), axis.name)
+  return new_state.replace(step=state.step + 1), metrics
+
+
+def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[str, list[float]]:
+  """Per-round median step times of jaxdp, the baseline and the ablations, alternating."""
+  env = setup(workload, num_devices)
+  contenders = {
+      "jaxdp": jaxdp_contender(env),
+      "baseline": baseline_contender(env),
+      "no_guard": jaxdp_contender(env, step_variant),
+      "no_extras": jaxdp_contender(env, functools.partial(step_variant, accuracy=False)),
+      "cond_guard": jaxdp_contender(env, functools.partial(step_variant, guard="cond")),
+  }
+  return abrun.alternate(contenders, rounds, steps)
+
+
+def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argparse.Namespace,
+           load_before: float) -> list[str]:
+  """Markdown: header, then per workload and device count the step times and ratios."""
+  dev = jax.devices()[0]
+  lines = abrun.header("Framework overhead: jaxdp step vs a hand-written jax.jit step", load_before,
+                       f"{jax.device_count()} x {dev.platform} ({dev.device_kind}), fake devices sharing the "
+                       f"cores; jax {jax.__version__}")
+  lines += [f"{args.rounds} rounds; each round runs every contender for {args.steps} steps (after 3 warm-up "
+            "steps), one after the other; step times are that round's median, ratios are per round; shown "
+            "as median (min..max) over rounds. Target: jaxdp / baseline <= "
+            f"{TARGET}.", "",
+            "| workload | devices | jaxdp ms | baseline ms | **jaxdp / baseline** | target met | "
+            + " | ".join(f"{a} / baseline" for a in ABLATIONS) + " |",
+            "| --- " * (6 + len(ABLATIONS)) + "|"]
+  for (workload, n), r in results.items():
+    fields, shape, batch = WORKLOADS[workload]
+    main = abrun.ratios(r["jaxdp"], r["baseline"])
+    met = "yes" if abrun.spread(main)["median"] <= TARGET else "**no**"
+    lines.append(f"| {workload} {shape}, batch {batch} | {n} | {abrun.fmt_ms(r['jaxdp'])} | "
+                 f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt(main)}** | {met} | "
+                 + " | ".join(abrun.fmt(abrun.ratios(r[a], r["baseline"])) for a in ABLATIONS) + " |")
+  return lines
+
+
+def main(argv: list[str]) -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--devices", default="1,2", help="comma-separated device counts (at most 2)")
+  p.add_argument("--workloads", default="cnn,mlp", help=f"comma-separated, from {', '.join(WORKLOADS)}")
+  p.add_argument("--rounds", type=int, default=21)
+  p.add_argument("--steps", type=int, default=10, help="timed steps per contender and round")
+  p.add_argument("--out", default=None, help="write the results (markdown) here")
+  args = p.parse_args(argv)
+  load_before = abrun.load()
+  results = {(w, int(n)): measure(w, int(n), args.rounds, args.steps)
+             for w in args.workloads.split(",") for n in args.devices.split(",")}
+  abrun.write(args.out, report(results, args, load_before))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
