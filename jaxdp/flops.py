@@ -42,8 +42,17 @@ def step_flops(jitted: Any, *args: Any) -> float | None:
   `jitted` with the same shapes does not compile again. None when the backend reports no FLOPs.
   """
   try:
-    analysis = jitted.lower(*args).compile().cost_analysis()
+    compiled = jitted.lower(*args).compile()
   except (NotImplementedError, RuntimeError):  # A backend without cost analysis: report no FLOPs, keep training.
+    return None
+  return compiled_flops(compiled)
+
+
+def compiled_flops(compiled: Any) -> float | None:
+  """FLOPs per device of one run of an already compiled program (XLA's cost analysis); None if unknown."""
+  try:
+    analysis = compiled.cost_analysis()
+  except (NotImplementedError, RuntimeError):
     return None
   if isinstance(analysis, (list, tuple)):  # Older JAX: one dict per program.
     analysis = analysis[0] if analysis else None

@@ -185,7 +185,7 @@ def _check_workdir(workdir: str) -> None:
     raise config_lib.ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
 
 
-def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
+def parse(argv: list[str], require_workdir: bool = True) -> tuple[ml_collections.ConfigDict, str | None]:
   """Command line -> (config, workdir); every mistake is a ConfigError naming the bad value."""
   fv = flags.FlagValues()
   config_flags.DEFINE_config_file("config", None, "Path to a config .py file with get_config().",
@@ -201,7 +201,7 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict, str]:
     raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
   if not fv["config"].present:
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
-  if not fv.workdir:
+  if require_workdir and not fv.workdir:
     raise config_lib.ConfigError("--workdir is required")
   path = fv["config"].config_filename
   if not os.path.isfile(path):
