@@ -1,0 +1,88 @@
+"""Scale-up features train like plain data parallelism: accumulation, ZeRO-1, mixed precision."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import build, config as config_lib, train
+
+
+def _train(config, workdir):
+  result = train.train_and_evaluate(config, str(workdir))
+  return result, result.backend.get(result.state.params)
+
+
+def _close(a, b, **tol):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **tol), a, b)
+
+
+@pytest.fixture
+def ten_steps(config):
+  config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 10, 5, 0
+  config.batch_size = 64
+  return config
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_accumulation_matches_one_big_step(ten_steps, tmp_path, backend):
+  ten_steps.parallel.backend = backend
+  _, plain = _train(ten_steps, tmp_path / "plain")
+  ten_steps.grad_accum_steps = 4  # 8 examples per device -> 4 micro-batches of 2.
+  _, accumulated = _train(ten_steps, tmp_path / "accum")
+  _close(plain, accumulated, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_zero1_matches_unsharded(ten_steps, tmp_path, optimizer):
+  ten_steps.optimizer, ten_steps.weight_decay = optimizer, 0.1
+  _, plain = _train(ten_steps, tmp_path / "plain")
+  ten_steps.parallel.shard_optimizer_state = True
+  result, sharded = _train(ten_steps, tmp_path / "zero")
+  _close(plain, sharded, rtol=1e-5, atol=1e-6)
+  mu = jax.tree.leaves(result.state.opt_state)[1]  # Adam's first moment of the first leaf.
+  assert mu.sharding.spec == jax.sharding.PartitionSpec("data")
+  assert mu.addressable_shards[0].data.size == mu.size // 8  # Each device holds 1/8.
+
+
+def test_zero1_resumes_from_its_checkpoint(ten_steps, tmp_path):
+  ten_steps.parallel.shard_optimizer_state = True
+  ten_steps.checkpoint_every_steps = 5
+  _, straight = _train(ten_steps, tmp_path / "straight")
+  ten_steps.num_train_steps = 5
+  train.train_and_evaluate(ten_steps, str(tmp_path / "resumed"))
+  ten_steps.num_train_steps = 10
+  _, resumed = _train(ten_steps, tmp_path / "resumed")
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+
+
+def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
+  ten_steps.num_train_steps, ten_steps.learning_rate = 30, 1e-2
+  final = {}
+  for dtype in ("float32", "bfloat16"):
+    ten_steps.dtype, ten_steps.parallel.allreduce_dtype = dtype, dtype
+    _, params = _train(ten_steps, tmp_path / dtype)
+    assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))  # Parameters stay float32.
+    losses = [r["train/loss"] for r in train.metrics.read(str(tmp_path / dtype)) if "train/loss" in r]
+    assert losses[-1] < 0.5 * losses[0]
+    final[dtype] = losses[-1]
+  # bfloat16 keeps 8 bits of mantissa: the curves agree to a few percent, not to float32 rounding.
+  assert final["bfloat16"] == pytest.approx(final["float32"], rel=0.05)
+
+
+@pytest.mark.parametrize("override, named", [
+    ({"grad_accum_steps": 3}, "grad_accum_steps (3)"),       # 4 per device: 3 does not divide it.
+    ({"dtype": "float8"}, "float8"),
+    ({"parallel.allreduce_dtype": "int8"}, "int8"),
+    ({"parallel.backend": "pmap", "parallel.shard_optimizer_state": True}, "'pmap'"),
+])
+def test_bad_scaleup_settings_are_named(config, override, named):
+  for key, value in override.items():
+    *parents, leaf = key.split(".")
+    target = config
+    for p in parents:
+      target = target[p]
+    target[leaf] = value
+  with pytest.raises(config_lib.ConfigError, match=re.escape(named)):
+    build.build(config)
