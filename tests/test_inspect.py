@@ -1,0 +1,155 @@
+"""jaxdp.inspect reads the compiled train step (8 fake CPU devices): what each optimizer step sends,
+holds and donates, for plain data parallelism, accumulation, a bfloat16 all-reduce and ZeRO-1."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jaxdp import inspect
+from jaxdp.configs import mlp_digits
+
+N = 8
+METRIC_BYTES = 64  # Loss and accuracy (two float32 scalars) travel with the gradients; allow a few more.
+
+
+@pytest.fixture(scope="module")
+def analyzed(data_dir):
+  """`analyze` of a small MLP (64 hidden units, 4,810 parameters) with overrides, each compiled once per module."""
+  cache = {}
+
+  def run(**overrides):
+    key = tuple(sorted(overrides.items()))
+    if key not in cache:
+      config = mlp_digits.get_config()
+      config.dataset.data_dir = data_dir
+      config.model.hidden = (64,)
+      config.batch_size = 64
+      config.update_from_flattened_dict({k.replace("__", "."): v for k, v in overrides.items()})
+      cache[key] = inspect.analyze(config)
+    return cache[key]
+
+  return run
+
+
+def _params(r):
+  return r["params"]["bytes"]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"parallel__backend": "pmap"}])  # {}: the mesh backend.
+def test_plain_data_parallelism_all_reduces_the_parameter_bytes_once(analyzed, overrides):
+  r = analyzed(**overrides)
+  assert r["run"]["devices"] == N and r["params"]["count"] == 64 * 64 + 64 + 64 * 10 + 10
+  for program in ("compiled", "lowered"):
+    ops = r["collectives"][program]
+    grads = ops["all-reduce"]
+    assert grads["tensor_bytes"] == _params(r), (program, grads)  # Never twice the parameters.
+    assert 0 < grads["scalar_bytes"] <= METRIC_BYTES
+    assert set(grads["dtypes"]) == {"float32"}
+    assert all(ops[k]["count"] == 0 for k in inspect.KINDS if k != "all-reduce"), ops
+  assert 1 <= r["collectives"]["compiled"]["all-reduce"]["count"] <= 4  # XLA combines them into one or a few.
+  assert r["collectives"]["compiled"]["all-reduce"]["in_loop"] == 0
+
+
+def test_accumulation_still_all_reduces_once_per_step(analyzed):
+  one, four = analyzed(), analyzed(grad_accum_steps=4)
+  assert four["run"]["grad_accum_steps"] == 4 and four["while_loops"] >= 1  # The scan over micro-batches.
+  grads, baseline = four["collectives"]["compiled"]["all-reduce"], one["collectives"]["compiled"]["all-reduce"]
+  assert grads["in_loop"] == 0  # Not inside the scan: once per optimizer step.
+  assert (grads["count"], grads["tensor_bytes"]) == (baseline["count"], baseline["tensor_bytes"]) == (
+      baseline["count"], _params(one))
+  assert any("counts a loop body once" in note for note in four["notes"])
+
+
+def test_bfloat16_all_reduce_sends_half_the_parameter_bytes(analyzed):
+  r = analyzed(parallel__allreduce_dtype="bfloat16")
+  lowered, compiled = r["collectives"]["lowered"]["all-reduce"], r["collectives"]["compiled"]["all-reduce"]
+  assert lowered["tensor_bytes"] == _params(r) // 2 == lowered["dtypes"]["bfloat16"]
+  if "bfloat16" not in compiled["dtypes"]:  # XLA:CPU promotes it back to float32: the report must say so.
+    assert compiled["tensor_bytes"] == _params(r)
+    assert any("all-reduce" in n and "promotes bfloat16" in n for n in r["notes"]), r["notes"]
+  else:
+    assert compiled["tensor_bytes"] == _params(r) // 2
+
+
+@pytest.mark.parametrize("devices", [N, 2])
+def test_zero1_argument_bytes_are_params_plus_a_shard_of_adam(analyzed, devices):
+  sharded = analyzed(parallel__shard_optimizer_state=True, parallel__num_devices=devices)
+  plain = analyzed(parallel__num_devices=devices) if devices != N else analyzed()
+  p = _params(plain)
+  assert sharded["run"]["optimizer"] == "adam" and sharded["run"]["devices"] == devices
+  # Argument bytes less the batch (subtracted exactly): parameters + Adam's two moments (sharded or not).
+  for r, expected in ((sharded, p + 2 * p / devices), (plain, p + 2 * p)):
+    state_bytes = r["memory"]["argument_bytes"] - r["per_device"]["batch_bytes"]
+    assert abs(state_bytes - expected) <= 0.02 * expected, (state_bytes, expected)
+  ops = sharded["collectives"]["compiled"]
+  assert ops["all-reduce"]["tensor_bytes"] == 0  # Gradients are reduce-scattered, parameters all-gathered.
+  for kind in ("reduce-scatter", "all-gather"):  # Each moves the parameters once (padded to N per leaf).
+    assert p <= ops[kind]["tensor_bytes"] <= p + 4 * devices * 4, (kind, ops[kind])
+
+
+@pytest.mark.parametrize("overrides", [{}, {"parallel__backend": "pmap"}, {"parallel__shard_optimizer_state": True}])
+def test_donation_aliases_parameters_and_optimizer_state(analyzed, overrides):
+  r = analyzed(**overrides)
+  held = r["per_device"]["params_bytes"] + r["per_device"]["opt_state_bytes"]
+  assert r["memory"]["alias_bytes"] >= held > 0
+
+
+def test_parser_finds_collectives_in_loop_bodies_and_full_buffers():
+  hlo = """HloModule m, num_partitions=8
+
+%body (p: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %ar = f32[16]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+}
+
+ENTRY %main (a: f32[16]) -> f32[16] {
+  %w = (s32[], f32[16]{0}) while(%t), condition=%cond, body=%body
+  %rs = f32[2]{0} reduce-scatter(%a), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}, to_apply=%add
+  %ag = ((bf16[2]{0}), bf16[16]{0}) all-gather-start(%rs), channel_id=3, replica_groups={}, dimensions={0}
+  %both = (f32[16]{0}, f32[]) all-reduce(%a, %s), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
+}
+"""
+  ops, loops = inspect.parse_compiled(hlo, 8)
+  counted = inspect.tally(ops)
+  assert loops == 1
+  assert counted["all-reduce"] == {"count": 2, "bytes": 132, "tensor_bytes": 128, "scalar_bytes": 4, "in_loop": 1,
+                                   "dtypes": {"float32": 132}}
+  assert (counted["reduce-scatter"]["bytes"], counted["reduce-scatter"]["in_loop"]) == (64, 0)
+  assert counted["all-gather"]["bytes"] == 32 and counted["all-gather"]["dtypes"] == {"bfloat16": 32}
+
+
+def test_cli_prints_table_and_json(data_dir, capsys):
+  argv = ["jaxdp.inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}",
+          "--config.model.hidden=(16,)", "--config.batch_size=32"]
+  assert inspect.main(argv + ["--json"]) == 0
+  report = json.loads(capsys.readouterr().out)
+  assert report["params"]["count"] == 64 * 16 + 16 + 16 * 10 + 10
+  assert report["collectives"]["compiled"]["all-reduce"]["tensor_bytes"] == report["params"]["bytes"]
+  assert report["memory"]["alias_bytes"] > 0 and report["flops_per_step"] > 0
+  text = inspect.format_report(report)
+  for line in ("parameters  1,210 (4.7 KiB)", "compiled all-reduce", "lowered all-reduce", "alias", "FLOPs/step"):
+    assert line in text, text
+
+
+@pytest.mark.parametrize("override, named", [
+    ("--config.batch_size=30", "30"),
+    ("--config.parallel.backend=pmap --config.parallel.shard_optimizer_state=True", "pmap"),
+    ("--config.nokey=1", "config.nokey"),
+])
+def test_cli_config_mistakes_give_one_error_line(data_dir, capsys, override, named):
+  argv = ["jaxdp.inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}",
+          *override.split()]
+  assert inspect.main(argv) == 2
+  captured = capsys.readouterr()
+  err = captured.err.strip()
+  assert err.startswith("error: ") and len(err.splitlines()) == 1 and named in err, err
+  assert captured.out == ""
+
+
+def test_cli_process_simulates_cpu_devices_and_prints_json(data_dir):
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.inspect", "--config", mlp_digits.__file__, "--cpu_devices", "2",
+                         f"--config.dataset.data_dir={data_dir}", "--config.model.hidden=(8,)", "--json"],
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert json.loads(proc.stdout)["run"]["devices"] == 2
