@@ -4,7 +4,8 @@
         [--cpu_devices N] [--out experiments/pipeline_bench.md]
 
 For each dataset's built-in config (digits: configs/default.py, cifar10: configs/cifar10.py, under
-tfds.testing.mock_data when cifar10 is not prepared) it alternates, round after round:
+tfds.testing.mock_data when cifar10 is not prepared) it alternates, round after round (the order
+rotating: A B C, B C A, C A B, ...):
   A  pipeline alone: data.train_batches -> parallel.prefetch (host -> device) -> block until on device;
   B  train step on device-resident synthetic data (one device batch reused), steps in flight bounded
      as in train.py;
@@ -117,9 +118,10 @@ def measure(config, rounds: int, seconds: float, warmup: int) -> dict[str, list[
     phase(warmup)
     counts[key] = max(5, round(seconds / _seconds(phase, 5) * 5))  # Batches that take about `seconds`.
   rates: dict[str, list[float]] = collections.defaultdict(list)
-  for _ in range(rounds):
-    for key, phase in phases.items():
-      rates[key].append(counts[key] / _seconds(phase, counts[key]))
+  keys = list(phases)
+  for r in range(rounds):
+    for key in keys[r % 3:] + keys[:r % 3]:  # A B C, B C A, C A B, ...: no phase always follows the same one.
+      rates[key].append(counts[key] / _seconds(phases[key], counts[key]))
   return dict(rates)
 
 
@@ -174,7 +176,7 @@ def _report(rows: list, args: argparse.Namespace, command: str, load_before: flo
       f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other jobs share the cores)",
       f"- devices: {jax.device_count()} x {dev.platform} ({dev.device_kind}); jax {jax.__version__}",
       f"- command: `{command}`",
-      f"- {args.rounds} rounds of A B C, each phase about {args.seconds:g} s (a batch count fixed per phase after "
+      f"- {args.rounds} rounds of A B C (order rotating), each phase about {args.seconds:g} s (a batch count fixed per phase after "
       f"{args.warmup} warm-up batches)",
       "",
       "A = pipeline alone (host batches + hand-off to devices), B = train step on device-resident synthetic",

@@ -84,6 +84,12 @@ class Dataset:
   def input_shape(self) -> tuple[int, ...]:
     return tuple(self.builder.info.features[self.input_key].shape)
 
+  @property
+  def integer_inputs(self) -> bool:
+    """Whether inputs are integer ids (e.g. tokens) that arrive as float32 but must stay exact."""
+    feature = self.builder.info.features[self.input_key]
+    return not isinstance(feature, tfds.features.Image) and np.issubdtype(np.dtype(feature.np_dtype), np.integer)
+
   def num_examples(self, split: Any) -> int:
     """Examples in a split spec such as "test" or "train[:90%]"."""
     try:
@@ -158,7 +164,8 @@ def _sharded(ds: Dataset, split: str, seed: int, global_batch: int, start_step: 
                                      drop_remainder=True)  # Equal shards: the same batches per epoch everywhere.
   steps_per_epoch = _steps_per_epoch(ds.num_examples(shard), rows, f"{split} (this process's shard)")
   first_epoch, skip = divmod(start_step, steps_per_epoch)
-  for e in itertools.count(first_epoch):
+
+  def epoch(e: int) -> Iterator[Batch]:
     epoch_seed = (seed * 1_000_003 + e * 7_919 + process_index) % 2**31
     examples = ds.builder.as_dataset(split=shard, as_supervised=True, shuffle_files=True,
                                      read_config=tfds.ReadConfig(shuffle_seed=epoch_seed))
@@ -166,8 +173,9 @@ def _sharded(ds: Dataset, split: str, seed: int, global_batch: int, start_step: 
     examples = examples.shuffle(ds.options.shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
     batches = examples.batch(rows, drop_remainder=True).take(steps_per_epoch)
     batches = batches.enumerate(start=e * steps_per_epoch).map(_plain(lambda step, b: (b, step)))
-    yield from _train_tail(ds, batches.skip(skip if e == first_epoch else 0), seed, global_batch,
-                           process_index * rows)
+    return _train_tail(ds, batches.skip(skip if e == first_epoch else 0), seed, global_batch, process_index * rows)
+
+  return itertools.chain.from_iterable(map(epoch, itertools.count(first_epoch)))
 
 
 def _train_tail(ds: Dataset, batches: tf.data.Dataset, seed: int, global_batch: int,

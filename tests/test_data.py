@@ -197,6 +197,10 @@ def test_shard_by_process_is_deterministic_disjoint_and_even(data_dir):
   _assert_same(straight[:steps_per_epoch], per_process[1])
   _assert_same(straight[steps_per_epoch - 1:], _train(ds, 3, process_index=1, process_count=2,
                                                       start=steps_per_epoch - 1))
+  assert not np.array_equal(straight[steps_per_epoch]["inputs"], straight[0]["inputs"])  # Reshuffled per epoch.
+  spec = data.stream_spec(ds, "train", seed=0, global_batch=B, process_count=2)
+  with pytest.raises(ConfigError, match="process_count 2 -> 4"):  # Not invariant to the process count.
+    data.check_resume(spec, data.stream_spec(ds, "train", seed=0, global_batch=B, process_count=4))
 
 
 def test_stream_spec_guards_resume(digits):
