@@ -9,10 +9,10 @@ rotating: A B C, B C A, C A B, ...):
   A  pipeline alone: data.train_batches -> parallel.prefetch (host -> device) -> block until on device;
   B  train step on device-resident synthetic data (one device batch reused), steps in flight bounded
      as in train.py;
-  C  train step fed from the real pipeline (A's iterator, prefetched as in train.py).
-After a warm-up, each phase runs a fixed number of batches that takes about `--seconds`. Ratios are taken within each round, then the median
-and the spread (min..max) over rounds are reported: headroom = A / B (target >= 2), fed = C / B
-(target >= 0.95).
+  C  train step fed from the real pipeline (its own iterator, prefetched to devices as in train.py).
+After a warm-up, each phase runs a fixed number of batches that takes about `--seconds`. Ratios are
+taken within each round; their median and spread (min..max) over rounds are reported:
+headroom = A / B (target >= 2), fed = C / B (target >= 0.95).
 """
 
 import sys
@@ -176,13 +176,14 @@ def _report(rows: list, args: argparse.Namespace, command: str, load_before: flo
       f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other jobs share the cores)",
       f"- devices: {jax.device_count()} x {dev.platform} ({dev.device_kind}); jax {jax.__version__}",
       f"- command: `{command}`",
-      f"- {args.rounds} rounds of A B C (order rotating), each phase about {args.seconds:g} s (a batch count fixed per phase after "
-      f"{args.warmup} warm-up batches)",
+      f"- {args.rounds} rounds of A B C (order rotating), each phase about {args.seconds:g} s "
+      f"(a batch count fixed per phase after {args.warmup} warm-up batches)",
       "",
       "A = pipeline alone (host batches + hand-off to devices), B = train step on device-resident synthetic",
       "data, C = train step fed by the pipeline; batches/s as median (min..max over rounds); ratios per round.",
       "",
-      "| dataset | data, model, global batch | A pipeline b/s | B step b/s | C fed b/s | headroom A/B (>= 2) | fed C/B (>= 0.95) |",
+      "| dataset | data, model, global batch | A pipeline b/s | B step b/s | C fed b/s | headroom A/B (>= 2) "
+      "| fed C/B (>= 0.95) |",
       "| --- | --- | --- | --- | --- | --- | --- |",
   ]
   for name, source, r in rows:
