@@ -9,10 +9,10 @@ mesh, donate their state, and are fed the same device-resident batch:
             explicit `lax.pmean` of the gradients, NaN/Inf guard, loss and accuracy metrics;
   baseline  `jax.jit` of loss -> grad -> optax update over the global batch with in/out shardings
             (state replicated, batch sharded) and donation; XLA's partitioner inserts the all-reduce.
-Ablations (the same step with one feature removed, written here) show where a difference comes from:
-  no_guard  jaxdp's step without the NaN/Inf guard (`jnp.where` over the whole state);
-  no_extras jaxdp's step without the guard and without the accuracy metric and its pmean;
-  cond_guard jaxdp's step with the guard as one `lax.cond` (update or keep) instead of the `jnp.where`.
+Ablations (jaxdp's step rebuilt here from step.py's own pieces, with one thing changed) show where a
+difference comes from:
+  no_guard    without the NaN/Inf guard (a `jnp.where(finite, new, old)` over every leaf of the state);
+  cond_guard  with the guard as one `lax.cond(finite, update, keep)` instead.
 Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
 contender; the ratios jaxdp / baseline are taken per round and reported as median (min..max).
 """
@@ -53,7 +53,7 @@ WORKLOADS: dict[str, tuple[dict, tuple[int, ...], int]] = {
     "mlp": ({"name": "mlp", "hidden": (1024, 1024)}, (28, 28, 1), 256),
 }
 NUM_CLASSES = 10
-ABLATIONS = ("no_guard", "no_extras", "cond_guard")
+ABLATIONS = ("no_guard", "cond_guard")
 
 
 def setup(workload: str, num_devices: int) -> dict[str, Any]:
@@ -71,21 +71,37 @@ def setup(workload: str, num_devices: int) -> dict[str, Any]:
   return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host)}
 
 
-def jaxdp_contender(env: dict[str, Any], step_fn: Callable = step_lib.train_step) -> abrun.Contender:
+class Stepper:
+  """A contender that threads the (donated) state through `step(state, batch)`; `state` is the latest."""
+
+  def __init__(self, step: Callable, state: Any, batch: Any):
+    self.step, self.state, self.batch = step, state, batch
+
+  def _call(self) -> Any:
+    self.state, out = self.step(self.state, self.batch)
+    return self.state, out
+
+  def __call__(self, n: int) -> list[float]:
+    return abrun.time_steps(self._call, n, jax.block_until_ready)
+
+
+def jaxdp_contender(env: dict[str, Any], step_fn: Callable = step_lib.train_step) -> Stepper:
   """jaxdp's own pieces: backend.init, backend.map_train(step), the device batch."""
   model, tx, backend = env["model"], env["tx"], env["backend"]
-  state = backend.init(functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx))
+  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx)
+  backend.bind_state(jax.eval_shape(init))
+  state = backend.init(init)
   train = backend.map_train(functools.partial(step_fn, model=model, tx=tx))
-  return _carry(train, state, env["batch"])
+  return Stepper(train, state, env["batch"])
 
 
-def baseline_contender(env: dict[str, Any]) -> abrun.Contender:
+def baseline_contender(env: dict[str, Any]) -> Stepper:
   """A minimal hand-written data-parallel step: plain jax.jit with shardings and donation, no shard_map."""
   model, tx, mesh = env["model"], env["tx"], env["backend"].mesh
   replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
   def init() -> tuple[Any, Any]:
-    params, _ = model.init(jax.random.PRNGKey(0))
+    params, _ = model.init(jax.random.split(jax.random.PRNGKey(0))[0])  # As step.init_state: the same start.
     return params, tx.init(params)
 
   _, model_state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
@@ -105,46 +121,28 @@ def baseline_contender(env: dict[str, Any]) -> abrun.Contender:
   state = jax.jit(init, out_shardings=replicated)()
   step = jax.jit(train, in_shardings=(replicated, sharded), out_shardings=(replicated, replicated),
                  donate_argnums=0)
-  return _carry(step, state, env["batch"])
+  return Stepper(step, state, env["batch"])
 
 
-def _carry(step: Callable, state: Any, batch: Any) -> abrun.Contender:
-  """A contender that threads the (donated) state through `step(state, batch)`."""
-  box = [state]
-
-  def call() -> Any:
-    box[0], out = step(box[0], batch)
-    return box[0], out
-
-  return lambda n: abrun.time_steps(call, n, jax.block_until_ready)
-
-
-def step_variant(state, batch, *, model, tx, axis, guard: str = "none", accuracy: bool = True):
-  """jaxdp's train_step with its NaN/Inf guard done by `guard` ("none" or "cond": `lax.cond` instead of a
-  `jnp.where` over every leaf of the state) and, with accuracy=False, without the accuracy metric."""
+def step_variant(state, batch, *, model, tx, axis, guard: str = "none"):
+  """jaxdp's train_step, from its own pieces, with the NaN/Inf guard done by `guard`: "none", or "cond"
+  (one `lax.cond`: update or keep the state) instead of a `jnp.where` over every leaf of the state."""
   rng = jax.random.fold_in(state.rng, state.step)
-
-  def loss_fn(params):
-    logits, model_state = model.apply(params, state.model_state, batch["inputs"], train=True, rng=rng)
-    return step_lib.cross_entropy(logits, batch["labels"]).mean(), (logits, model_state)
-
-  (loss, (logits, model_state)), grads = jax.value_and_grad(loss_fn, has_aux=True)(axis.vary(state.params))
-  grads = lax.pmean(grads, axis.name)
+  loss, accuracy, model_state, grads = step_lib._local_gradients(state, batch, model=model, rng=rng, axis=axis,
+                                                                 options=step_lib.StepOptions())
   loss = lax.pmean(loss, axis.name)
+  grads = step_lib.all_reduce_mean(grads, axis.name)
+  finite = step_lib._all_finite((loss, grads))
+  model_state = step_lib._pmean_floats(model_state, axis.name)
 
-  def update(_: Any) -> step_lib.TrainState:
+  def update() -> step_lib.TrainState:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return state.replace(params=optax.apply_updates(state.params, updates),
-                         model_state=step_lib._pmean_floats(model_state, axis.name), opt_state=opt_state)
+    return state.replace(params=optax.apply_updates(state.params, updates), model_state=model_state,
+                         opt_state=opt_state)
 
-  if guard == "cond":
-    new_state = lax.cond(step_lib._all_finite((loss, grads)), update, lambda _: state, None)
-  else:
-    new_state = update(None)
-  metrics = {"loss": loss}
-  if accuracy:
-    metrics["accuracy"] = lax.pmean(jnp.mean(jnp.argmax(logits, -1) == batch["labels"]), axis.name)
-  return new_state.replace(step=state.step + 1), metrics
+  new_state = lax.cond(finite, update, lambda: state) if guard == "cond" else update()
+  return new_state.replace(step=state.step + 1), {
+      "loss": loss, "accuracy": lax.pmean(accuracy, axis.name), "nonfinite": 1 - finite.astype(jnp.int32)}
 
 
 def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[str, list[float]]:
@@ -154,7 +152,6 @@ def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[st
       "jaxdp": jaxdp_contender(env),
       "baseline": baseline_contender(env),
       "no_guard": jaxdp_contender(env, step_variant),
-      "no_extras": jaxdp_contender(env, functools.partial(step_variant, accuracy=False)),
       "cond_guard": jaxdp_contender(env, functools.partial(step_variant, guard="cond")),
   }
   return abrun.alternate(contenders, rounds, steps)

@@ -1,7 +1,8 @@
 """ResNet (NNX) for small images such as 32x32 CIFAR, with BatchNorm synchronized across replicas.
 
 ResNet-18 for CIFAR: a 3x3 stem without max-pool, four stages of two basic blocks (64, 128, 256, 512
-channels; stride 2 from the second stage on), global average pooling, one dense layer.
+channels; stride 2 from the second stage on), global average pooling, one dense layer. `stem="imagenet"`
+gives the 224x224 variant's stem (7x7 convolution and max-pool, both stride 2).
 """
 
 from collections.abc import Sequence
@@ -9,6 +10,10 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from jaxdp.config import ConfigError
+
+STEMS = ("cifar", "imagenet")
 
 
 def _batch_norm(features: int, axis_name: str | None, momentum: float, rngs: nnx.Rngs,
@@ -46,10 +51,17 @@ class ResNet(nnx.Module):
 
   def __init__(self, input_shape: Sequence[int], num_classes: int, stage_sizes: Sequence[int] = (2, 2, 2, 2),
                width: int = 64, bn_axis_name: str | None = "data", bn_momentum: float = 0.9,
-               *, rngs: nnx.Rngs):
-    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None keeps them local."""
-    channels = input_shape[-1]
-    self.stem = nnx.Conv(channels, width, (3, 3), use_bias=False, rngs=rngs)
+               stem: str = "cifar", *, rngs: nnx.Rngs):
+    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None keeps them local.
+
+    `stem`: "cifar" (a 3x3 convolution, stride 1: for 32x32 inputs) or "imagenet" (a 7x7 convolution,
+    stride 2, then a 3x3 max-pool, stride 2: for 224x224 inputs, 4x smaller before the first stage).
+    """
+    if stem not in STEMS:
+      raise ConfigError(f"unknown model stem {stem!r} (choose from {', '.join(STEMS)})")
+    channels, self.pool = input_shape[-1], stem == "imagenet"
+    kernel, stride = ((7, 7), 2) if self.pool else ((3, 3), 1)
+    self.stem = nnx.Conv(channels, width, kernel, strides=stride, use_bias=False, rngs=rngs)
     self.stem_bn = _batch_norm(width, bn_axis_name, bn_momentum, rngs)
     blocks, features = [], width
     for i, size in enumerate(stage_sizes):
@@ -63,6 +75,8 @@ class ResNet(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = nnx.relu(self.stem_bn(self.stem(x)))
+    if self.pool:
+      x = nnx.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
     for block in self.blocks:
       x = block(x)
     return self.head(jnp.mean(x, axis=(1, 2)))
