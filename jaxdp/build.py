@@ -34,10 +34,10 @@ def build(config: ml_collections.ConfigDict) -> Parts:
   """Validates `config` and builds its parts; raises ConfigError naming any bad value."""
   num_devices = config.parallel.get("num_devices", 0) or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
-  options = step_lib.StepOptions.from_config(config, num_devices)
-  backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0),
-                                  options.shard_optimizer_state)
   ds = data.load(config.dataset)
+  options = step_lib.StepOptions.from_config(config, num_devices, cast_inputs=not ds.integer_inputs)
+  backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0),
+                                  options.shard_optimizer_state, checked=not options.invariant)
   model = models.get_model(config.model, ds.input_shape, ds.num_classes)
   tx = optim.make(config)
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx,

@@ -49,6 +49,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):
     if size % num_devices:
       raise ConfigError(f"{key} ({size}) must be divisible by the number of devices ({num_devices})")
+  if config.parallel.get("invariant", False):
+    _check_invariant(config, layout)
   accum = config.get("grad_accum_steps", 1)
   if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
@@ -58,6 +60,20 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")
   return layout
+
+
+def _check_invariant(config: ml_collections.ConfigDict, layout: Layout) -> None:
+  """The invariant mode's fixed micro-shards: a power of two, shared evenly by the devices."""
+  m = config.parallel.get("invariant_shards", 8)
+  if not isinstance(m, int) or m < 1 or m & (m - 1):
+    raise ConfigError(f"parallel.invariant_shards must be a power of two, got {m!r}")
+  if m % layout.num_devices or layout.num_devices & (layout.num_devices - 1):
+    raise ConfigError(f"parallel.invariant needs a power-of-two device count dividing invariant_shards ({m}), "
+                      f"got {layout.num_devices} devices")
+  if layout.global_batch % m:
+    raise ConfigError(f"batch_size ({layout.global_batch}) must be divisible by parallel.invariant_shards ({m})")
+  if config.parallel.get("shard_optimizer_state", False):
+    raise ConfigError("parallel.invariant and parallel.shard_optimizer_state cannot be combined")
 
 
 def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:

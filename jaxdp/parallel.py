@@ -53,6 +53,10 @@ class Backend(abc.ABC):
   def replicas(self, tree: PyTree) -> PyTree:
     """Every local replica of a replicated tree, stacked on a leading axis (numpy)."""
 
+  @abc.abstractmethod
+  def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
+    """Compiled once: `fn` on each device's own copy of a replicated tree, one result per device."""
+
   def get(self, tree: PyTree) -> PyTree:
     """One host copy (numpy) of a replicated tree, e.g. metrics or parameters."""
     return jax.tree.map(lambda x: x[0], self.replicas(tree))
@@ -103,6 +107,9 @@ class PmapBackend(Backend):
   def replicas(self, tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: np.stack([np.asarray(s.data)[0] for s in x.addressable_shards]), tree)
 
+  def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
+    return self._pmap(fn)
+
   def to_global(self, tree: PyTree) -> PyTree:
     # pmap's [local_devices, ...] replicas become one global array per leaf, without a host copy.
     replicated = NamedSharding(self.mesh, P())
@@ -128,16 +135,16 @@ class PmapBackend(Backend):
 class MeshBackend(Backend):
   """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data').
 
-  With `shard_optimizer_state` (ZeRO-1) the optimizer state is sharded P('data') instead. Its step
-  mixes replicated and sharded values in ways the replication checker cannot follow (the all-gather
-  of new parameters), so that mode runs shard_map unchecked; then `grad` adds no implicit psum and
-  the parameters need no marking.
+  With `shard_optimizer_state` (ZeRO-1) the optimizer state is sharded P('data') instead. Steps that
+  gather values across devices themselves (ZeRO-1's all-gather of new parameters, the invariant mode's
+  ordered sum) leave replication to the step, so they run shard_map `unchecked`: then `grad` adds no
+  implicit psum and the parameters need no marking.
   """
 
-  def __init__(self, devices: list[jax.Device], shard_optimizer_state: bool = False):
+  def __init__(self, devices: list[jax.Device], shard_optimizer_state: bool = False, checked: bool = True):
     super().__init__(devices)
-    self.zero = shard_optimizer_state
-    self.axis = DataAxis(AXIS, mark_varying=not self.zero)
+    self.zero, self.checked = shard_optimizer_state, checked and not shard_optimizer_state
+    self.axis = DataAxis(AXIS, mark_varying=self.checked)
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.state_specs: PyTree = P()  # A prefix: the whole state replicated, until bind_state.
 
@@ -156,7 +163,7 @@ class MeshBackend(Backend):
 
   def _shard_map(self, step: Callable[..., Any], out_specs: Any) -> Callable[..., Any]:
     return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
-                         in_specs=(self.state_specs, P(AXIS)), out_specs=out_specs, check_vma=not self.zero)
+                         in_specs=(self.state_specs, P(AXIS)), out_specs=out_specs, check_vma=self.checked)
 
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(self._shard_map(step, (self.state_specs, P())), donate_argnums=0)
@@ -167,11 +174,17 @@ class MeshBackend(Backend):
   def replicas(self, tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: np.stack([np.asarray(s.data) for s in x.addressable_shards]), tree)
 
+  def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
+    # Unchecked: each device must see its own buffer, not what replication says it should hold.
+    return jax.jit(jax.shard_map(lambda t: fn(t)[None], mesh=self.mesh, in_specs=P(), out_specs=P(AXIS),
+                                 check_vma=False))
+
 
 BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 
-def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False) -> Backend:
+def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False,
+                 checked: bool = True) -> Backend:
   """The backend `name` over all devices, or over the first `num_devices` (single process only)."""
   devices = jax.devices()
   if num_devices:
@@ -180,10 +193,10 @@ def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = 
     if num_devices > len(devices):
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
+  if name == "mesh":
+    return MeshBackend(devices, shard_optimizer_state, checked)
   if shard_optimizer_state:
-    if name != "mesh":
-      raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
-    return MeshBackend(devices, shard_optimizer_state=True)
+    raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
   return BACKENDS[name](devices)
 
 

@@ -5,6 +5,7 @@ Both steps run on ONE replica's slice of the batch and reduce across replicas ov
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -56,12 +57,17 @@ class StepOptions:
   allreduce_dtype: str = "float32"     # Dtype of the gradient all-reduce (bfloat16 halves its bytes).
   shard_optimizer_state: bool = False  # ZeRO-1: optimizer state sharded over the data axis.
   num_shards: int = 1                  # Devices on the data axis (ZeRO-1 shard count).
+  invariant: bool = False              # Bitwise the same result for any device count (see _invariant_gradients).
+  invariant_shards: int = 8            # Fixed micro-shards of the global batch in invariant mode.
+  cast_inputs: bool = True             # Cast float inputs to compute_dtype (not token ids carried as floats).
 
   @classmethod
-  def from_config(cls, config: Any, num_devices: int = 1) -> "StepOptions":
+  def from_config(cls, config: Any, num_devices: int = 1, cast_inputs: bool = True) -> "StepOptions":
     return cls(accum_steps=config.get("grad_accum_steps", 1), compute_dtype=config.get("dtype", "float32"),
                allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"),
-               shard_optimizer_state=config.parallel.get("shard_optimizer_state", False), num_shards=num_devices)
+               shard_optimizer_state=config.parallel.get("shard_optimizer_state", False), num_shards=num_devices,
+               invariant=config.parallel.get("invariant", False),
+               invariant_shards=config.parallel.get("invariant_shards", 8), cast_inputs=cast_inputs)
 
 
 def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation,
@@ -84,17 +90,24 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
                options: StepOptions = StepOptions()) -> tuple[TrainState, Metrics]:
   """One optimizer step on this replica's slice; gradients are averaged over `axis` once."""
   rng = jax.random.fold_in(state.rng, state.step)
-  loss, accuracy, model_state, grads = _local_gradients(state, batch, model=model, rng=rng, axis=axis,
-                                                        options=options)
-  loss = lax.pmean(loss, axis.name)
+  if options.invariant:
+    loss, accuracy, model_state, grads = _invariant_gradients(state, batch, model=model, rng=rng, axis=axis,
+                                                              options=options)
+  else:
+    loss, accuracy, model_state, grads = _local_gradients(state, batch, model=model, rng=rng, axis=axis,
+                                                          options=options)
+    loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
   apply = zero.apply_gradients if options.shard_optimizer_state else _apply_gradients
   params, opt_state, finite = apply(state, grads, loss, tx=tx, axis=axis, options=options)
-  updated = state.replace(params=params, model_state=_pmean_floats(model_state, axis.name), opt_state=opt_state)
+  if not options.invariant:  # Identical already in invariant mode; a pmean could round them.
+    model_state = _pmean_floats(model_state, axis.name)
+  updated = state.replace(params=params, model_state=model_state, opt_state=opt_state)
   # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take
-  # the same decision: skip this update (the batch is still consumed).
-  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+  # the same decision: skip this update (the batch is still consumed). A cond, not a select: XLA
+  # fuses a select into the update and may round that fusion differently from program to program.
+  new_state = lax.cond(finite, lambda: updated, lambda: state)
   return new_state.replace(step=state.step + 1), {
-      "loss": loss, "accuracy": lax.pmean(accuracy, axis.name), "nonfinite": 1 - finite.astype(jnp.int32)}
+      "loss": loss, "accuracy": accuracy, "nonfinite": 1 - finite.astype(jnp.int32)}
 
 
 def _local_gradients(state: TrainState, batch: dict[str, jax.Array], *, model: Model, rng: jax.Array,
@@ -104,15 +117,7 @@ def _local_gradients(state: TrainState, batch: dict[str, jax.Array], *, model: M
   With `accum_steps` = k the slice is cut into k micro-batches, run one after another, and their
   gradients are averaged locally (PyTorch DDP's `no_sync`): the all-reduce still happens once.
   """
-  dtype = jnp.dtype(options.compute_dtype)
-
-  def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
-    inputs = micro["inputs"].astype(dtype) if jnp.issubdtype(micro["inputs"].dtype, jnp.floating) else micro["inputs"]
-    logits, model_state = model.apply(_cast_floats(params, dtype), model_state, inputs, train=True, rng=micro_rng)
-    accuracy = jnp.mean(jnp.argmax(logits, -1) == micro["labels"])
-    return cross_entropy(logits, micro["labels"]).mean(), (accuracy, model_state)
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  grad_fn = _grad_fn(model, options)
   params, k = axis.vary(state.params), options.accum_steps
   if k == 1:
     (loss, (accuracy, model_state)), grads = grad_fn(params, state.model_state, batch, rng)
@@ -131,10 +136,67 @@ def _local_gradients(state: TrainState, batch: dict[str, jax.Array], *, model: M
   return loss_sum / k, acc_sum / k, model_state, jax.tree.map(lambda g: g / k, grad_sum)
 
 
+def _grad_fn(model: Model, options: StepOptions) -> Callable:
+  """(params, model_state, batch, rng) -> ((mean loss, (accuracy, model_state)), grads), in compute dtype."""
+  dtype = jnp.dtype(options.compute_dtype)
+
+  def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
+    logits, model_state = model.apply(_cast_floats(params, dtype), model_state, _inputs(micro, options),
+                                      train=True, rng=micro_rng)
+    accuracy = jnp.mean(jnp.argmax(logits, -1) == micro["labels"])
+    return cross_entropy(logits, micro["labels"]).mean(), (accuracy, model_state)
+
+  return jax.value_and_grad(loss_fn, has_aux=True)
+
+
+def _inputs(batch: dict, options: StepOptions) -> jax.Array:
+  x = batch["inputs"]
+  if options.cast_inputs and jnp.issubdtype(x.dtype, jnp.floating):
+    return x.astype(options.compute_dtype)
+  return x
+
+
+def _invariant_gradients(state: TrainState, batch: dict[str, jax.Array], *, model: Model, rng: jax.Array,
+                         axis: DataAxis, options: StepOptions) -> tuple[jax.Array, jax.Array, PyTree, PyTree]:
+  """Loss, accuracy, model state and gradients that are bitwise the same for any device count.
+
+  The global batch is cut into M fixed micro-shards (M a power of two); device d runs its M/N of them
+  one after another (the same computation whatever N is), and the M results are summed along one
+  fixed balanced binary tree: each device sums its subtree, an all-gather brings the N subtree sums
+  to every device, and each finishes the tree in the same order. Randomness is keyed by the global
+  micro-shard index, never by the device. Costs an all-gather of N gradient copies instead of an
+  all-reduce, and the micro-shards run sequentially.
+  """
+  m_local = options.invariant_shards // options.num_shards
+  micro_batches = jax.tree.map(lambda x: x.reshape(m_local, x.shape[0] // m_local, *x.shape[1:]), batch)
+  first = lax.axis_index(axis.name) * m_local
+  grad_fn = _grad_fn(model, options)
+
+  def one(_: None, xs: tuple) -> tuple:
+    micro, i = xs
+    (loss, (accuracy, model_state)), grads = grad_fn(state.params, state.model_state, micro,
+                                                     jax.random.fold_in(rng, first + i))
+    return None, (loss, accuracy, model_state, grads)
+
+  _, per_shard = lax.scan(one, None, (micro_batches, jnp.arange(m_local)))
+  subtree = jax.tree.map(_pairwise_sum, per_shard)
+  total = jax.tree.map(_pairwise_sum, lax.all_gather(subtree, axis.name))
+  loss, accuracy, model_state, grads = jax.tree.map(lambda x: x / options.invariant_shards, total)
+  return loss, accuracy, model_state, grads
+
+
+def _pairwise_sum(x: jax.Array) -> jax.Array:
+  """Sum over the leading axis (a power of two) along a balanced binary tree, in a fixed order."""
+  while x.shape[0] > 1:
+    x = x[0::2] + x[1::2]
+  return x[0]
+
+
 def _apply_gradients(state: TrainState, grads: PyTree, loss: jax.Array, *, tx: optax.GradientTransformation,
                      axis: DataAxis, options: StepOptions) -> tuple[PyTree, PyTree, jax.Array]:
   """All-reduce (mean) the gradients, then the same optax update on every replica."""
-  grads = all_reduce_mean(grads, axis.name, options.allreduce_dtype)  # The all-reduce of data parallelism.
+  if not options.invariant:  # (The invariant mode has already reduced them, in a fixed order.)
+    grads = all_reduce_mean(grads, axis.name, options.allreduce_dtype)  # The all-reduce of data parallelism.
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   return optax.apply_updates(state.params, updates), opt_state, _all_finite((loss, grads))
 
@@ -155,8 +217,7 @@ def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, a
   Labels may have more dims than the [B] mask (e.g. [B, T] next tokens): every label is one target.
   """
   dtype = jnp.dtype(options.compute_dtype)
-  inputs = batch["inputs"].astype(dtype) if jnp.issubdtype(batch["inputs"].dtype, jnp.floating) else batch["inputs"]
-  logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, inputs, train=False)
+  logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, _inputs(batch, options), train=False)
   labels, mask = batch["labels"], batch["mask"]
   targets = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (labels.ndim - 1)), labels.shape)
   correct = (jnp.argmax(logits, -1) == labels) & targets

@@ -95,6 +95,7 @@ def _train(run: _Run, watcher: preemption.Watcher) -> Result:
   reporter, batches = progress.start(run.train_step, state, batches, start_step=start, total_steps=total,
                                      global_batch=run.layout.global_batch, devices=backend.devices)
   tracker = _StepMetrics(backend, config.parallel.max_steps_in_flight, config.get("max_consecutive_nonfinite", 5))
+  sentinel = replicas.Sentinel(backend)
   eval_metrics: dict[str, float] = {}
   for step in range(start + 1, total + 1):
     state, step_metrics = run.train_step(state, next(batches))
@@ -104,7 +105,7 @@ def _train(run: _Run, watcher: preemption.Watcher) -> Result:
       train_metrics = tracker.flush()
       writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics)})
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
-      replicas.check(state.params)
+      sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
       eval_metrics = _evaluate(run, state)

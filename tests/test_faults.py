@@ -62,7 +62,8 @@ def test_repeated_nans_stop_the_run_and_keep_the_last_good_checkpoint(config, tm
 @pytest.mark.parametrize("backend_name", ["mesh", "pmap"])
 def test_sentinel_names_the_diverged_replica(config, backend_name):
   backend, state, _, _ = _setup(config, backend_name)
-  replicas.check(state.params)  # Identical replicas pass.
+  sentinel = replicas.Sentinel(backend)
+  sentinel.check(state.params)  # Identical replicas pass.
   leaf = jax.tree.leaves(state.params)[0]
   shards = [s.data for s in leaf.addressable_shards]
   victim = next(i for i, s in enumerate(leaf.addressable_shards) if s.device.id == 5)
@@ -70,5 +71,5 @@ def test_sentinel_names_the_diverged_replica(config, backend_name):
   planted = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, shards)
   params = jax.tree.unflatten(jax.tree.structure(state.params), [planted, *jax.tree.leaves(state.params)[1:]])
   with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\)") as info:
-    replicas.check(params)
+    sentinel.check(params)
   assert "device 4" not in str(info.value) and "device 6" not in str(info.value)

@@ -86,3 +86,19 @@ def test_bad_scaleup_settings_are_named(config, override, named):
     target[leaf] = value
   with pytest.raises(config_lib.ConfigError, match=re.escape(named)):
     build.build(config)
+
+
+def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_path):
+  ten_steps.parallel.invariant = True
+  ten_steps.check_replicas_every_steps = 0
+  results = {}
+  for n, accum in ((1, 1), (2, 1), (4, 1), (8, 1), (8, 2)):
+    ten_steps.parallel.num_devices, ten_steps.grad_accum_steps = n, accum
+    results[(n, accum)] = _train(ten_steps, tmp_path / f"{n}_{accum}")[1]
+  reference = results[(1, 1)]
+  for key, params in results.items():
+    for a, b in zip(jax.tree.leaves(reference), jax.tree.leaves(params)):
+      assert a.tobytes() == b.tobytes(), key
+  # The plain mode is not bitwise invariant (that is what the mode is for); it stays close.
+  ten_steps.parallel.invariant, ten_steps.parallel.num_devices, ten_steps.grad_accum_steps = False, 8, 1
+  _close(_train(ten_steps, tmp_path / "plain")[1], reference, rtol=1e-5, atol=1e-6)

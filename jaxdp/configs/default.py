@@ -47,6 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
   config.parallel.allreduce_dtype = "float32"  # Dtype of the gradient all-reduce; bfloat16 halves the bytes sent.
   config.parallel.shard_optimizer_state = False  # ZeRO-1 (mesh backend): optimizer state sharded over devices.
+  config.parallel.invariant = False  # Bitwise-identical results on any power-of-two device count (ordered gradient sum).
+  config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
   config.parallel.max_steps_in_flight = 2  # Bounds async dispatch (fake CPU devices deadlock without it).
   config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
