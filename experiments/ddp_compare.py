@@ -1,23 +1,25 @@
 """jaxdp and PyTorch DDP side by side on CPU: 2 workers on 127.0.0.1 over gloo, and 1 worker each.
 
-    python experiments/ddp_compare.py [--configs mlp:256,mlp:1024,cnn:256,cnn:1024] [--rounds 5] \
-        [--seconds 2] [--out experiments/ddp_compare.md]
+    python experiments/ddp_compare.py [--configs mlp:256,mlp:1024,cnn:256,cnn:1024] [--rounds 4] \
+        [--seconds 1.5] [--out experiments/ddp_compare.md]
 
-Needs the `bench` extra (torch). Starts four groups of long-lived worker processes: jaxdp with 2
-processes (ddp_jaxdp_worker.py: jaxdp's mesh backend and train step, joined through jax.distributed
-with the environment jaxdp.launch sets, gloo collectives), PyTorch DDP with 2 processes
-(ddp_torch_worker.py: DistributedDataParallel, gloo), and one process of each. Rank r is pinned to core
-r with `taskset -c r` and runs one thread (XLA: --xla_cpu_multi_thread_eigen=false; torch:
-set_num_threads(1)). Same models (ddp_common.MODELS), Adam, float32, the same synthetic global batch
-resident in memory, so only the train step is timed.
+Needs the `bench` extra (torch). Starts groups of long-lived worker processes: jaxdp with 2 processes
+(ddp_jaxdp_worker.py: jaxdp's mesh backend and train step, joined through jaxdp.distributed with the
+environment jaxdp.launch sets, gloo collectives), PyTorch DDP with 2 processes (ddp_torch_worker.py:
+DistributedDataParallel, gloo), one process of each, and one jaxdp process with XLA's default flags.
+Rank r is pinned to core r with `taskset -c r` and runs one thread (XLA: --xla_cpu_multi_thread_eigen=
+false; torch: set_num_threads(1)). Same models (ddp_common.MODELS), Adam, float32, the same synthetic
+global batch resident in memory, so only the train step is timed.
 
-Each round, for every (model, global batch), runs the groups one after the other, jaxdp then PyTorch
-(A B A B ...), each for a step count fixed at warm-up to take about `--seconds`, then times the gradient
-all-reduce alone (the same bytes) in both 2-process groups. Throughput = global batch / per-round median
-step time; every ratio is jaxdp / PyTorch within a round (> 1: jaxdp faster), as median (min..max):
-  overall    2-worker samples/s ratio;
-  compute    1-worker samples/s ratio (no communication);
-  all-reduce all-reduce time ratio PyTorch / jaxdp of the model's gradient bytes.
+Each round, for every (model, global batch), runs the contenders (TRAIN) one after the other, jaxdp and
+PyTorch in turn (A B A B ...), each for a step count fixed at warm-up to take about `--seconds`, then
+times the gradient all-reduce alone (the same bytes) in both 2-process groups. Samples/s = global batch
+/ per-round median step time; every ratio is PyTorch time / jaxdp time within a round (> 1: jaxdp
+faster), as median (min..max) over rounds:
+  2 workers            the overall comparison;
+  compute (1 worker)   no communication;
+  all-reduce           the model's gradient bytes, each framework's way;
+plus what the changes proposed in experiments/step_variants.py and XLA's default flags give.
 """
 
 import argparse
@@ -42,7 +44,12 @@ from jaxdp import cpu_devices, distributed, launch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
               "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# One thread for XLA:CPU's Eigen kernels. Not the often-quoted "intra_op_parallelism_threads=1": that is no
+# XLA flag, and XLA's parser silently ignores every flag after such a bare word.
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+# XLA:CPU runs convolutions through YNNPACK by default; its weight-gradient convolution is about 2.7x
+# slower here than XLA's own (143 vs 53 ms for 3x3, 32 -> 64 channels, 128 x 28 x 28, one thread).
+TUNED_XLA_FLAGS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
 
 
 class Group:
@@ -108,83 +115,111 @@ def _env(framework: str, rank: int, world: int, port: int, xla_flags: str) -> di
   return env
 
 
+# Train contenders: label -> (group, extra command fields). Alternated in this order every round.
+TRAIN = {
+    "jaxdp 2w": ("jaxdpx2", {}),
+    "DDP 2w": ("torchx2", {}),
+    "jaxdp 2w proposed": ("jaxdpx2", {"variant": "proposed"}),
+    "jaxdp 1w": ("jaxdpx1", {}),
+    "torch 1w": ("torchx1", {}),
+    "jaxdp 1w XLA defaults": ("jaxdp_plainx1", {}),
+}
+ALLREDUCE = {"jaxdp": ("jaxdpx2", {}), "DDP": ("torchx2", {}), "jaxdp flat": ("jaxdpx2", {"flat": True})}
+# Ratios, PyTorch time / jaxdp time per round (> 1: jaxdp faster): name -> (PyTorch label, jaxdp label).
+RATIOS = {
+    "2 workers": ("DDP 2w", "jaxdp 2w"),
+    "compute (1 worker)": ("torch 1w", "jaxdp 1w"),
+    "all-reduce": ("DDP", "jaxdp"),
+    "2 workers, proposed step": ("DDP 2w", "jaxdp 2w proposed"),
+    "compute, XLA defaults": ("torch 1w", "jaxdp 1w XLA defaults"),
+    "all-reduce, one flat buffer": ("DDP", "jaxdp flat"),
+}
+
+
 def measure(groups: dict[str, Group], configs: list[tuple[str, int]], rounds: int, seconds: float,
             warmup: int) -> dict:
-  """Per-round median step times (and all-reduce times), the groups alternating within each round."""
+  """Per-round median step (and all-reduce) times of every contender, alternating within each round."""
   counts = {}
   for model, batch in configs:
-    for name, group in groups.items():
-      group.ask({"op": "train", "model": model, "batch": batch, "steps": warmup})
-      t = np.median(group.ask({"op": "train", "model": model, "batch": batch, "steps": 2})["times"])
-      counts[name, model, batch] = max(3, round(seconds / t))
-  models = sorted({m for m, _ in configs})
+    for label, (group, extra) in TRAIN.items():
+      command = {"op": "train", "model": model, "batch": batch, **extra}
+      groups[group].ask({**command, "steps": warmup})
+      t = np.median(groups[group].ask({**command, "steps": 2})["times"])
+      counts[label, model, batch] = max(3, round(seconds / t))
   medians: dict = collections.defaultdict(list)
   nbytes = {}
   for _ in range(rounds):
     for model, batch in configs:
-      for name, group in groups.items():
-        times = group.ask({"op": "train", "model": model, "batch": batch, "steps": counts[name, model, batch]})["times"]
-        medians[name, model, batch].append(float(np.median(times)))
-    for model in models:
-      for name in ("jaxdpx2", "torchx2"):
-        answer = groups[name].ask({"op": "allreduce", "model": model, "steps": 10})
-        medians[name, model, "allreduce"].append(float(np.median(answer["times"])))
-        nbytes[name, model] = answer["bytes"]
+      for label, (group, extra) in TRAIN.items():
+        command = {"op": "train", "model": model, "batch": batch, "steps": counts[label, model, batch], **extra}
+        medians[label, model, batch].append(float(np.median(groups[group].ask(command)["times"])))
+    for model in sorted({m for m, _ in configs}):
+      for label, (group, extra) in ALLREDUCE.items():
+        answer = groups[group].ask({"op": "allreduce", "model": model, "steps": 10, **extra})
+        medians[label, model, "allreduce"].append(float(np.median(answer["times"])))
+        nbytes[model] = answer["bytes"]
   return {"medians": dict(medians), "counts": counts, "bytes": nbytes}
 
 
 def ratios(r: dict, model: str, batch: int) -> dict[str, list[float]]:
-  """Per-round jaxdp / PyTorch ratios (> 1: jaxdp faster)."""
+  """Per-round PyTorch / jaxdp time ratios (> 1: jaxdp faster)."""
   m = r["medians"]
-  return {"overall": abrun.ratios(m["torchx2", model, batch], m["jaxdpx2", model, batch]),
-          "compute": abrun.ratios(m["torchx1", model, batch], m["jaxdpx1", model, batch]),
-          "allreduce": abrun.ratios(m["torchx2", model, "allreduce"], m["jaxdpx2", model, "allreduce"])}
+
+  def key(label: str) -> tuple:
+    return (label, model, "allreduce") if label in ALLREDUCE else (label, model, batch)
+
+  return {name: abrun.ratios(m[key(torch)], m[key(jaxdp)]) for name, (torch, jaxdp) in RATIOS.items()}
 
 
 def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, png: str, load_before: float,
            versions: str) -> list[str]:
-  """Markdown: header, the throughput table, the ratio table, the all-reduce table, the PNG."""
+  """Markdown: header, samples/s, the ratios, the all-reduce times, the PNG."""
   m = r["medians"]
   lines = abrun.header("jaxdp vs PyTorch DDP on CPU (gloo, 127.0.0.1, one core and one thread per worker)",
-                       load_before, f"CPU; {versions}")
-  lines += [f"{args.rounds} rounds; in each, every (model, global batch) runs jaxdp x2, PyTorch x2, jaxdp x1, "
-            f"PyTorch x1 in turn, each for about {args.seconds:g} s (a step count fixed at warm-up), then the "
-            "all-reduce alone in both 2-worker groups. Samples/s = global batch / the round's median step "
-            "time; ratios are jaxdp / PyTorch per round (> 1: jaxdp faster), median (min..max) over rounds.", "",
-            "| model | global batch | jaxdp 2w samples/s | DDP 2w samples/s | **ratio 2w** | jaxdp 1w samples/s | "
-            "torch 1w samples/s | compute ratio (1w) | all-reduce ratio (same bytes) |",
-            "| --- " * 9 + "|"]
+                       load_before, f"CPU; {versions}; jaxdp XLA_FLAGS `{XLA_ONE_THREAD} {args.xla_flags}`")
+  lines += [f"{args.rounds} rounds; in each, every (model, global batch) runs the contenders below one after the "
+            f"other, each for about {args.seconds:g} s (a step count fixed at warm-up), then the all-reduces "
+            "alone. Samples/s = global batch / the round's median step time, shown as median (min..max) over "
+            "rounds. `proposed`: jaxdp's step with one flat all-reduce and a `lax.cond` guard "
+            "(experiments/step_variants.py); `XLA defaults`: without the extra XLA flag.", "",
+            "| model | batch | " + " | ".join(TRAIN) + " |", "| --- " * (2 + len(TRAIN)) + "|"]
   for model, batch in configs:
-    sps = {g: [batch / t for t in m[g, model, batch]] for g in ("jaxdpx2", "torchx2", "jaxdpx1", "torchx1")}
+    lines.append(f"| {model} | {batch} | " + " | ".join(
+        abrun.fmt([batch / t for t in m[label, model, batch]]) for label in TRAIN) + " |")
+  lines += ["", "Ratios jaxdp / PyTorch in speed (PyTorch time / jaxdp time, per round; > 1: jaxdp faster):", "",
+            "| model | batch | " + " | ".join(f"**{n}**" if i < 3 else n for i, n in enumerate(RATIOS)) + " |",
+            "| --- " * (2 + len(RATIOS)) + "|"]
+  for model, batch in configs:
     q = ratios(r, model, batch)
-    lines.append(f"| {model} | {batch} | {abrun.fmt(sps['jaxdpx2'])} | {abrun.fmt(sps['torchx2'])} | "
-                 f"**{abrun.fmt(q['overall'])}** | {abrun.fmt(sps['jaxdpx1'])} | {abrun.fmt(sps['torchx1'])} | "
-                 f"{abrun.fmt(q['compute'])} | {abrun.fmt(q['allreduce'])} |")
-  lines += ["", "All-reduce of the gradient bytes alone (2 workers; jaxdp: `step.all_reduce_mean` of the gradient "
-            "tree, as in its step; PyTorch: `dist.all_reduce` of one flat buffer, as one DDP bucket):", "",
-            "| model | bytes | jaxdp ms | PyTorch ms |", "| --- | --- | --- | --- |"]
+    lines.append(f"| {model} | {batch} | " + " | ".join(
+        f"**{abrun.fmt(q[n])}**" if i < 3 else abrun.fmt(q[n]) for i, n in enumerate(RATIOS)) + " |")
+  lines += ["", "All-reduce of the model's gradient bytes alone, 2 workers (jaxdp: `step.all_reduce_mean` of the "
+            "gradient tree, one collective per leaf, as in its step; jaxdp flat: one buffer; DDP: "
+            "`dist.all_reduce` of one flat buffer, as one DDP bucket), ms:", "",
+            "| model | bytes | " + " | ".join(ALLREDUCE) + " |", "| --- " * (2 + len(ALLREDUCE)) + "|"]
   for model in sorted({mm for mm, _ in configs}):
-    lines.append(f"| {model} | {r['bytes']['jaxdpx2', model]:,} | {abrun.fmt_ms(m['jaxdpx2', model, 'allreduce'])} | "
-                 f"{abrun.fmt_ms(m['torchx2', model, 'allreduce'])} |")
+    lines.append(f"| {model} | {r['bytes'][model]:,} | " + " | ".join(
+        abrun.fmt_ms(m[label, model, "allreduce"]) for label in ALLREDUCE) + " |")
   lines += ["", f"![ratios]({os.path.basename(png)})"]
   return lines
 
 
 def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
-  """Bars of the three ratios per (model, batch), whiskers min..max, a line at 1."""
-  fig = Figure(figsize=(9, 4), layout="constrained")
+  """Bars of the ratios per (model, batch), whiskers min..max, a line at 1."""
+  fig = Figure(figsize=(11, 4.5), layout="constrained")
   ax = fig.subplots()
-  kinds = ("overall", "compute", "allreduce")
+  width = 0.8 / len(RATIOS)
   for i, (model, batch) in enumerate(configs):
     q = ratios(r, model, batch)
-    for j, kind in enumerate(kinds):
-      s = abrun.spread(q[kind])
-      ax.bar(i + (j - 1) * 0.27, s["median"], 0.25, color=f"C{j}", label=kind if i == 0 else None,
-             yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]], capsize=3)
+    for j, name in enumerate(RATIOS):
+      s = abrun.spread(q[name])
+      ax.bar(i + (j - (len(RATIOS) - 1) / 2) * width, s["median"], width * 0.9, color=f"C{j}",
+             label=name if i == 0 else None, yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]], capsize=2)
   ax.axhline(1.0, color="k", lw=0.8)
-  ax.set_xticks(range(len(configs)), [f"{m} {b}" for m, b in configs])
-  ax.set(ylabel="jaxdp / PyTorch (speed; > 1: jaxdp faster)", title="jaxdp vs PyTorch DDP, CPU, gloo, 1 thread/worker")
-  ax.legend(["2 workers", "compute (1 worker)", "all-reduce (same bytes)"])
+  ax.set_xticks(range(len(configs)), [f"{m}, batch {b}" for m, b in configs])
+  ax.set(ylabel="jaxdp / PyTorch speed (> 1: jaxdp faster)",
+         title="jaxdp vs PyTorch DDP on CPU: gloo, 1 core and 1 thread per worker")
+  ax.legend(fontsize="small", ncol=2)
   fig.savefig(path, dpi=100)
 
 
@@ -197,10 +232,10 @@ def _versions() -> str:
 def main(argv: list[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--configs", default="mlp:256,mlp:1024,cnn:256,cnn:1024", help="model:global_batch, comma-separated")
-  p.add_argument("--rounds", type=int, default=5)
-  p.add_argument("--seconds", type=float, default=2.0, help="about this long per group, config and round")
+  p.add_argument("--rounds", type=int, default=4)
+  p.add_argument("--seconds", type=float, default=1.5, help="about this long per group, config and round")
   p.add_argument("--warmup", type=int, default=3, help="untimed steps per group and config (compilation)")
-  p.add_argument("--xla_flags", default="", help="extra XLA_FLAGS for the jaxdp workers")
+  p.add_argument("--xla_flags", default=TUNED_XLA_FLAGS, help="extra XLA_FLAGS for the jaxdp workers")
   p.add_argument("--out", default=os.path.join(HERE, "ddp_compare.md"))
   args = p.parse_args(argv)
   configs = [(c.split(":")[0], int(c.split(":")[1])) for c in args.configs.split(",")]
@@ -209,6 +244,7 @@ def main(argv: list[str]) -> None:
   try:
     for framework, world in (("jaxdp", 2), ("torch", 2), ("jaxdp", 1), ("torch", 1)):
       groups[f"{framework}x{world}"] = Group(framework, world, args.xla_flags)
+    groups["jaxdp_plainx1"] = Group("jaxdp", 1)
     started = time.perf_counter()
     results = measure(groups, configs, args.rounds, args.seconds, args.warmup)
     print(f"measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)

@@ -4,7 +4,9 @@ Started by the driver as `taskset -c RANK python experiments/ddp_jaxdp_worker.py
 `python -m jaxdp.launch` gives each process (JAXDP_COORDINATOR_ADDRESS, JAXDP_NUM_PROCESSES,
 JAXDP_PROCESS_ID, JAXDP_CPU_DEVICES=1) and XLA_FLAGS for one thread; joins the run with
 `jaxdp.distributed.initialize`, then answers commands on stdin (see ddp_common). Data is a synthetic
-batch placed on the device once, so only the train step is timed (as on the PyTorch side).
+batch placed on the device once, so only the train step is timed (as on the PyTorch side). A train
+command may ask for variant "proposed": jaxdp's step with the changes experiments/step_variants.py
+measures (one flat all-reduce, a lax.cond guard).
 """
 
 import os
@@ -24,10 +26,14 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_common  # noqa: E402
+import step_variants  # noqa: E402
 
 from jaxdp import distributed, models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
+
+# variant "proposed": jaxdp's step with the changes this study proposes (see step_variants).
+PROPOSED = {"guard": "cond", "flat": True}
 
 
 def make_config(name: str, batch: int):
@@ -50,26 +56,27 @@ class Worker:
   def handle(self, command: dict) -> dict:
     if command["op"] == "allreduce":
       return self.allreduce(command["model"], command["steps"], command.get("flat", False))
-    return {"times": self.train(command["model"], command["batch"], command["steps"])}
+    return {"times": self.train(command["model"], command["batch"], command["steps"], command.get("variant", "jaxdp"))}
 
   def _model(self, name: str):
     config = make_config(name, 0)
     return config, models.get_model(config.model, ddp_common.MODELS[name]["input_shape"], ddp_common.NUM_CLASSES)
 
-  def _setup(self, name: str, batch: int) -> list:
-    if (name, batch) not in self.cache:
+  def _setup(self, name: str, batch: int, variant: str) -> list:
+    if (name, batch, variant) not in self.cache:
       config, model = self._model(name)
       config.batch_size = batch
       tx = optim.make(config)
       init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx)
       self.backend.bind_state(jax.eval_shape(init))
-      train = self.backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
+      step = step_lib.train_step if variant == "jaxdp" else functools.partial(step_variants.train_step, **PROPOSED)
+      train = self.backend.map_train(functools.partial(step, model=model, tx=tx))
       x, y = ddp_common.local_batch(name, batch, self.rank, self.world)
-      self.cache[name, batch] = [train, self.backend.init(init), self.backend.put_batch({"inputs": x, "labels": y})]
-    return self.cache[name, batch]
+      self.cache[name, batch, variant] = [train, self.backend.init(init), self.backend.put_batch({"inputs": x, "labels": y})]
+    return self.cache[name, batch, variant]
 
-  def train(self, name: str, batch: int, steps: int) -> list[float]:
-    entry = self._setup(name, batch)
+  def train(self, name: str, batch: int, steps: int, variant: str) -> list[float]:
+    entry = self._setup(name, batch, variant)
     train, state, device_batch = entry
     times = []
     for _ in range(steps):

@@ -9,10 +9,12 @@ mesh, donate their state, and are fed the same device-resident batch:
             explicit `lax.pmean` of the gradients, NaN/Inf guard, loss and accuracy metrics;
   baseline  `jax.jit` of loss -> grad -> optax update over the global batch with in/out shardings
             (state replicated, batch sharded) and donation; XLA's partitioner inserts the all-reduce.
-Ablations (jaxdp's step rebuilt here from step.py's own pieces, with one thing changed) show where a
-difference comes from:
+Ablations (jaxdp's step rebuilt from step.py's own pieces with one thing changed, experiments/
+step_variants.py) show where a difference comes from:
   no_guard    without the NaN/Inf guard (a `jnp.where(finite, new, old)` over every leaf of the state);
-  cond_guard  with the guard as one `lax.cond(finite, update, keep)` instead.
+  cond_guard  with the guard as one `lax.cond(finite, update, keep)` instead;
+  cond_flat   cond_guard, and one all-reduce of one flat buffer (gradients, loss, accuracy) instead of one
+              per leaf.
 Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
 contender; the ratios jaxdp / baseline are taken per round and reported as median (min..max).
 """
@@ -31,15 +33,14 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-from jax import lax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
+import step_variants  # noqa: E402
 
 from jaxdp import models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
@@ -53,7 +54,9 @@ WORKLOADS: dict[str, tuple[dict, tuple[int, ...], int]] = {
     "mlp": ({"name": "mlp", "hidden": (1024, 1024)}, (28, 28, 1), 256),
 }
 NUM_CLASSES = 10
-ABLATIONS = ("no_guard", "cond_guard")
+# Ablations: jaxdp's step rebuilt from its own pieces with one thing changed (experiments/step_variants.py).
+ABLATIONS: dict[str, dict] = {"no_guard": {"guard": "none"}, "cond_guard": {"guard": "cond"},
+                              "cond_flat": {"guard": "cond", "flat": True}}
 
 
 def setup(workload: str, num_devices: int) -> dict[str, Any]:
@@ -124,35 +127,14 @@ def baseline_contender(env: dict[str, Any]) -> Stepper:
   return Stepper(step, state, env["batch"])
 
 
-def step_variant(state, batch, *, model, tx, axis, guard: str = "none"):
-  """jaxdp's train_step, from its own pieces, with the NaN/Inf guard done by `guard`: "none", or "cond"
-  (one `lax.cond`: update or keep the state) instead of a `jnp.where` over every leaf of the state."""
-  rng = jax.random.fold_in(state.rng, state.step)
-  loss, accuracy, model_state, grads = step_lib._local_gradients(state, batch, model=model, rng=rng, axis=axis,
-                                                                 options=step_lib.StepOptions())
-  loss = lax.pmean(loss, axis.name)
-  grads = step_lib.all_reduce_mean(grads, axis.name)
-  finite = step_lib._all_finite((loss, grads))
-  model_state = step_lib._pmean_floats(model_state, axis.name)
-
-  def update() -> step_lib.TrainState:
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return state.replace(params=optax.apply_updates(state.params, updates), model_state=model_state,
-                         opt_state=opt_state)
-
-  new_state = lax.cond(finite, update, lambda: state) if guard == "cond" else update()
-  return new_state.replace(step=state.step + 1), {
-      "loss": loss, "accuracy": lax.pmean(accuracy, axis.name), "nonfinite": 1 - finite.astype(jnp.int32)}
-
-
 def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[str, list[float]]:
   """Per-round median step times of jaxdp, the baseline and the ablations, alternating."""
   env = setup(workload, num_devices)
   contenders = {
       "jaxdp": jaxdp_contender(env),
       "baseline": baseline_contender(env),
-      "no_guard": jaxdp_contender(env, step_variant),
-      "cond_guard": jaxdp_contender(env, functools.partial(step_variant, guard="cond")),
+      **{name: jaxdp_contender(env, functools.partial(step_variants.train_step, **kw))
+         for name, kw in ABLATIONS.items()},
   }
   return abrun.alternate(contenders, rounds, steps)
 

@@ -1,5 +1,6 @@
 """The experiments' shared pieces and their fairness: A/B alternation, same models, same updates, the GPU check at a tiny size."""
 
+import functools
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import ddp_common  # noqa: E402
 import equivalence  # noqa: E402
 import gpu_check  # noqa: E402
 import overhead  # noqa: E402
+import step_variants  # noqa: E402
 
 from jaxdp import models  # noqa: E402
 from jaxdp.config import ConfigError  # noqa: E402
@@ -47,8 +49,8 @@ def test_overhead_contenders_compute_the_same_update(monkeypatch):
   monkeypatch.setitem(overhead.WORKLOADS, "tiny", ({"name": "cnn", "features": (4,), "dense": 8}, (4, 4, 1), 16))
   env = {**overhead.setup("tiny", 2), "tx": optax.sgd(0.5)}
   jaxdp_run, baseline = overhead.jaxdp_contender(env), overhead.baseline_contender(env)
-  ablations = [overhead.jaxdp_contender(env, overhead.step_variant),
-               overhead.jaxdp_contender(env, lambda *a, **k: overhead.step_variant(*a, **k, guard="cond"))]
+  ablations = [overhead.jaxdp_contender(env, functools.partial(step_variants.train_step, **kw))
+               for kw in overhead.ABLATIONS.values()]
   for contender in [jaxdp_run, baseline, *ablations]:
     assert len(contender(3)) == 3
   expected = jax.device_get(jaxdp_run.state.params)

@@ -1,0 +1,54 @@
+"""Variants of jaxdp's train step, rebuilt from step.py's own pieces with one thing changed, to measure
+what that thing costs (experiments/overhead.py) and what a proposed change would gain
+(experiments/ddp_compare.py). jaxdp itself never imports this.
+
+Two changes are measured:
+  guard  jaxdp skips a non-finite update with `jnp.where(finite, new, old)` over every leaf of the state;
+         XLA then keeps the old optimizer state alive next to the new one and copies it every step.
+         "cond" decides with one `lax.cond(finite, update, keep)` instead; "none" has no guard.
+  flat   jaxdp all-reduces the gradients leaf by leaf and the loss and accuracy separately; gloo (the
+         CPU collectives) runs each as its own collective, with a fixed cost each. `flat` reduces one
+         buffer holding every gradient, the loss and the accuracy: one collective per step.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.flatten_util import ravel_pytree
+
+from jaxdp import step as step_lib
+
+
+def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model: Any,
+               tx: optax.GradientTransformation, axis: step_lib.DataAxis, guard: str = "where",
+               flat: bool = False) -> tuple[step_lib.TrainState, dict[str, jax.Array]]:
+  """jaxdp's per-replica step (float32, no accumulation) with the guard done by `guard` and, with `flat`,
+  one all-reduce of everything."""
+  rng = jax.random.fold_in(state.rng, state.step)
+  loss, accuracy, model_state, grads = step_lib._local_gradients(state, batch, model=model, rng=rng, axis=axis,
+                                                                 options=step_lib.StepOptions())
+  if flat:
+    buffer, unravel = ravel_pytree((loss, accuracy, grads))
+    loss, accuracy, grads = unravel(lax.pmean(buffer, axis.name))
+  else:
+    loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
+    grads = step_lib.all_reduce_mean(grads, axis.name)
+  finite = step_lib._all_finite((loss, grads))
+  model_state = step_lib._pmean_floats(model_state, axis.name)
+
+  def update() -> step_lib.TrainState:
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return state.replace(params=optax.apply_updates(state.params, updates), model_state=model_state,
+                         opt_state=opt_state)
+
+  if guard == "cond":
+    new_state = lax.cond(finite, update, lambda: state)
+  elif guard == "where":
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), update(), state)
+  else:
+    new_state = update()
+  return new_state.replace(step=state.step + 1), {
+      "loss": loss, "accuracy": accuracy, "nonfinite": 1 - finite.astype(jnp.int32)}
