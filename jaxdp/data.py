@@ -1,14 +1,15 @@
 """tfds -> one seeded global order -> each process's rows of every global batch -> numpy host batches.
 
-Default mode: the train split is read once into memory (decoded), and global batch `step` holds the
-examples at positions [k * B, (k + 1) * B) of epoch `step // steps_per_epoch`'s permutation, where
-k = step % steps_per_epoch and the permutation is a stateless shuffle seeded by (seed, epoch). Every
-process computes the same global batch and keeps rows [p * B / P, (p + 1) * B / P). So the sequence
-of global batches depends only on the seed and the step, never on how many processes or devices share
-it, every process gets the same number of batches per epoch, and the stream is a pure function of the
-step: **the position to checkpoint is the train state's step** (the number of batches consumed), and
-`train_batches(start_step=step)` continues exactly there (no replay, no skip). Save the state's step,
-never a count of batches pulled from the iterator: prefetching reads ahead of the step.
+Default mode: the train split is read once into memory (images still encoded), and global batch
+`step` holds the examples at positions [k * B, (k + 1) * B) of epoch `step // steps_per_epoch`'s
+permutation, where k = step % steps_per_epoch and the permutation is a stateless shuffle seeded by
+(seed, epoch). Every process computes the same global batch, keeps rows [p * B / P, (p + 1) * B / P)
+and decodes only those. So the sequence of global batches depends only on the seed and the step,
+never on how many processes or devices share it, every process gets the same number of batches per
+epoch, and the stream is a pure function of the step: **the position to checkpoint is the train
+state's step** (the number of batches consumed), and `train_batches(start_step=step)` continues
+exactly there (no replay, no skip). Save the state's step, never a count of batches pulled from the
+iterator: prefetching reads ahead of the step.
 
 `dataset.shard_by_process` (opt in, for datasets too large for memory): each process streams its own
 file shards (`tfds.split_for_jax_process`) through a shuffle buffer. Deterministic for a given seed
@@ -147,12 +148,15 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed_for(seed, SHUFFLE, e))
     return tf.data.Dataset.from_tensor_slices(tf.reshape(order[:steps_per_epoch * global_batch], [-1, global_batch]))
 
+  decode = _batch_decoder(ds)
+
   def gather(step: tf.Tensor, order: tf.Tensor) -> tuple[dict, tf.Tensor]:
-    mine = order[first_row:first_row + rows]
-    return {"inputs": tf.gather(inputs, mine), "labels": tf.gather(labels, mine)}, step
+    mine = order[first_row:first_row + rows]  # This process's rows; only they are decoded.
+    return {"inputs": decode(tf.gather(inputs, mine)), "labels": tf.gather(labels, mine)}, step
 
   batches = tf.data.Dataset.range(first_epoch, _EPOCHS).flat_map(_plain(epoch)).skip(skip)
-  batches = batches.enumerate(start=start_step).map(_plain(gather))
+  batches = batches.enumerate(start=start_step).map(_plain(gather), num_parallel_calls=tf.data.AUTOTUNE,
+                                                    deterministic=True)
   return _train_tail(ds, batches, seed, global_batch, first_row)
 
 
@@ -198,18 +202,31 @@ def _prefetch(batches: tf.data.Dataset, depth: int) -> tf.data.Dataset:
 
 
 def _in_memory(ds: Dataset, split: str) -> tuple[tf.Tensor, tf.Tensor]:
-  """The whole split, decoded, as two tensors (inputs, labels) in file order; read once per Dataset."""
+  """The whole split as two tensors (inputs, labels) in file order, images still encoded; read once.
+
+  Keeping images encoded lets each process decode only the rows it trains on.
+  """
   if split in ds._decoded:
     return ds._decoded[split]
   n = ds.num_examples(split)
   feature = ds.builder.info.features[ds.input_key]
-  gb = n * math.prod(ds.input_shape) * np.dtype(feature.np_dtype).itemsize / 2**30
+  gb = n * math.prod(ds.input_shape) * np.dtype(feature.np_dtype).itemsize / 2**30  # Decoded size: a bound.
   if gb > ds.options.max_memory_gb:
-    raise ConfigError(f"split {split!r} of {ds.builder.name!r} needs {gb:.1f} GiB decoded, over "
+    raise ConfigError(f"split {split!r} of {ds.builder.name!r} needs up to {gb:.1f} GiB in memory, over "
                       f"dataset.max_memory_gb ({ds.options.max_memory_gb}); set dataset.shard_by_process=True")
-  examples = ds.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-  ds._decoded[split] = next(iter(examples.batch(max(n, 1))))
+  examples = _read_encoded(ds, split)
+  batch = next(iter(examples.batch(max(n, 1))))
+  ds._decoded[split] = (batch["inputs"], batch["labels"])
   return ds._decoded[split]
+
+
+def _batch_decoder(ds: Dataset):
+  """Decodes a batch of encoded images (a string vector); other inputs pass through."""
+  feature = ds.builder.info.features[ds.input_key]
+  if not _is_image(feature):
+    return lambda x: x
+  spec = tf.TensorSpec(feature.shape, tf.dtypes.as_dtype(feature.np_dtype))
+  return lambda x: tf.map_fn(feature.decode_example, x, fn_output_signature=spec)
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
