@@ -1,11 +1,17 @@
 """Eight fake CPU devices for every test; they must be set before JAX is imported."""
 
 import os
+import tempfile
 
 os.environ["XLA_FLAGS"] = " ".join(
     [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
     + ["--xla_force_host_platform_device_count=8"])
 os.environ["JAX_PLATFORMS"] = "cpu"
+# One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests
+# compile the same small programs, and a cache hit skips XLA (it changes no result: same executable).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jaxdp-test-xla-cache-"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import jax  # noqa: E402
