@@ -29,14 +29,14 @@ def time_steps(step: Callable[[], Any], n: int, block: Callable[[Any], Any]) -> 
   return times
 
 
-def alternate(contenders: dict[str, Contender], rounds: int, steps: int, warmup: int = 3) -> dict[str, list[float]]:
+def alternate(contenders: dict[Any, Contender], rounds: int, steps: int, warmup: int = 3) -> dict[Any, list[float]]:
   """Per-round median step time of each contender, running them in turn A B C A B C ... for `rounds` rounds.
 
   Each contender first runs `warmup` untimed steps (compilation, buffer allocation).
   """
   for run in contenders.values():
     run(warmup)
-  medians: dict[str, list[float]] = {name: [] for name in contenders}
+  medians: dict[Any, list[float]] = {name: [] for name in contenders}
   for _ in range(rounds):
     for name, run in contenders.items():
       medians[name].append(statistics.median(run(steps)))
