@@ -1,8 +1,9 @@
 """Alternating A/B measurement shared by the experiments: rounds of A B A B ..., per-step medians, ratios.
 
 On a shared, noisy machine an absolute time says little; a ratio of two contenders measured in the
-same rounds, back to back, says much more. Every study here reports `median (min..max)` over rounds of
-per-round ratios of per-step medians, and states the machine, the load and the command it ran.
+same rounds, back to back, says much more. The studies report the median over rounds of per-round
+ratios of per-step medians, with a spread (`fmt`: min..max; `fmt_iqr`: the interquartile range, for
+many short rounds on a busy machine), and state the machine, the load and the command they ran.
 """
 
 import contextlib
@@ -49,8 +50,9 @@ def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
-  """Median, min and max of `values`."""
-  return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+  """Median, quartiles, min and max of `values`."""
+  q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+  return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values)}
 
 
 def fmt(values: Sequence[float], digits: int = 3) -> str:
@@ -59,9 +61,15 @@ def fmt(values: Sequence[float], digits: int = 3) -> str:
   return f"{s['median']:.{digits}g} ({s['min']:.{digits}g}..{s['max']:.{digits}g})"
 
 
+def fmt_iqr(values: Sequence[float], digits: int = 3) -> str:
+  """`median [q1..q3]`: the median and the interquartile range (robust to a few disturbed rounds)."""
+  s = spread(values)
+  return f"{s['median']:.{digits}g} [{s['q1']:.{digits}g}..{s['q3']:.{digits}g}]"
+
+
 def fmt_ms(values: Sequence[float]) -> str:
-  """Seconds as `median (min..max)` milliseconds."""
-  return fmt([v * 1e3 for v in values])
+  """Seconds as `median [q1..q3]` milliseconds."""
+  return fmt_iqr([v * 1e3 for v in values])
 
 
 def cpu_model() -> str:

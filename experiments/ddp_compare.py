@@ -15,7 +15,7 @@ Each round, for every (model, global batch), runs the contenders (TRAIN) one aft
 PyTorch in turn (A B A B ...), each for a step count fixed at warm-up to take about `--seconds`, then
 times the gradient all-reduce alone (the same bytes) in both 2-process groups. Samples/s = global batch
 / per-round median step time; every ratio is PyTorch time / jaxdp time within a round (> 1: jaxdp
-faster), as median (min..max) over rounds:
+faster), as median [interquartile range] over rounds:
   2 workers            the overall comparison;
   compute (1 worker)   no communication;
   all-reduce           the model's gradient bytes, each framework's way;
@@ -60,7 +60,8 @@ class Group:
     port = launch.free_port()
     script = os.path.join(HERE, f"ddp_{framework}_worker.py")
     self.logs = [os.path.join(tempfile.gettempdir(), f"ddp_compare_{self.name}_{rank}.log") for rank in range(world)]
-    self.procs = [subprocess.Popen(_pin(rank) + [sys.executable, script], env=_env(framework, rank, world, port, xla_flags),
+    self.procs = [subprocess.Popen(_pin(rank) + [sys.executable, script],
+                                   env=_env(framework, rank, world, port, xla_flags),
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(self.logs[rank], "w"),
                                    text=True) for rank in range(world)]
     self._replies()  # {"ready": true} once every rank has joined.
@@ -179,20 +180,20 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
                        load_before, f"CPU; {versions}; jaxdp XLA_FLAGS `{XLA_ONE_THREAD} {args.xla_flags}`")
   lines += [f"{args.rounds} rounds; in each, every (model, global batch) runs the contenders below one after the "
             f"other, each for about {args.seconds:g} s (a step count fixed at warm-up), then the all-reduces "
-            "alone. Samples/s = global batch / the round's median step time, shown as median (min..max) over "
-            "rounds. `proposed`: jaxdp's step with one flat all-reduce and a `lax.cond` guard "
+            "alone. Samples/s = global batch / the round's median step time, shown as median [interquartile "
+            "range] over rounds. `proposed`: jaxdp's step with one flat all-reduce and a `lax.cond` guard "
             "(experiments/step_variants.py); `XLA defaults`: without the extra XLA flag.", "",
             "| model | batch | " + " | ".join(TRAIN) + " |", "| --- " * (2 + len(TRAIN)) + "|"]
   for model, batch in configs:
     lines.append(f"| {model} | {batch} | " + " | ".join(
-        abrun.fmt([batch / t for t in m[label, model, batch]]) for label in TRAIN) + " |")
+        abrun.fmt_iqr([batch / t for t in m[label, model, batch]]) for label in TRAIN) + " |")
   lines += ["", "Ratios jaxdp / PyTorch in speed (PyTorch time / jaxdp time, per round; > 1: jaxdp faster):", "",
             "| model | batch | " + " | ".join(f"**{n}**" if i < 3 else n for i, n in enumerate(RATIOS)) + " |",
             "| --- " * (2 + len(RATIOS)) + "|"]
   for model, batch in configs:
     q = ratios(r, model, batch)
     lines.append(f"| {model} | {batch} | " + " | ".join(
-        f"**{abrun.fmt(q[n])}**" if i < 3 else abrun.fmt(q[n]) for i, n in enumerate(RATIOS)) + " |")
+        f"**{abrun.fmt_iqr(q[n])}**" if i < 3 else abrun.fmt_iqr(q[n]) for i, n in enumerate(RATIOS)) + " |")
   lines += ["", "All-reduce of the model's gradient bytes alone, 2 workers (jaxdp: `step.all_reduce_mean` of the "
             "gradient tree, one collective per leaf, as in its step; jaxdp flat: one buffer; DDP: "
             "`dist.all_reduce` of one flat buffer, as one DDP bucket), ms:", "",
@@ -205,7 +206,7 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
 
 
 def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
-  """Bars of the ratios per (model, batch), whiskers min..max, a line at 1."""
+  """Bars of the ratios per (model, batch), whiskers at the quartiles, a line at 1."""
   fig = Figure(figsize=(11, 4.5), layout="constrained")
   ax = fig.subplots()
   width = 0.8 / len(RATIOS)
@@ -214,7 +215,7 @@ def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
     for j, name in enumerate(RATIOS):
       s = abrun.spread(q[name])
       ax.bar(i + (j - (len(RATIOS) - 1) / 2) * width, s["median"], width * 0.9, color=f"C{j}",
-             label=name if i == 0 else None, yerr=[[s["median"] - s["min"]], [s["max"] - s["median"]]], capsize=2)
+             label=name if i == 0 else None, yerr=[[s["median"] - s["q1"]], [s["q3"] - s["median"]]], capsize=2)
   ax.axhline(1.0, color="k", lw=0.8)
   ax.set_xticks(range(len(configs)), [f"{m}, batch {b}" for m, b in configs])
   ax.set(ylabel="jaxdp / PyTorch speed (> 1: jaxdp faster)",
@@ -224,7 +225,8 @@ def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
 
 
 def _versions() -> str:
-  out = subprocess.run([sys.executable, "-c", "import jax, torch; print(f'jax {jax.__version__}, torch {torch.__version__}')"],
+  code = "import jax, torch; print(f'jax {jax.__version__}, torch {torch.__version__}')"
+  out = subprocess.run([sys.executable, "-c", code],
                        capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   return out.stdout.strip() or "versions unknown"
 

@@ -72,7 +72,8 @@ class Worker:
       step = step_lib.train_step if variant == "jaxdp" else functools.partial(step_variants.train_step, **PROPOSED)
       train = self.backend.map_train(functools.partial(step, model=model, tx=tx))
       x, y = ddp_common.local_batch(name, batch, self.rank, self.world)
-      self.cache[name, batch, variant] = [train, self.backend.init(init), self.backend.put_batch({"inputs": x, "labels": y})]
+      device_batch = self.backend.put_batch({"inputs": x, "labels": y})
+      self.cache[name, batch, variant] = [train, self.backend.init(init), device_batch]
     return self.cache[name, batch, variant]
 
   def train(self, name: str, batch: int, steps: int, variant: str) -> list[float]:

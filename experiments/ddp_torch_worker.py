@@ -30,8 +30,9 @@ def make_model(name: str) -> nn.Module:
   layers = []
   for a, b in zip(chans, chans[1:]):
     layers += [nn.Conv2d(a, b, 3, padding=1), nn.ReLU()]
-  return nn.Sequential(*layers, nn.AvgPool2d(2), nn.Flatten(), nn.Linear((h // 2) * (w // 2) * chans[-1], spec["dense"]),
-                       nn.ReLU(), nn.Linear(spec["dense"], ddp_common.NUM_CLASSES))
+  dense = nn.Linear((h // 2) * (w // 2) * chans[-1], spec["dense"])
+  return nn.Sequential(*layers, nn.AvgPool2d(2), nn.Flatten(), dense, nn.ReLU(),
+                       nn.Linear(spec["dense"], ddp_common.NUM_CLASSES))
 
 
 class Worker:

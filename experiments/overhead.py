@@ -1,6 +1,6 @@
 """Framework overhead: jaxdp's train step against a minimal hand-written `jax.jit` step, on 1 and 2 devices.
 
-    python experiments/overhead.py [--devices 1,2] [--workloads cnn,mlp] [--rounds 21] [--steps 10] \
+    python experiments/overhead.py [--devices 1,2] [--workloads cnn,mlp] [--rounds 41] [--steps 3] \
         [--out experiments/results/overhead.md]
 
 Both contenders train the same model with the same optimizer on the same global batch, over the same
@@ -16,7 +16,7 @@ step_variants.py) show where a difference comes from:
   cond_flat   cond_guard, and one all-reduce of one flat buffer (gradients, loss, accuracy) instead of one
               per leaf.
 Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
-contender; the ratios jaxdp / baseline are taken per round and reported as median (min..max).
+contender; the ratios jaxdp / baseline are taken per round and reported as median [interquartile range].
 """
 
 import sys
@@ -148,7 +148,7 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
                        f"cores; jax {jax.__version__}")
   lines += [f"{args.rounds} rounds; each round runs every contender for {args.steps} steps (after 3 warm-up "
             "steps), one after the other; step times are that round's median, ratios are per round; shown "
-            "as median (min..max) over rounds. Target: jaxdp / baseline <= "
+            "as median [interquartile range] over rounds. Target: jaxdp / baseline <= "
             f"{TARGET}.", "",
             "| workload | devices | jaxdp ms | baseline ms | **jaxdp / baseline** | target met | "
             + " | ".join(f"{a} / baseline" for a in ABLATIONS) + " |",
@@ -158,8 +158,8 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
     main = abrun.ratios(r["jaxdp"], r["baseline"])
     met = "yes" if abrun.spread(main)["median"] <= TARGET else "**no**"
     lines.append(f"| {workload} {shape}, batch {batch} | {n} | {abrun.fmt_ms(r['jaxdp'])} | "
-                 f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt(main)}** | {met} | "
-                 + " | ".join(abrun.fmt(abrun.ratios(r[a], r["baseline"])) for a in ABLATIONS) + " |")
+                 f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt_iqr(main)}** | {met} | "
+                 + " | ".join(abrun.fmt_iqr(abrun.ratios(r[a], r["baseline"])) for a in ABLATIONS) + " |")
   return lines
 
 
@@ -167,8 +167,8 @@ def main(argv: list[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--devices", default="1,2", help="comma-separated device counts (at most 2)")
   p.add_argument("--workloads", default="cnn,mlp", help=f"comma-separated, from {', '.join(WORKLOADS)}")
-  p.add_argument("--rounds", type=int, default=21)
-  p.add_argument("--steps", type=int, default=10, help="timed steps per contender and round")
+  p.add_argument("--rounds", type=int, default=41)
+  p.add_argument("--steps", type=int, default=3, help="timed steps per contender and round")
   p.add_argument("--out", default=None, help="write the results (markdown) here")
   args = p.parse_args(argv)
   load_before = abrun.load()

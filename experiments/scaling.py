@@ -77,8 +77,8 @@ def report_lines(reports: dict, times: dict, args: argparse.Namespace, png: str,
             f"({summary._bytes(first['params']['bytes'])}). From `jaxdp.inspect.analyze` per (mode, N): FLOPs per "
             "device (XLA cost analysis), collectives of the compiled step (count, bytes of the full buffers), "
             "memory per device (XLA memory analysis; total = arguments + outputs + temporaries - donated). Step "
-            f"times: {args.rounds} rounds alternating over N, {args.steps} steps each, median (min..max) of the "
-            "per-round medians; reported, not judged (fake devices share the cores).", "",
+            f"times: {args.rounds} rounds alternating over N, {args.steps} steps each, median [interquartile range] "
+            "of the per-round medians; reported, not judged (fake devices share the cores).", "",
             "| mode | N | per-device batch | FLOPs/device | collectives (count, bytes) | params + opt state /device "
             "| temp /device | total /device | step ms |", "| --- " * 9 + "|"]
   for (mode, n), r in reports.items():
@@ -106,8 +106,9 @@ def draw(reports: dict, times: dict, path: str) -> None:
     axes[2].plot(ns, [r["per_device"]["params_bytes"] + r["per_device"]["opt_state_bytes"] for r in rs],
                  ls="--", color=f"C{i}", marker="s", label=f"{mode}: params + optimizer state")
     axes[3].errorbar(ns, [1e3 * np.median(times[mode, n]) for n in ns],
-                     yerr=np.array([[1e3 * (np.median(times[mode, n]) - min(times[mode, n])),
-                                     1e3 * (max(times[mode, n]) - np.median(times[mode, n]))] for n in ns]).T,
+                     yerr=np.array([[1e3 * (np.median(times[mode, n]) - abrun.spread(times[mode, n])["q1"]),
+                                     1e3 * (abrun.spread(times[mode, n])["q3"] - np.median(times[mode, n]))]
+                                    for n in ns]).T,
                      capsize=3, **style)
   titles = ("FLOPs per step per device", "collective bytes per step (all kinds)", "memory per device (bytes)",
             "step time, ms (fake devices share the cores: not judged)")

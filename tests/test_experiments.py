@@ -1,4 +1,4 @@
-"""The experiments' shared pieces and their fairness: A/B alternation, same models, same updates, the GPU check at a tiny size."""
+"""The experiments' pieces and their fairness: A/B alternation, same models, same updates, the GPU check (tiny)."""
 
 import functools
 import json
@@ -37,8 +37,9 @@ def test_alternate_runs_contenders_in_turn_and_takes_per_round_medians():
   assert calls == [("a", 2), ("b", 2)] + [("a", 5), ("b", 5)] * 3
   assert medians == {"a": [2.0] * 3, "b": [1.0] * 3}
   assert abrun.ratios(medians["a"], medians["b"]) == [2.0] * 3
-  assert abrun.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+  assert abrun.spread([3.0, 1.0, 2.0]) == {"median": 2.0, "q1": 1.5, "q3": 2.5, "min": 1.0, "max": 3.0}
   assert abrun.fmt([3.0, 1.0, 2.0]) == "2 (1..3)"
+  assert abrun.fmt_iqr([1.0, 2.0, 3.0, 4.0, 100.0]) == "3 [2..4]"
 
 
 def test_overhead_contenders_compute_the_same_update(monkeypatch):
