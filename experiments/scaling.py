@@ -115,6 +115,7 @@ def draw(reports: dict, times: dict, path: str) -> None:
   for ax, title in zip(axes, titles):
     ax.set(xscale="log", xlabel="devices N", title=title)
     ax.set_xticks([1, 2, 4, 8], ["1", "2", "4", "8"])
+    ax.minorticks_off()
     ax.legend(fontsize="small")
   axes[0].set_yscale("log")
   fig.savefig(path, dpi=100)
