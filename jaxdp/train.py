@@ -87,6 +87,9 @@ def _train(run: _Run, watcher: preemption.Watcher) -> Result:
   """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
   config, backend, state = run.config, run.backend, run.state
   start, total = int(backend.get(state.step)), config.num_train_steps
+  if start:
+    log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
+             "; already at num_train_steps, nothing to train" if start >= total else "")
   batches = parallel.prefetch(backend, data.train_batches(
       run.ds, config.dataset.train_split, seed=config.seed, global_batch=run.layout.global_batch,
       start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),

@@ -7,8 +7,8 @@ from jaxdp import metrics, train
 SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.
 
 
-@pytest.mark.parametrize("backend", ["mesh", "pmap"])
-@pytest.mark.parametrize("num_devices, eval_batch", [(1, 24), (3, 24), (8, 24), (8, 16), (3, 9)])
+@pytest.mark.parametrize("backend, num_devices, eval_batch", [
+    ("mesh", 1, 24), ("mesh", 3, 24), ("mesh", 8, 24), ("mesh", 8, 16), ("pmap", 3, 9), ("pmap", 8, 24)])
 def test_eval_counts_every_example_once(config, tmp_path, backend, num_devices, eval_batch):
   config.parallel.backend = backend
   config.parallel.num_devices = num_devices
