@@ -146,6 +146,9 @@ def main(argv: list[str]) -> dict[str, Any]:
   out = args.out or os.path.join(HERE, "gpu_check.json" if size == "gpu" else "gpu_check_tiny.json")
   results: dict[str, Any] = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                              "command": abrun.command([sys.argv[0], *argv]), "size": size, "device": describe()}
+  if size == "tiny":
+    results["note"] = ("tiny size: checks that the script runs end to end; its throughputs say nothing about an "
+                       "accelerator (run --size gpu on one)")
   print(f"device: {results['device']['device_count']} x {results['device']['device_kind']} "
         f"({results['device']['platform']}), using {args.devices}; size {size}", flush=True)
   runners = {"gpt": run_gpt, "resnet": run_resnet}
