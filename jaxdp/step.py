@@ -178,7 +178,10 @@ def _invariant_gradients(state: TrainState, batch: dict[str, jax.Array], *, mode
                                                      jax.random.fold_in(rng, first + i))
     return None, (loss, accuracy, model_state, grads)
 
-  _, per_shard = lax.scan(one, None, (micro_batches, jnp.arange(m_local)))
+  # Unrolled, not a loop: XLA:CPU compiles a convolution differently (and slowly) inside a loop, and
+  # how much it unrolls depends on the trip count, i.e. on N.
+  outs = [one(None, (jax.tree.map(lambda x: x[i], micro_batches), i))[1] for i in range(m_local)]
+  per_shard = jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
   subtree = jax.tree.map(_pairwise_sum, per_shard)
   total = jax.tree.map(_pairwise_sum, lax.all_gather(subtree, axis.name))
   loss, accuracy, model_state, grads = jax.tree.map(lambda x: x / options.invariant_shards, total)
