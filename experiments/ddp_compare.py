@@ -1,7 +1,7 @@
 """jaxdp and PyTorch DDP side by side on CPU: 2 workers on 127.0.0.1 over gloo, and 1 worker each.
 
     python experiments/ddp_compare.py [--configs mlp:256,mlp:1024,cnn:256,cnn:1024] [--rounds 4] \
-        [--seconds 1.5] [--out experiments/ddp_compare.md]
+        [--seconds 1] [--out experiments/ddp_compare.md]
 
 Needs the `bench` extra (torch). Starts groups of long-lived worker processes: jaxdp with 2 processes
 (ddp_jaxdp_worker.py: jaxdp's mesh backend and train step, joined through jaxdp.distributed with the
@@ -146,7 +146,7 @@ def measure(groups: dict[str, Group], configs: list[tuple[str, int]], rounds: in
       command = {"op": "train", "model": model, "batch": batch, **extra}
       groups[group].ask({**command, "steps": warmup})
       t = np.median(groups[group].ask({**command, "steps": 2})["times"])
-      counts[label, model, batch] = max(3, round(seconds / t))
+      counts[label, model, batch] = max(2, round(seconds / t))
   medians: dict = collections.defaultdict(list)
   nbytes = {}
   for _ in range(rounds):
@@ -207,7 +207,7 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
 
 def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
   """Bars of the ratios per (model, batch), whiskers at the quartiles, a line at 1."""
-  fig = Figure(figsize=(11, 4.5), layout="constrained")
+  fig = Figure(figsize=(11, 5), layout="constrained")
   ax = fig.subplots()
   width = 0.8 / len(RATIOS)
   for i, (model, batch) in enumerate(configs):
@@ -219,8 +219,8 @@ def draw(r: dict, configs: list[tuple[str, int]], path: str) -> None:
   ax.axhline(1.0, color="k", lw=0.8)
   ax.set_xticks(range(len(configs)), [f"{m}, batch {b}" for m, b in configs])
   ax.set(ylabel="jaxdp / PyTorch speed (> 1: jaxdp faster)",
-         title="jaxdp vs PyTorch DDP on CPU: gloo, 1 core and 1 thread per worker")
-  ax.legend(fontsize="small", ncol=2)
+         title="jaxdp vs PyTorch DDP on CPU: gloo, 1 core and 1 thread per worker (whiskers: quartiles)")
+  fig.legend(fontsize="small", ncol=3, loc="outside lower center")
   fig.savefig(path, dpi=100)
 
 
@@ -235,8 +235,8 @@ def main(argv: list[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--configs", default="mlp:256,mlp:1024,cnn:256,cnn:1024", help="model:global_batch, comma-separated")
   p.add_argument("--rounds", type=int, default=4)
-  p.add_argument("--seconds", type=float, default=1.5, help="about this long per group, config and round")
-  p.add_argument("--warmup", type=int, default=3, help="untimed steps per group and config (compilation)")
+  p.add_argument("--seconds", type=float, default=1.0, help="about this long per group, config and round")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps per group and config (compilation)")
   p.add_argument("--xla_flags", default=TUNED_XLA_FLAGS, help="extra XLA_FLAGS for the jaxdp workers")
   p.add_argument("--out", default=os.path.join(HERE, "ddp_compare.md"))
   args = p.parse_args(argv)
@@ -254,6 +254,9 @@ def main(argv: list[str]) -> None:
     for g in groups.values():
       g.close()
   png = os.path.splitext(args.out)[0] + ".png"
+  with open(os.path.splitext(args.out)[0] + ".json", "w") as f:  # The raw per-round medians, for re-plotting.
+    json.dump({"configs": configs, "medians": [[*k, v] for k, v in results["medians"].items()],
+               "bytes": results["bytes"]}, f)
   draw(results, configs, png)
   abrun.write(args.out, report(results, configs, args, png, load_before, _versions()))
 
