@@ -97,15 +97,20 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
     loss, accuracy, model_state, grads = _local_gradients(state, batch, model=model, rng=rng, axis=axis,
                                                           options=options)
     loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
-  apply = zero.apply_gradients if options.shard_optimizer_state else _apply_gradients
-  params, opt_state, finite = apply(state, grads, loss, tx=tx, axis=axis, options=options)
+  reduce, update = (zero.reduce_gradients, zero.update) if options.shard_optimizer_state else (_reduce, _update)
+  grads, finite = reduce(grads, loss, axis=axis, options=options)
   if not options.invariant:  # Identical already in invariant mode; a pmean could round them.
     model_state = _pmean_floats(model_state, axis.name)
-  updated = state.replace(params=params, model_state=model_state, opt_state=opt_state)
-  # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take
-  # the same decision: skip this update (the batch is still consumed). A cond, not a select: XLA
-  # fuses a select into the update and may round that fusion differently from program to program.
-  new_state = lax.cond(finite, lambda: updated, lambda: state)
+
+  def apply() -> TrainState:
+    params, opt_state = update(state, grads, tx=tx, axis=axis, options=options)
+    return state.replace(params=params, model_state=model_state, opt_state=opt_state)
+
+  # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take the
+  # same decision: skip this update (the batch is still consumed). The update is computed inside the
+  # cond, so the old and new states are never both alive (no copy of the state each step), and no
+  # select is fused into it (a fused select rounded the update differently from program to program).
+  new_state = lax.cond(finite, apply, lambda: state)
   return new_state.replace(step=state.step + 1), {
       "loss": loss, "accuracy": accuracy, "nonfinite": 1 - finite.astype(jnp.int32)}
 
@@ -195,13 +200,19 @@ def _pairwise_sum(x: jax.Array) -> jax.Array:
   return x[0]
 
 
-def _apply_gradients(state: TrainState, grads: PyTree, loss: jax.Array, *, tx: optax.GradientTransformation,
-                     axis: DataAxis, options: StepOptions) -> tuple[PyTree, PyTree, jax.Array]:
-  """All-reduce (mean) the gradients, then the same optax update on every replica."""
+def _reduce(grads: PyTree, loss: jax.Array, *, axis: DataAxis, options: StepOptions) -> tuple[PyTree, jax.Array]:
+  """The mean gradient over all replicas, and whether it (and the loss) is finite."""
   if not options.invariant:  # (The invariant mode has already reduced them, in a fixed order.)
     grads = all_reduce_mean(grads, axis.name, options.allreduce_dtype)  # The all-reduce of data parallelism.
+  return grads, _all_finite((loss, grads))
+
+
+def _update(state: TrainState, grads: PyTree, *, tx: optax.GradientTransformation, axis: DataAxis,
+            options: StepOptions) -> tuple[PyTree, PyTree]:
+  """The same optax update on every replica."""
+  del axis, options
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  return optax.apply_updates(state.params, updates), opt_state, _all_finite((loss, grads))
+  return optax.apply_updates(state.params, updates), opt_state
 
 
 def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyTree:

@@ -39,19 +39,23 @@ def state_specs(abstract_state: Any) -> Any:
   return everything_replicated.replace(opt_state=opt_specs)
 
 
-def apply_gradients(state: Any, grads: PyTree, loss: jax.Array, *, tx: optax.GradientTransformation,
-                    axis: Any, options: Any) -> tuple[PyTree, PyTree, jax.Array]:
-  """Reduce-scatter gradients, update the local shard, all-gather parameters (inside shard_map)."""
-  n, me = options.num_shards, lax.axis_index(axis.name)
+def reduce_gradients(grads: PyTree, loss: jax.Array, *, axis: Any, options: Any) -> tuple[PyTree, jax.Array]:
+  """Reduce-scatter: this device's slice of the mean gradient, and whether all slices are finite."""
+  n = options.num_shards
   sums = jax.tree.map(lambda g: lax.psum_scatter(g.astype(options.allreduce_dtype), axis.name, tiled=True),
                       flatten(grads, n))
   grad_shard = jax.tree.map(lambda s: s.astype(jnp.float32) / n, sums)
+  # Every device checked only its slice: agree collectively, so all skip (or apply) together.
+  local_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((loss, grad_shard))]))
+  return grad_shard, lax.pmin(local_ok.astype(jnp.int32), axis.name).astype(bool)
+
+
+def update(state: Any, grad_shard: PyTree, *, tx: optax.GradientTransformation, axis: Any,
+           options: Any) -> tuple[PyTree, PyTree]:
+  """Update the local shard of the parameters with the local optimizer state, then all-gather them."""
+  n, me = options.num_shards, lax.axis_index(axis.name)
   param_shard = jax.tree.map(lambda p: lax.dynamic_slice_in_dim(p, me * (p.size // n), p.size // n),
                              flatten(state.params, n))
   updates, opt_state = tx.update(grad_shard, state.opt_state, param_shard)
   new_shard = optax.apply_updates(param_shard, updates)
-  params = unflatten(lax.all_gather(new_shard, axis.name, tiled=True), state.params)
-  # Every device checked only its slice: agree collectively, so all skip (or apply) together.
-  local_ok = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves((loss, grad_shard))]))
-  finite = lax.pmin(local_ok.astype(jnp.int32), axis.name).astype(bool)
-  return params, opt_state, finite
+  return unflatten(lax.all_gather(new_shard, axis.name, tiled=True), state.params), opt_state
