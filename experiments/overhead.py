@@ -11,10 +11,11 @@ mesh, donate their state, and are fed the same device-resident batch:
             (state replicated, batch sharded) and donation; XLA's partitioner inserts the all-reduce.
 Ablations (jaxdp's step rebuilt from step.py's own pieces with one thing changed, experiments/
 step_variants.py) show where a difference comes from:
-  no_guard    without the NaN/Inf guard (a `jnp.where(finite, new, old)` over every leaf of the state);
-  cond_guard  with the guard as one `lax.cond(finite, update, keep)` instead;
+  no_guard    without the NaN/Inf guard;
+  cond_guard  the guard as one `lax.cond(finite, update, keep)`, the update computed inside the cond
+              (jaxdp's step does the same since this study found its guard copying the whole state);
   cond_flat   cond_guard, and one all-reduce of one flat buffer (gradients, loss, accuracy) instead of one
-              per leaf.
+              per leaf (it pays on gloo across processes, not on fake devices in one process).
 Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
 contender; the ratios jaxdp / baseline are taken per round and reported as median [interquartile range].
 """

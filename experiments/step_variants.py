@@ -3,12 +3,14 @@ what that thing costs (experiments/overhead.py) and what a proposed change would
 (experiments/ddp_compare.py). jaxdp itself never imports this.
 
 Two changes are measured:
-  guard  jaxdp skips a non-finite update with `jnp.where(finite, new, old)` over every leaf of the state;
-         XLA then keeps the old optimizer state alive next to the new one and copies it every step.
-         "cond" decides with one `lax.cond(finite, update, keep)` instead; "none" has no guard.
-  flat   jaxdp all-reduces the gradients leaf by leaf and the loss and accuracy separately; gloo (the
-         CPU collectives) runs each as its own collective, with a fixed cost each. `flat` reduces one
-         buffer holding every gradient, the loss and the accuracy: one collective per step.
+  guard  how a non-finite update is skipped. "where": `jnp.where(finite, new, old)` over every leaf of
+         the state (jaxdp's first guard); XLA then keeps the old state alive next to the new one and
+         copies it every step. "cond": one `lax.cond(finite, update, keep)` with the update computed
+         inside the true branch (what jaxdp's step does since this study found the copies). "none".
+  flat   jaxdp all-reduces the gradients leaf by leaf and the loss and accuracy separately; XLA
+         combines them into one all-reduce instruction, but XLA:CPU runs each operand as its own gloo
+         collective, with a fixed cost each. `flat` reduces one buffer holding every gradient, the loss
+         and the accuracy: one collective per step.
 """
 
 from typing import Any
