@@ -14,7 +14,11 @@ from jaxdp.configs import default
 
 def config_with(overrides: dict, base=default):
   """`base.get_config()` with dotted-key overrides applied."""
-  config = base.get_config()
+  return override(base.get_config(), overrides)
+
+
+def override(config, overrides: dict):
+  """Sets each dotted key ("parallel.backend") of `overrides` in `config`; returns `config`."""
   for key, value in overrides.items():
     *parents, leaf = key.split(".")
     target = config

@@ -5,6 +5,7 @@ import re
 import jax
 import numpy as np
 import pytest
+import runs
 
 from jaxdp import build, config as config_lib, train
 
@@ -78,12 +79,7 @@ def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
     ({"parallel.backend": "pmap", "parallel.shard_optimizer_state": True}, "'pmap'"),
 ])
 def test_bad_scaleup_settings_are_named(config, override, named):
-  for key, value in override.items():
-    *parents, leaf = key.split(".")
-    target = config
-    for p in parents:
-      target = target[p]
-    target[leaf] = value
+  runs.override(config, override)
   with pytest.raises(config_lib.ConfigError, match=re.escape(named)):
     build.build(config)
 
