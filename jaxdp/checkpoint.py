@@ -26,9 +26,10 @@ CHECKPOINT_DIR = "checkpoints"
 class Checkpointer:
   """Saves and restores the training state of one workdir."""
 
-  def __init__(self, workdir: str, config: ml_collections.ConfigDict):
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict, stream: dict[str, Any] | None = None):
     self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
     self.config = config
+    self.stream = stream  # `data.stream_spec` of the run: stored with each save, checked on restore.
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=config.get("async_checkpointing", True),
         preservation_policy=_preservation_policy(config), cleanup_tmp_directories=True)
@@ -59,6 +60,8 @@ class Checkpointer:
     meta = {"step": step, "data_position": {"global_batches_consumed": step, "seed": self.config.seed,
                                             "batch_size": self.config.batch_size},
             "config": json.loads(self.config.to_json_best_effort())}
+    if self.stream is not None:
+      meta["stream"] = self.stream
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(backend.to_global(state)),
                                                     meta=ocp.args.JsonSave(meta)),
                       metrics=dict(metrics) if metrics else None, force=force)

@@ -77,7 +77,9 @@ def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
   parts = build.build(config)
   _check_workdir(workdir)
   summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
-  checkpointer = checkpoint.Checkpointer(workdir, config)
+  stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
+                            global_batch=parts.layout.global_batch, process_count=jax.process_count())
+  checkpointer = checkpoint.Checkpointer(workdir, config, stream=stream)  # Restore checks the stream (resume guard).
   state = checkpointer.restore_or_init(parts.backend, parts.init)
   return _Run(config, workdir, parts.layout, parts.backend, parts.ds, checkpointer, state, parts.train_step,
               parts.eval_step)
