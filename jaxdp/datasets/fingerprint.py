@@ -1,0 +1,32 @@
+"""The identity of a local data source (a file or a folder), as a TFDS builder config name.
+
+Prepared copies live under DATA_DIR/BUILDER/CONFIG/VERSION; the config name holds a digest of the
+source's absolute path, of the size and modification time of every file in it, and of the options
+that change the prepared examples. So two sources never share a prepared copy, and a changed file (or
+option) is prepared anew instead of a stale copy being reused.
+"""
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+
+
+def file_stats(paths: Iterable[str]) -> list[tuple[str, int, int]]:
+  """(absolute path, size, mtime in ns) of each file: what its identity is taken from (no content read)."""
+  out = []
+  for path in paths:
+    st = os.stat(path)
+    out.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
+  return out
+
+
+def config_name(source: str, stats: list[tuple[str, int, int]], options: dict) -> str:
+  """'<stem>-<12 hex digits>': readable, and unique to the source's path, files and options."""
+  h = hashlib.sha256(os.path.abspath(source).encode())
+  for path, size, mtime in stats:
+    h.update(f"\0{path}\0{size}\0{mtime}".encode())
+  h.update(repr(sorted(options.items())).encode())
+  base = os.path.basename(os.path.normpath(source))
+  stem = re.sub(r"[^\w\-]", "_", os.path.splitext(base)[0])[:40] or "data"
+  return f"{stem}-{h.hexdigest()[:12]}"

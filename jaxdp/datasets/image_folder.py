@@ -1,0 +1,157 @@
+"""A folder of class subfolders of images as a TFDS dataset, prepared once into ArrayRecord (offline).
+
+    photos/cat/1.jpg, photos/dog/7.png, ...           or  photos/train/cat/1.jpg, photos/test/cat/9.jpg, ...
+
+Labels are the class subfolder names, sorted (label i = the i-th name). Splits: the subfolders `train`,
+`test` (and `validation`) when present; otherwise a fixed deterministic split: within each class, the
+files ordered by a digest of their path relative to the folder, the first `test_fraction` (default 0.1,
+at least one when the class has two or more files) go to `test`, the rest to `train` (a file keeps its
+split when others are added). Images: .jpg/.jpeg/.png/.bmp/.gif/.webp/.tif/.tiff; JPEG and PNG files in
+the stored color mode keep their bytes, others are converted. Color mode: 1 channel if every image is
+grayscale, else RGB. Shape: fixed (H, W, C) when every image has the same size, else (None, None, C).
+Every image header is read once to decide; the result is cached next to the prepared copy.
+
+    config.dataset.name = "/data/photos"   # builder_kwargs: test_fraction
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxdp.config import ConfigError
+from jaxdp.datasets import fingerprint
+
+EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+SPLIT_DIRS = ("train", "test", "validation")
+KEEP_BYTES = {"JPEG", "PNG"}  # Formats stored as they are (when their mode is the stored one).
+
+
+@dataclasses.dataclass
+class FolderConfig(tfds.core.BuilderConfig):
+  """Which folder, and how it is split."""
+  path: str = ""
+  test_fraction: float = 0.1
+
+
+def list_files(root: str, test_fraction: float) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
+  """(class names, split -> [(image path, label)]) of a folder, in a fixed order."""
+  subdirs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+  split_dirs = [d for d in subdirs if d in SPLIT_DIRS]
+  if split_dirs:
+    per_split = {s: _class_files(os.path.join(root, s)) for s in split_dirs}
+    classes = sorted({c for files in per_split.values() for c in files})
+    splits = {s: [(p, classes.index(c)) for c in sorted(files) for p in files[c]] for s, files in per_split.items()}
+  else:
+    files = _class_files(root)
+    classes = sorted(files)
+    splits = _split(root, files, classes, test_fraction)
+  if not classes or not any(splits.values()):
+    raise ConfigError(f"image folder {root!r} has no class subfolders of images ({', '.join(EXTENSIONS)})")
+  return classes, {s: v for s, v in splits.items() if v}
+
+
+def _class_files(folder: str) -> dict[str, list[str]]:
+  """class name -> sorted image paths under folder/class (recursively)."""
+  out = {}
+  for c in sorted(os.listdir(folder)):
+    top = os.path.join(folder, c)
+    if c.startswith(".") or not os.path.isdir(top):
+      continue
+    paths = [os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs
+             if f.lower().endswith(EXTENSIONS) and not f.startswith(".")]
+    out[c] = sorted(paths)
+  return out
+
+
+def _split(root: str, files: dict[str, list[str]], classes: list[str], test_fraction: float) -> dict[str, list]:
+  """The deterministic per-class split by path digest (see the module docstring)."""
+  splits: dict[str, list] = {"train": [], "test": []}
+  for label, c in enumerate(classes):
+    ranked = sorted(files[c], key=lambda p: hashlib.sha256(os.path.relpath(p, root).encode()).hexdigest())
+    n_test = max(1, int(round(len(ranked) * test_fraction))) if len(ranked) >= 2 else 0
+    test = set(ranked[:n_test])
+    splits["test"] += [(p, label) for p in files[c] if p in test]
+    splits["train"] += [(p, label) for p in files[c] if p not in test]
+  return splits
+
+
+def image_shape(paths: list[str]) -> tuple[int | None, int | None, int]:
+  """(H, W, C) shared by every image, with None where sizes differ; C = 1 if all are grayscale, else 3."""
+  from PIL import Image  # Reads headers only (lazy decoding).
+  sizes, gray = set(), True
+  for path in paths:
+    with Image.open(path) as im:
+      sizes.add(im.size)
+      gray = gray and im.mode in ("L", "1", "I;16", "I")
+  (w, h), = sizes if len(sizes) == 1 else {(None, None)}
+  return h, w, 1 if gray else 3
+
+
+class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """The images of one folder; its prepared copy is named by the folder's identity (see fingerprint)."""
+
+  name = "image_folder"
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split."}
+
+  def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
+    if not os.path.isdir(path):
+      raise ConfigError(f"image folder {path!r} not found")
+    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
+    path = os.path.abspath(path)
+    self._classes, self._splits = list_files(path, test_fraction)
+    paths = sorted(p for files in self._splits.values() for p, _ in files)
+    name = fingerprint.config_name(path, fingerprint.file_stats(paths), {"test_fraction": test_fraction})
+    kwargs["config"] = FolderConfig(name=name, path=path, test_fraction=test_fraction, description=f"Images in {path}.")
+    super().__init__(**kwargs)
+
+  def _shape(self) -> tuple[int | None, int | None, int]:
+    """image_shape of every file, cached beside the prepared copy (the name already covers every file)."""
+    cache = os.path.join(os.fspath(self.data_dir_root), self.name, f".{self.builder_config.name}.shape.json")
+    if os.path.exists(cache):
+      with open(cache) as f:
+        return tuple(json.load(f))
+    shape = image_shape([p for files in self._splits.values() for p, _ in files])
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with open(cache + ".tmp", "w") as f:
+      json.dump(shape, f)
+    os.replace(cache + ".tmp", cache)  # Atomic: concurrent processes read a whole file or none.
+    return shape
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=f"Class subfolders of images in {self.builder_config.path}.",
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=self._shape()),
+            "label": tfds.features.ClassLabel(names=self._classes),
+        }),
+        supervised_keys=("image", "label"),
+    )
+
+  def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
+    del dl_manager  # Local files.
+    return {split: self._generate_examples(files) for split, files in self._splits.items()}
+
+  def _generate_examples(self, files: list[tuple[str, int]]) -> Iterator[tuple[str, dict]]:
+    channels = self.info.features["image"].shape[-1]
+    for path, label in files:
+      yield os.path.relpath(path, self.builder_config.path), {"image": _encoded(path, channels), "label": label}
+
+
+def _encoded(path: str, channels: int) -> bytes | np.ndarray:
+  """The file's bytes when TFDS can store them as they are, else the pixels in the stored color mode."""
+  from PIL import Image
+  mode = "L" if channels == 1 else "RGB"
+  with Image.open(path) as im:
+    if im.format in KEEP_BYTES and im.mode == mode:
+      with open(path, "rb") as f:
+        return f.read()
+    pixels = np.asarray(im.convert(mode))
+  return pixels[..., None] if channels == 1 else pixels
