@@ -1,0 +1,107 @@
+"""The random-access interface every input source implements, and its TFDS (ArrayRecord) implementation.
+
+The pipeline (`jaxdp.data`) needs only two things from storage:
+
+- a `Corpus`: the facts the trainer needs (`Facts`: input shape, classes, ...) and one `Source` per split;
+- a `Source`: `len(source)` examples, and `source.read(indices)` -> a dict of numpy arrays whose leading
+  axis follows `indices` (global positions in the split, any order, repeats allowed). It must be safe
+  to call from several threads and must not hold anything proportional to the split in memory.
+
+What `read` returns goes through `corpus.decode` (a TF function of ONE example's dict, run in parallel
+tf.data workers) to `{"inputs": ..., "labels": ...}` (images whose size varies: still-encoded bytes, which
+the pipeline decodes together with the crop); a corpus whose `read` already returns those two
+keys as final arrays sets `decode = None` (e.g. a token file: int32 windows, nothing to decode).
+
+    class TokenCorpus:                     # e.g. jaxdp/datasets/token_file.py
+      facts = Facts(name="token_file:train.bin@<digest>", input_shape=(T,), label_shape=(T,),
+                    num_classes=vocab_size, integer_inputs=True)
+      decode = None
+      def source(self, split: str) -> Source: ...   # "train" / "test"; ConfigError for anything else
+
+`jaxdp.data.load` builds a `TfdsCorpus` for TFDS builders; for `dataset.name == "token_file"` it calls
+`jaxdp.datasets.token_file.corpus(data_dir=..., **builder_kwargs) -> Corpus`.
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from jaxdp.config import ConfigError
+
+Rows = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+  """What the trainer and the pipeline know about a dataset, whatever stores it."""
+  name: str                            # Identifies the content (name + version or digest): part of the stream spec.
+  input_shape: tuple[int | None, ...]  # One example's input; None for a dimension that varies (images of any size).
+  label_shape: tuple[int, ...]         # () for one class per example; (T,) for next-token labels.
+  num_classes: int
+  integer_inputs: bool = False         # Token ids: kept exact (never cast to a float compute dtype).
+  image: bool = False                  # Inputs are images (H, W, C), decoded by `decode`, augmentable.
+
+
+class Source(Protocol):
+  """One split, read by global index."""
+
+  def __len__(self) -> int: ...
+
+  def read(self, indices: np.ndarray) -> Rows: ...
+
+
+class Corpus(Protocol):
+  """A dataset: its facts, one source per split, and how one read example becomes inputs and labels."""
+  facts: Facts
+  decode: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]] | None
+
+  def source(self, split: str) -> Source: ...
+
+
+class TfdsSource:
+  """A split of a TFDS dataset prepared as ArrayRecord: serialized records, read in batches by index."""
+
+  def __init__(self, builder: tfds.core.DatasetBuilder, split: str):
+    try:
+      self._records = builder.as_data_source(split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+    except (KeyError, ValueError, AssertionError) as e:
+      raise ConfigError(f"unknown split {split!r} of dataset {builder.name!r}: {e}") from None
+
+  def __len__(self) -> int:
+    return len(self._records)
+
+  def read(self, indices: np.ndarray) -> Rows:
+    """{"record": bytes[n]}: the serialized examples (ArrayRecord reads a batch in parallel threads)."""
+    records = self._records.__getitems__([int(i) for i in indices])
+    return {"record": np.array(list(records), dtype=object)}
+
+
+class TfdsCorpus:
+  """A TFDS builder read through random-access data sources, with its supervised keys."""
+
+  def __init__(self, builder: tfds.core.DatasetBuilder):
+    self.builder = builder
+    self.input_key, self.label_key = builder.info.supervised_keys[:2]
+    features = builder.info.features
+    inputs, labels = features[self.input_key], features[self.label_key]
+    image = isinstance(inputs, tfds.features.Image)
+    integer = not image and np.issubdtype(np.dtype(inputs.np_dtype), np.integer)
+    classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
+    self.facts = Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image)
+
+  def source(self, split: str) -> TfdsSource:
+    return TfdsSource(self.builder, split)
+
+  def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """One serialized record -> {"inputs", "labels"}, decoded by the features' own TF code (as `as_dataset`).
+
+    Images of varying size stay encoded: the pipeline decodes them together with their crop.
+    """
+    encoded = self.facts.image and None in self.facts.input_shape
+    decoders = {self.input_key: tfds.decode.SkipDecoding()} if encoded else None
+    parsed = self.builder.info.features.deserialize_example(example["record"], decoders=decoders)
+    return {"inputs": parsed[self.input_key], "labels": parsed[self.label_key]}
