@@ -6,6 +6,7 @@ complete, so an entry cut off by a kill is never listed, never loaded.
 """
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -14,13 +15,18 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import checkpoint_managers
 
+from jaxdp import data, metrics, relayout
 from jaxdp.config import ConfigError
 from jaxdp.parallel import Backend
 from jaxdp.step import TrainState
 
 CHECKPOINT_DIR = "checkpoints"
+BEST_MODES = ("max", "min")
+log = logging.getLogger("jaxdp")
 
 
 class Checkpointer:
@@ -36,21 +42,38 @@ class Checkpointer:
     # Handlers named up front, so that a fresh manager can read an existing entry's metadata.
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
     self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+    self._closed = False
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
 
   def latest_step(self) -> int | None:
     """The newest complete checkpoint's step, or None."""
     return self.manager.latest_step()
 
-  def restore_or_init(self, backend: Backend, init: Callable[[], TrainState]) -> TrainState:
-    """The newest checkpoint's state when there is one, else a fresh `init()`; placed for `backend`."""
-    step = self.latest_step()
-    if step is None:
-      return backend.init(init)
-    abstract = backend.abstract_global(jax.eval_shape(init))
-    self._check_fits(step, abstract)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-    return backend.from_global(restored["state"])
+  def restore_or_init(self, backend: Backend, init: Callable[[], TrainState], step: int | None = None) -> TrainState:
+    """Checkpoint `step` (default: the newest) when there is one, else a fresh `init()`; placed for `backend`.
+
+    Raises ConfigError, closing the manager first, when the checkpoint does not fit the config or its input
+    stream; nothing is written either way.
+    """
+    try:
+      step = self.latest_step() if step is None else step
+      if step is None:
+        return backend.init(init)
+      return self._restore(step, backend, init)
+    except BaseException:
+      self.close()  # The caller never got a state, so it will not close what it cannot use.
+      raise
+
+  def stored_meta(self, step: int) -> dict[str, Any]:
+    """What `save` wrote beside the state: step, config, input stream."""
+    if step not in self.manager.all_steps():
+      raise ConfigError(f"no checkpoint {step} in {self.directory} (have: {sorted(self.manager.all_steps())})")
+    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
   def save(self, step: int, state: TrainState, backend: Backend, metrics: Mapping[str, float] | None = None,
            force: bool = False) -> None:
@@ -71,12 +94,49 @@ class Checkpointer:
     self.manager.wait_until_finished()
 
   def close(self) -> None:
-    self.manager.close()
+    """Waits for pending saves and releases the manager; a second call does nothing."""
+    if not self._closed:
+      self._closed = True
+      self.manager.close()
 
-  def _check_fits(self, step: int, abstract: TrainState) -> None:
+  def _restore(self, step: int, backend: Backend, init: Callable[[], TrainState]) -> TrainState:
+    self._check_stream(step)
+    wanted = jax.eval_shape(init)
+    stored = _leaves(self.manager.item_metadata(step)["state"].tree)
+    opt_leaf = lambda path: stored.get("/".join(["opt_state", *(_key(k) for k in path)]))  # noqa: E731
+    as_stored = wanted.replace(opt_state=relayout.stored_layout(wanted, opt_leaf))
+    self._check_fits(step, stored, as_stored)
+    target = backend.abstract_global(wanted)
+    if as_stored.opt_state is wanted.opt_state:
+      return backend.from_global(self._read(step, target))
+    # The optimizer state was laid out for another device count (ZeRO-1): read it whole, lay it out anew.
+    replicated = NamedSharding(backend.mesh, P())
+    source = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), as_stored.opt_state)
+    state = self._read(step, target.replace(opt_state=source))
+    shardings = jax.tree.map(lambda x: x.sharding, target.opt_state)
+    opt_state = relayout.apply(state.opt_state, wanted, backend.num_devices, shardings)
+    return backend.from_global(state.replace(opt_state=opt_state))
+
+  def _read(self, step: int, abstract: TrainState) -> TrainState:
+    return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+
+  def _check_stream(self, step: int) -> None:
+    """Raises a ConfigError naming each value that would change the order of examples after `step`."""
+    if self.stream is None:
+      return
+    saved = self.stored_meta(step).get("stream")
+    if saved is None:
+      log.warning("checkpoint %s/%d stores no input stream (written by an older jaxdp): resuming without checking "
+                  "that the seed, batch size and dataset are unchanged", self.directory, step)
+      return
+    try:
+      data.check_resume(saved, self.stream)
+    except ConfigError as e:
+      raise ConfigError(f"checkpoint {self.directory}/{step}: {e} (the checkpoint is left untouched)") from None
+
+  def _check_fits(self, step: int, stored: dict[str, Any], abstract: TrainState) -> None:
     """Raises a ConfigError naming what differs when the checkpoint does not fit the config."""
-    stored = _shapes(self.manager.item_metadata(step)["state"].tree)
-    wanted = _shapes(abstract)
+    stored, wanted = {k: _describe(v) for k, v in stored.items()}, _shapes(abstract)
     diffs = [(k, f"{k} is missing from the checkpoint") for k in wanted.keys() - stored.keys()]
     diffs += [(k, f"{k} is in the checkpoint, not in the config's model") for k in stored.keys() - wanted.keys()]
     diffs += [(k, f"{k} is {stored[k]} in the checkpoint, {wanted[k]} in the config")
@@ -91,8 +151,20 @@ class Checkpointer:
 
 def _shapes(tree: Any) -> dict[str, str]:
   """'path/to/leaf' -> 'float32[3,4]' for every array leaf of a state or its stored metadata."""
+  return {path: _describe(x) for path, x in _leaves(tree).items()}
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+  """'path/to/leaf' -> leaf for every array leaf of a state or its stored metadata."""
   leaves = jax.tree_util.tree_leaves_with_path(_to_dicts(tree), is_leaf=lambda x: hasattr(x, "shape"))
-  return {"/".join(_key(k) for k in path): f"{np.dtype(x.dtype).name}{list(x.shape)}" for path, x in leaves}
+  return {"/".join(_key(k) for k in path): x for path, x in leaves}
+
+
+def _describe(x: Any) -> str:
+  """'float32[3,4]'; a typed PRNG key as orbax stores it, by its raw key data ('uint32[2]' for key<fry>[])."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+  return f"{np.dtype(x.dtype).name}{list(x.shape)}"
 
 
 def _to_dicts(tree: Any) -> Any:
@@ -107,8 +179,20 @@ def _key(entry: Any) -> str:
   return str(entry)
 
 
+def check_best(config: ml_collections.ConfigDict) -> None:
+  """`best_metric` must be an eval metric (saves carry only those) and `best_mode` max or min."""
+  metric, mode = config.get("best_metric", "eval/accuracy"), config.get("best_mode", "max")
+  if mode not in BEST_MODES:
+    raise ConfigError(f"best_mode must be one of {', '.join(BEST_MODES)}, got {mode!r}")
+  known = [k for k in metrics.summarize_eval({"num_examples": 1, "loss_sum": 0.0, "correct": 0})
+           if k != "eval/num_examples"]
+  if metric not in known:
+    raise ConfigError(f"best_metric must be an eval metric ({', '.join(known)}), got {metric!r}")
+
+
 def _preservation_policy(config: ml_collections.ConfigDict) -> checkpoint_managers.PreservationPolicy:
   """Keep the newest `keep_checkpoints`, plus the `keep_best_checkpoints` best by `best_metric`."""
+  check_best(config)
   policies: list = [checkpoint_managers.LatestN(n=config.get("keep_checkpoints", 3))]
   if config.get("keep_best_checkpoints", 0):
     metric, mode = config.get("best_metric", "eval/accuracy"), config.get("best_mode", "max")
