@@ -7,28 +7,22 @@ the compiled HLO and from the lowered StableHLO), per-device memory (XLA's memor
 picks how many devices, so one process can compare N = 1, 2, 4, 8.
 """
 
+import contextlib
+import json
+import math
+import re
 import sys
+from typing import Any
 
-from jaxdp import cpu_devices
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
 
-if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS only once.
-  if (_count := cpu_devices.requested(sys.argv)) is not None:
-    cpu_devices.simulate(_count)
+from jaxdp import build, cli, flops, parallel, summary
+from jaxdp import config as config_lib
 
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import re  # noqa: E402
-from typing import Any  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-import numpy as np  # noqa: E402
-
-from jaxdp import build, flops, parallel, summary, train  # noqa: E402
-from jaxdp import config as config_lib  # noqa: E402
-
+USAGE = "python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N]"
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 BYTES_NOTE = ("bytes = the full buffer of each collective (the all-reduced tensor, the reduce-scatter input, the "
               "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (loss, accuracy, "
@@ -62,7 +56,7 @@ def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
   """(state, batch) shapes laid out as the backend lays them out; batches as `preprocess.finish` makes them."""
   backend, layout, ds = parts.backend, parts.layout, parts.ds
-  label_shape = tuple(ds.builder.info.features[ds.label_key].shape)
+  label_shape = tuple(ds.label_shape)
   shapes = {"inputs": (tuple(ds.input_shape), jnp.float32), "labels": (label_shape, jnp.int32)}
   if isinstance(backend, parallel.PmapBackend):  # One [local_devices] axis in front of everything.
     n = len(backend.local_devices)
@@ -303,8 +297,10 @@ def _b(n: int) -> str:
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
   as_json = "--json" in argv[1:]
+  cli.plain_pipes()
   try:
-    config, _ = train.parse([a for a in argv if a != "--json"], require_workdir=False)
+    config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
+                          extra_help="  --json: print the report as JSON.")
     with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
       report = analyze(config)
   except config_lib.ConfigError as e:

@@ -70,6 +70,7 @@ def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a run that cannot be plotted)."""
   parser = argparse.ArgumentParser(prog="python -m jaxdp.plot", description=__doc__.splitlines()[0])
   parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="run directories holding metrics.jsonl")
+  parser.add_argument("--helpfull", action="help", help="the same as --help (as jaxdp's other tools accept)")
   parser.add_argument("--out", help=f"PNG path (default: WORKDIR/{DEFAULT_NAME} for one run, ./{DEFAULT_NAME})")
   args = parser.parse_args(argv)
   out = args.out or (os.path.join(args.workdirs[0], DEFAULT_NAME) if len(args.workdirs) == 1 else DEFAULT_NAME)

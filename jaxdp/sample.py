@@ -87,7 +87,7 @@ def restore(config: Any, workdir: str) -> tuple[Model, PyTree, PyTree, int]:
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  from jaxdp import train  # The training CLI's parser: same --config, --workdir and overrides.
+  from jaxdp import cli  # The training CLI's parser: same --config, --workdir and overrides.
   parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
   parser.add_argument("--prompt", default="\n")
   parser.add_argument("--num_chars", type=int, default=500)
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--seed", type=int, default=0)
   ours, rest = parser.parse_known_args(argv[1:])
   try:
-    config, workdir = train.parse(argv[:1] + rest)
+    config, workdir = cli.parse(argv[:1] + rest)
     model, params, model_state, seq_len = restore(config, workdir)
     if not ours.prompt:
       raise ConfigError("--prompt must not be empty")

@@ -1,35 +1,24 @@
 """`python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...] [--cpu_devices N]`.
 
-Flags -> config -> `train_and_evaluate(config, workdir)`: the training loop, also called by tests and
-notebooks.
+`train_and_evaluate(config, workdir)`: the training loop, also called by tests and notebooks; the
+command line itself (flags, process setup, exit statuses) is `jaxdp.cli`.
 """
 
+import collections
+import dataclasses
+import logging
+import os
 import sys
+import tempfile
+from collections.abc import Callable
 
-from jaxdp import cpu_devices
+import jax
+import jax.numpy as jnp
+import ml_collections
 
-if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS only once.
-  if (_count := cpu_devices.requested(sys.argv)) is not None:
-    cpu_devices.simulate(_count)
-
-import collections  # noqa: E402
-import dataclasses  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import tempfile  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import ml_collections  # noqa: E402
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from jaxdp import config as config_lib  # noqa: E402
-from jaxdp import build, checkpoint, data, metrics, parallel, preemption, progress, replicas  # noqa: E402
-from jaxdp import distributed, summary  # noqa: E402
-from jaxdp import step as step_lib  # noqa: E402
+from jaxdp import build, checkpoint, cli, data, metrics, parallel, preemption, progress, replicas, summary
+from jaxdp import config as config_lib
+from jaxdp import step as step_lib
 
 log = logging.getLogger("jaxdp")
 
@@ -191,57 +180,13 @@ def _check_workdir(workdir: str) -> None:
     raise config_lib.ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None
 
 
-def parse(argv: list[str], require_workdir: bool = True) -> tuple[ml_collections.ConfigDict, str | None]:
-  """Command line -> (config, workdir); every mistake is a ConfigError naming the bad value."""
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "Path to a config .py file with get_config().",
-                                  flag_values=fv, sys_argv=argv)
-  flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl and checkpoints.", flag_values=fv)
-  flags.DEFINE_integer("cpu_devices", None, "Simulate this many CPU devices (or JAXDP_CPU_DEVICES).",
-                       flag_values=fv)
-  try:
-    fv(argv)
-  except flags.Error as e:
-    raise config_lib.ConfigError(str(e)) from None
-  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
-  if not fv["config"].present:
-    raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
-  if require_workdir and not fv.workdir:
-    raise config_lib.ConfigError("--workdir is required")
-  path = fv["config"].config_filename
-  if not os.path.isfile(path):
-    raise config_lib.ConfigError(f"config file {path!r} not found")
-  try:
-    return fv.config, fv.workdir
-  except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
-    raise config_lib.ConfigError(f"could not load config file {path!r}: {e.__cause__ or e}") from None
-
-
-def _bad_override(argv: list[str], error: Exception) -> str:
-  """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
-  key = re.search(r"\w+", str(error)).group()
-  hint = re.search(r'Did you mean "(\w+)"', str(error))
-  flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
-  return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
+parse = cli.parse  # Kept importable for callers of `train.parse`; the parser lives in jaxdp.cli.
 
 
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
-  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
-  log.setLevel(logging.INFO)  # jaxdp's own lines; libraries stay at WARNING.
-  try:
-    config, workdir = parse(argv)
-    if distributed.initialize(config) and jax.process_index() != 0:
-      log.setLevel(logging.WARNING)  # Only process 0 logs progress.
-    train_and_evaluate(config, workdir)
-  except config_lib.ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except (NonFiniteError, replicas.ReplicaMismatchError, distributed.DistributedInitError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  return 0  # Also after a preemption: the checkpoint is written and a rerun resumes.
+  return cli.main(argv, train_and_evaluate, failures=(NonFiniteError, replicas.ReplicaMismatchError),
+                  usage="python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """The CLI: bad input gives one `error: ...` line naming the value, exit status 2, before training."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
-from jaxdp import train
+from jaxdp import cli, plot, train
+from jaxdp import inspect as inspect_cli
+from jaxdp.config import ConfigError
 from jaxdp.configs import default
 
 CONFIG = default.__file__
@@ -64,3 +67,66 @@ def test_cli_process_exits_2_without_traceback(tmp_path, argv, named):
   assert "Traceback" not in proc.stderr
   errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and named in errors[0], proc.stderr
+
+
+def test_failing_command_prints_exactly_one_line_on_stderr(tmp_path):
+  """No TensorFlow/absl start-up lines around the error (TensorFlow is imported before the error)."""
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "2"}
+  for key in ("TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS"):
+    env.pop(key, None)  # As a user's shell has it: tests/conftest.py sets one of them.
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.train", "--config", CONFIG, "--workdir", str(tmp_path),
+                         "--config.batch_sise=1"], capture_output=True, text=True, env=env, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.splitlines() == ["error: unknown config key 'config.batch_sise' (did you mean 'batch_size'?)"]
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h", "--helpfull"])
+def test_help_prints_the_flags_and_exits_0(capsys, flag):
+  with pytest.raises(SystemExit) as exit_:
+    train.main(["jaxdp.train", flag])
+  out = capsys.readouterr().out
+  assert exit_.value.code == 0
+  assert out.startswith("usage: python -m jaxdp.train")
+  assert all(f"--{name}:" in out for name in ("config", "workdir", "cpu_devices", "config.KEY=VALUE"))
+
+
+def test_help_of_the_shared_parser_names_the_tools_own_flags(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    inspect_cli.main(["jaxdp.inspect", "--help"])
+  assert exit_.value.code == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m jaxdp.inspect") and "--json:" in out and "--config:" in out
+
+
+def test_plot_help_exits_0(capsys):
+  for flag in ("--help", "--helpfull"):
+    with pytest.raises(SystemExit) as exit_:
+      plot.main([flag])
+    assert exit_.value.code == 0 and "WORKDIR" in capsys.readouterr().out
+
+
+def test_model_takes_new_keys_from_the_command_line():
+  config, _ = cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", "--config.model.dense=64",
+                         "--config.model.features=(8, 16)", "--config.learning_rate=0.5"])
+  assert config.model.dense == 64 and config.model.features == (8, 16)
+  assert config.learning_rate == 0.5
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--config.model.dnse=64"], "unknown config key 'config.model.dnse': model 'cnn' takes no 'dnse' "
+                                 "(did you mean 'dense'?)"),
+    (["--config.model.name=mlp", "--config.model.dense=64"], "'config.model.dense': model 'mlp' takes no 'dense'"),
+    (["--config.model.x.y=1"], "unknown config key 'config.model.x.y'"),
+])
+def test_new_model_keys_must_be_model_arguments(argv, error):
+  with pytest.raises(ConfigError, match=re.escape(error)):
+    cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", *argv])
+
+
+def test_piped_output_gets_no_progress_bars(capsys):
+  from tensorflow_datasets.core.utils import tqdm_utils
+  try:
+    cli.setup_logging()  # Under capsys stdout is not a terminal.
+    assert tqdm_utils._active is False
+  finally:
+    tqdm_utils.enable_progress_bar()

@@ -1,0 +1,207 @@
+"""The command line the tools share: flags -> (config, workdir), process setup, and exit statuses.
+
+`train`, `evaluate`, `sample` and `inspect` take the same `--config CONFIG.py [--config.key=value ...]
+[--workdir DIR] [--cpu_devices N]`; this module parses them without importing the training loop.
+"""
+
+import ast
+import difflib
+import inspect
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from jaxdp import config as config_lib
+from jaxdp import cpu_devices, distributed
+
+log = logging.getLogger("jaxdp")
+
+HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
+MODEL_PREFIX = "--config.model."
+OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g. --config.batch_size=256);\n"
+                  "    config.model also takes new keys, passed to the model as keyword arguments\n"
+                  "    (e.g. --config.model.dense=64).")
+
+Command = Callable[[ml_collections.ConfigDict, str | None], object]
+
+
+def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
+          extra_help: str = "") -> tuple[ml_collections.ConfigDict, str | None]:
+  """Command line -> (config, workdir); every mistake is a ConfigError naming the bad value.
+
+  `-h`/`--help`/`--helpfull` print the flags (with `usage` and the caller's `extra_help`) and exit 0.
+  Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES) are set up here, before JAX starts.
+  """
+  if any(a in HELP_FLAGS for a in argv[1:]):
+    print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
+    raise SystemExit(0)
+  new_model_keys = _new_model_keys(argv)
+  fv = _parse_flags([a for a in argv if _model_key(a) not in new_model_keys])
+  if not fv["config"].present:
+    raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
+  if require_workdir and not fv.workdir:
+    raise config_lib.ConfigError("--workdir is required")
+  config = _load(fv)
+  _set_model_keys(config, [a for a in argv if _model_key(a) in new_model_keys])
+  if fv["cpu_devices"].present:
+    cpu_devices.simulate(cpu_devices.count_of(str(fv.cpu_devices)))
+  elif (count := cpu_devices.requested([])) is not None:
+    cpu_devices.simulate(count)
+  return config, fv.workdir
+
+
+def help_text(usage: str, extra_help: str = "") -> str:
+  """The usage line and every flag, as `--help` prints them."""
+  fv = _define(["help"])
+  lines = [f"usage: {usage}", "", "flags:"]
+  for name in ("config", "workdir", "cpu_devices"):
+    lines.append(f"  --{name}: {fv[name].help}")
+  return "\n".join(lines + [OVERRIDES_HELP] + ([extra_help] if extra_help else []))
+
+
+def setup_logging() -> None:
+  """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING; no progress escape codes in pipes."""
+  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
+  log.setLevel(logging.INFO)
+  plain_pipes()
+
+
+def plain_pipes() -> None:
+  """No progress bars (carriage returns, ANSI codes) from dataset preparation when output is not a terminal."""
+  if not _isatty(sys.stdout) or not _isatty(sys.stderr):
+    import tensorflow_datasets as tfds  # Its download/prepare bars write \r and ANSI codes into logs.
+    tfds.disable_progress_bar()
+
+
+def init_process(config: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run when one is configured; only process 0 logs progress."""
+  import jax
+  if distributed.initialize(config) and jax.process_index() != 0:
+    log.setLevel(logging.WARNING)
+
+
+def main(argv: list[str], command: Command, *, require_workdir: bool = True,
+         failures: tuple[type[Exception], ...] = (), usage: str = "") -> int:
+  """Parses `argv`, sets the process up, runs `command(config, workdir)`; returns the exit status.
+
+  A config or command-line mistake is one `error:` line and status 2; an exception in `failures` (or a
+  failed distributed start) is one `error:` line and status 1.
+  """
+  setup_logging()
+  try:
+    config, workdir = parse(argv, require_workdir, usage=usage)
+    init_process(config)
+    command(config, workdir)
+  except config_lib.ConfigError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  except (distributed.DistributedInitError, *failures) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+def _define(argv: list[str]) -> flags.FlagValues:
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "Path to a config .py file with get_config().",
+                                  flag_values=fv, sys_argv=argv)
+  flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl and checkpoints.", flag_values=fv)
+  flags.DEFINE_integer("cpu_devices", None, f"Simulate this many CPU devices (or {cpu_devices.ENV_VAR}).",
+                       flag_values=fv)
+  return fv
+
+
+def _parse_flags(argv: list[str]) -> flags.FlagValues:
+  fv = _define(argv)
+  try:
+    fv(argv)
+  except flags.Error as e:
+    raise config_lib.ConfigError(str(e)) from None
+  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
+    raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
+  return fv
+
+
+def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
+  """The config with its overrides applied; a missing or broken file is a ConfigError naming it."""
+  path = fv["config"].config_filename
+  if not os.path.isfile(path):
+    raise config_lib.ConfigError(f"config file {path!r} not found")
+  try:
+    return fv.config
+  except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
+    raise config_lib.ConfigError(f"could not load config file {path!r}: {e.__cause__ or e}") from None
+
+
+def _model_key(arg: str) -> str | None:
+  """'--config.model.dense=64' -> 'dense'; None for any other argument."""
+  m = re.match(re.escape(MODEL_PREFIX) + r"(\w+)", arg)
+  return m.group(1) if m else None
+
+
+def _new_model_keys(argv: list[str]) -> set[str]:
+  """The `--config.model.KEY` overrides whose KEY the config file does not declare (new model kwargs)."""
+  keys = {k for a in argv if (k := _model_key(a))}
+  if not keys:
+    return set()
+  declared = _parse_flags([a for a in argv if not _model_key(a)])
+  if not declared["config"].present:
+    return set()
+  model = _load(declared).get("model") or {}
+  return keys - set(model.keys())
+
+
+def _set_model_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
+  """Adds `--config.model.KEY=VALUE` for new keys; VALUE is a Python literal, or else the plain string."""
+  for arg in args:
+    path, sep, text = arg[len(MODEL_PREFIX):].partition("=")
+    if not sep or "." in path:
+      raise config_lib.ConfigError(f"unknown config key 'config.model.{path}' (new model keys take a value: "
+                                   f"--config.model.{path.split('.')[0]}=VALUE)")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    _check_model_key(config.model.get("name", ""), path)
+    with config.model.unlocked():
+      config.model[path] = value
+
+
+def _check_model_key(name: str, key: str) -> None:
+  """A new model key must be a keyword argument of the model class: a typo is named, not passed on."""
+  from flax import nnx  # Flax: only when a new model key is given.
+
+  from jaxdp import models
+  cls = models.resolve(name)
+  params = inspect.signature(cls.__init__ if issubclass(cls, nnx.Module) else cls).parameters
+  if key not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    hint = difflib.get_close_matches(key, [p for p in params if p not in ("self", "rngs")], n=1)
+    raise config_lib.ConfigError(f"unknown config key 'config.model.{key}': model {name!r} takes no {key!r}"
+                                 + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def _bad_override(argv: list[str], error: Exception) -> str:
+  """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
+  key = re.search(r"\w+", str(error)).group()
+  hint = re.search(r'Did you mean "(\w+)"', str(error))
+  flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
+  return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
+
+
+def _program(argv: list[str]) -> str:
+  """'jaxdp.train' for argv[0] '.../jaxdp/train.py' (or 'jaxdp.train')."""
+  name = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "train"
+  return name if name.startswith("jaxdp") else f"jaxdp.{name}"
+
+
+def _isatty(stream: object) -> bool:
+  try:
+    return stream.isatty()
+  except (AttributeError, ValueError):  # No isatty, or a closed stream.
+    return False
