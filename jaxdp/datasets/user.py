@@ -17,6 +17,7 @@ import os
 import re
 
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import dataset_builder
 
 from jaxdp.config import ConfigError
 from jaxdp.datasets import image_folder, npz
@@ -58,7 +59,7 @@ def _builder_class(name: str) -> type[tfds.core.DatasetBuilder]:
 
 
 def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -> tfds.core.DatasetBuilder:
-  if not issubclass(cls, tfds.core.FileReaderBuilder):
+  if not issubclass(cls, dataset_builder.FileReaderBuilder):
     kwargs.pop("file_format")  # A builder that does not write record files takes no file format.
   try:
     return cls(**kwargs)

@@ -1,0 +1,164 @@
+"""Your own data as dataset.name: a TFDS builder class by "module:Builder", an image folder, an .npz file."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+from PIL import Image
+
+from jaxdp.config import ConfigError
+from jaxdp.datasets import user
+
+CLASSES = ("ant", "bee", "cat")
+SIZES = ((12, 10), (16, 16), (9, 14))  # (H, W): three sizes.
+
+
+def make_folder(root, per_class: int = 8, sizes=SIZES, splits: tuple[str, ...] = ()) -> str:
+  """Class subfolders of tiny random JPEG and PNG images (under split subfolders when given)."""
+  rng = np.random.RandomState(0)
+  for split in splits or ("",):
+    for c in CLASSES:
+      os.makedirs(os.path.join(root, split, c), exist_ok=True)
+      for i in range(per_class):
+        h, w = sizes[i % len(sizes)]
+        path = os.path.join(root, split, c, f"{i}.{'jpg' if i % 2 else 'png'}")
+        Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(path)
+  return str(root)
+
+
+def prepared(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  builder.download_and_prepare()
+  return builder
+
+
+@pytest.mark.parametrize("name", ["digits", "mnist", "mnist:3.0.1", "cifar10/plain:3.*.*", "text_file"])
+def test_registered_tfds_names_are_not_claimed(name, tmp_path):
+  assert user.builder_for(name, str(tmp_path), {}) is None
+
+
+def test_a_folder_is_named_as_a_path_not_as_a_bare_tfds_name(tmp_path, monkeypatch):
+  make_folder(tmp_path / "mnist", per_class=2)
+  monkeypatch.chdir(tmp_path)
+  assert user.builder_for("mnist", str(tmp_path / "tfds"), {}) is None  # Still TFDS's mnist.
+  assert user.builder_for("./mnist", str(tmp_path / "tfds"), {}).name == "image_folder"
+
+
+def test_builder_class_by_module_name_prepares_array_record(tmp_path):
+  builder = user.builder_for("user_datasets:TinyBlobs", str(tmp_path), {"spread": 0.1})
+  assert type(builder).__name__ == "TinyBlobs" and builder.spread == 0.1  # builder_kwargs reach the class.
+  prepared(builder)
+  assert builder.info.file_format.value == "array_record"
+  source = builder.as_data_source("train")
+  assert len(source) == 96 and source[0]["x"].shape == (8,)
+
+
+@pytest.mark.parametrize("name, words", [
+    ("user_datasets:Missing", ["user_datasets:Missing", "has no 'Missing'"]),
+    ("no_such_module_h3b:Builder", ["no_such_module_h3b", "cannot import"]),
+    ("user_datasets:NotABuilder", ["user_datasets:NotABuilder", "not a TFDS builder"]),
+])
+def test_bad_builder_name_is_a_config_error_naming_it(name, words, tmp_path):
+  with pytest.raises(ConfigError) as e:
+    user.builder_for(name, str(tmp_path), {})
+  assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_image_folder_of_varying_sizes(tmp_path):
+  root = make_folder(tmp_path / "photos")
+  builder = prepared(user.builder_for(root, str(tmp_path / "tfds"), {}))
+  image = builder.info.features["image"]
+  assert image.shape == (None, None, 3)
+  assert builder.info.features["label"].names == list(CLASSES)
+  # The fixed split: 10% of each class's 8 files, rounded, at least one -> 1 test + 7 train per class.
+  assert builder.info.splits["train"].num_examples == 21 and builder.info.splits["test"].num_examples == 3
+  train = builder.as_data_source("train")
+  shapes = {train[i]["image"].shape for i in range(len(train))}
+  assert shapes == {(h, w, 3) for h, w in SIZES}
+  assert sorted(train[i]["label"] for i in range(len(train))) == sorted([0, 1, 2] * 7)
+
+
+def test_image_folder_keeps_pixels_and_split_subfolders(tmp_path):
+  root = make_folder(tmp_path / "photos", per_class=2, sizes=((6, 5),), splits=("train", "test"))
+  builder = prepared(user.builder_for(root, str(tmp_path / "tfds"), {}))
+  assert builder.info.features["image"].shape == (6, 5, 3)  # One size: a fixed shape.
+  assert {s: builder.info.splits[s].num_examples for s in ("train", "test")} == {"train": 6, "test": 6}
+  test = builder.as_data_source("test")
+  original = np.asarray(Image.open(os.path.join(root, "test", "cat", "0.png")))
+  # A PNG's pixels survive exactly (lossless), with their label.
+  assert any(np.array_equal(test[i]["image"], original) and test[i]["label"] == 2 for i in range(len(test)))
+
+
+def test_image_folder_grayscale_and_mixed_modes(tmp_path):
+  root = tmp_path / "gray"
+  for c in CLASSES[:2]:
+    os.makedirs(root / c)
+    for i in range(3):
+      Image.fromarray(np.full((4, 4), 40 * i, np.uint8)).save(root / c / f"{i}.png")
+  gray = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {}))
+  assert gray.info.features["image"].shape == (4, 4, 1)
+  assert gray.info.splits["test"].num_examples == 2  # 10% of 3 rounds to 0, but a class of 2+ gives one.
+  Image.fromarray(np.zeros((4, 4, 4), np.uint8), "RGBA").save(root / "ant" / "rgba.png")
+  builder = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {}))
+  assert builder.info.features["image"].shape == (4, 4, 3)  # Not all grayscale: RGB, the RGBA one converted.
+  train = builder.as_data_source("train")
+  assert {train[i]["image"].shape for i in range(len(train))} == {(4, 4, 3)}
+
+
+def test_prepared_copy_depends_on_the_source_identity(tmp_path):
+  a = make_folder(tmp_path / "a", per_class=2)
+  b = make_folder(tmp_path / "b", per_class=2)  # Same files, another folder.
+  data_dir = str(tmp_path / "tfds")
+  first = user.builder_for(a, data_dir, {})
+  assert first.data_dir != user.builder_for(b, data_dir, {}).data_dir
+  assert first.data_dir == user.builder_for(a, data_dir, {}).data_dir  # Stable: reused.
+  path = os.path.join(a, "ant", "0.png")
+  os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # "Changed" file.
+  assert first.data_dir != user.builder_for(a, data_dir, {}).data_dir
+
+
+def test_missing_paths_are_config_errors(tmp_path):
+  for name in (str(tmp_path / "nowhere"), "./nowhere_h3b", str(tmp_path / "x.npz")):
+    with pytest.raises(ConfigError, match="not found"):
+      user.builder_for(name, str(tmp_path), {})
+  os.makedirs(tmp_path / "empty" / "cls")
+  with pytest.raises(ConfigError, match="no class subfolders of images"):
+    user.builder_for(str(tmp_path / "empty"), str(tmp_path), {})
+
+
+def test_npz_with_one_set_is_split_deterministically(tmp_path):
+  rng = np.random.RandomState(0)
+  x, y = rng.randn(50, 4), rng.randint(0, 3, 50)
+  np.savez(tmp_path / "blobs.npz", x=x, y=y)
+  builder = prepared(user.builder_for(str(tmp_path / "blobs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.2}))
+  assert builder.info.features["inputs"].shape == (4,) and builder.info.features["inputs"].np_dtype == np.float32
+  assert builder.info.features["label"].num_classes == 3
+  order = np.random.RandomState(0).permutation(50)  # The documented split: seed 0, first 20% -> test.
+  test = builder.as_data_source("test")
+  got = sorted(tuple(np.round(test[i]["inputs"], 5)) for i in range(len(test)))
+  assert got == sorted(tuple(np.round(x[j].astype(np.float32), 5)) for j in order[:10])
+
+
+def test_npz_keras_layout_uint8_images(tmp_path):
+  rng = np.random.RandomState(1)
+  arrays = {"x_train": rng.randint(0, 255, (20, 6, 6), np.uint8), "y_train": rng.randint(0, 4, 20),
+            "x_test": rng.randint(0, 255, (7, 6, 6), np.uint8), "y_test": rng.randint(0, 4, 7)}
+  np.savez(tmp_path / "pics.npz", **arrays)
+  builder = prepared(user.builder_for(str(tmp_path / "pics.npz"), str(tmp_path / "tfds"), {}))
+  assert isinstance(builder.info.features["inputs"], tfds.features.Image)
+  assert builder.info.features["inputs"].shape == (6, 6, 1)
+  test = builder.as_data_source("test")
+  got = {test[i]["inputs"][..., 0].tobytes(): test[i]["label"] for i in range(len(test))}
+  assert got == {x.tobytes(): y for x, y in zip(arrays["x_test"], arrays["y_test"])}
+
+
+@pytest.mark.parametrize("arrays, words", [
+    ({"a": np.zeros((4, 2)), "b": np.zeros(4)}, ["expected x/y"]),
+    ({"x": np.zeros((4, 2)), "y": np.zeros(4)}, ["labels y must be integers", "float64"]),
+    ({"x": np.zeros((4, 2)), "y": np.zeros(3, int)}, ["(4, 2)", "(3,)"]),
+])
+def test_bad_npz_is_a_config_error_naming_it(arrays, words, tmp_path):
+  np.savez(tmp_path / "bad.npz", **arrays)
+  with pytest.raises(ConfigError) as e:
+    user.builder_for(str(tmp_path / "bad.npz"), str(tmp_path), {})
+  assert "bad.npz" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
