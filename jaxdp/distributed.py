@@ -1,6 +1,8 @@
 """Joining a multi-process run through `jax.distributed`, explicitly or by cluster auto-detection."""
 
 import os
+import socket
+import time
 
 import jax
 import ml_collections
@@ -25,6 +27,27 @@ def _cluster_detected() -> bool:
 
 class DistributedInitError(RuntimeError):
   """The processes of a multi-process run could not find each other in time."""
+
+
+def wait_for_coordinator(address: str, timeout_s: float) -> None:
+  """Returns once the coordinator accepts TCP connections; a ConfigError after `timeout_s` seconds.
+
+  jax.distributed.initialize itself aborts the process (SIGABRT, a C++ trace) when the coordinator stays
+  unreachable; probing first turns a wrong address or a coordinator that never started into one line.
+  """
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit():
+    raise ConfigError(f"distributed.coordinator_address must be host:port, got {address!r}")
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, min(5.0, timeout_s))):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise ConfigError(f"coordinator {address} unreachable after distributed.init_timeout_s={timeout_s} s "
+                          f"({e.strerror or e}); start process 0 first, or check the address and port") from None
+      time.sleep(0.25)  # The coordinator may simply not be up yet.
 
 
 def settings(config: ml_collections.ConfigDict) -> dict:
@@ -52,6 +75,8 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
     return False
   kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
   timeout = c.get("init_timeout_s", 300)
+  if explicit["coordinator_address"] and explicit["process_id"] != 0:
+    wait_for_coordinator(explicit["coordinator_address"], timeout)
   try:
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout,
                                heartbeat_timeout_seconds=c.get("heartbeat_timeout_s", 100))
