@@ -26,17 +26,19 @@ def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
-  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip)."""
+  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip, image_size, crop_ratio)."""
   mean: tuple[float, ...] = ()
   std: tuple[float, ...] = ()
   crop_padding: int = 0
   flip: bool = False
+  image_size: int = 0       # Images of varying size: cropped to image_size squares (`jaxdp.data.images`); 0: off.
+  crop_ratio: float = 0.875  # Eval of images of varying size: the central crop's side / the shorter side.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
     """Reads and checks the fields against the dataset's input shape."""
     pre = cls(tuple(config.get("mean", ())), tuple(config.get("std", ())), config.get("crop_padding", 0),
-              bool(config.get("flip", False)))
+              bool(config.get("flip", False)), config.get("image_size", 0), config.get("crop_ratio", 0.875))
     channels = input_shape[-1] if input_shape else 1
     for key, value in (("mean", pre.mean), ("std", pre.std)):
       if len(value) not in (0, 1, channels):
@@ -45,14 +47,30 @@ class Preprocess:
       raise ConfigError(f"dataset.std must be positive, got {pre.std!r}")
     if not isinstance(pre.crop_padding, int) or pre.crop_padding < 0:
       raise ConfigError(f"dataset.crop_padding must be a non-negative integer, got {pre.crop_padding!r}")
-    if (pre.crop_padding or pre.flip) and len(input_shape) != 3:
-      raise ConfigError(f"dataset.crop_padding / dataset.flip need images (height, width, channels); "
-                        f"the inputs have shape {input_shape!r}")
+    if (pre.crop_padding or pre.flip or pre.image_size) and len(input_shape) != 3:
+      raise ConfigError(f"dataset.crop_padding / dataset.flip / dataset.image_size need images (height, width, "
+                        f"channels); the inputs have shape {input_shape!r}")
+    pre._check_sizes(input_shape)
     return pre
+
+  def _check_sizes(self, input_shape: tuple[int | None, ...]) -> None:
+    """Images of varying size need image_size (then no crop_padding); fixed-size ones may use it too."""
+    if not isinstance(self.image_size, int) or self.image_size < 0:
+      raise ConfigError(f"dataset.image_size must be a non-negative integer, got {self.image_size!r}")
+    if not (isinstance(self.crop_ratio, (int, float)) and 0 < self.crop_ratio <= 1):
+      raise ConfigError(f"dataset.crop_ratio must be in (0, 1], got {self.crop_ratio!r}")
+    varying = None in input_shape
+    if varying and not self.image_size:
+      raise ConfigError(f"the inputs vary in shape {input_shape!r}: set dataset.image_size (e.g. 224) to crop "
+                        f"them to squares")
+    if varying and self.crop_padding:
+      raise ConfigError(f"dataset.crop_padding ({self.crop_padding}) is for fixed-size images; images of varying "
+                        f"size get a random-resized crop to dataset.image_size")
 
   @property
   def augments(self) -> bool:
-    return bool(self.crop_padding or self.flip)
+    """Whether train batches of fixed-size images are augmented per batch (varying sizes: per example)."""
+    return bool(self.crop_padding or self.flip) and not self.image_size
 
   def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
     """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""

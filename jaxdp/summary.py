@@ -27,7 +27,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "backend": _backend(config.parallel.backend, backend),
       "batch": _batch(layout),
       "model": f"{config.model.name}: {count:,} parameters, {_bytes(nbytes)}",
-      "data": (f"{ds.builder.name} {config.dataset.train_split!r} {n_train:,} examples, "
+      "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {ds.num_classes} classes"),
       "schedule": (f"{config.num_train_steps:,} steps, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),

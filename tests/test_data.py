@@ -215,9 +215,16 @@ def test_stream_spec_guards_resume(digits):
     ({"std": (0.0,)}, "dataset.std must be positive"),
     ({"crop_padding": -1}, "dataset.crop_padding"),
     ({"prefetch": -2}, "dataset.prefetch"),
-    ({"max_memory_gb": 1e-9}, "shard_by_process"),
+    ({"image_size": -1}, "dataset.image_size"),
+    ({"crop_ratio": 1.5}, "dataset.crop_ratio"),
 ])
 def test_bad_fields_are_config_errors(data_dir, fields, message):
   with pytest.raises(ConfigError, match=message):
     ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
     _train(ds, 1)
+
+
+def test_max_memory_gb_no_longer_limits_the_default_mode(digits, data_dir):
+  """Random access holds no split in memory: the key is accepted (old configs) and limits nothing."""
+  tiny = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "max_memory_gb": 1e-9}))
+  _assert_same(_train(tiny, 2), _train(digits, 2))

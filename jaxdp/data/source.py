@@ -8,8 +8,8 @@ The pipeline (`jaxdp.data`) needs only two things from storage:
   to call from several threads and must not hold anything proportional to the split in memory.
 
 What `read` returns goes through `corpus.decode` (a TF function of ONE example's dict, run in parallel
-tf.data workers) to `{"inputs": ..., "labels": ...}` (images whose size varies: still-encoded bytes, which
-the pipeline decodes together with the crop); a corpus whose `read` already returns those two
+tf.data workers) to `{"inputs": ..., "labels": ...}` (with `dataset.image_size`: still-encoded image
+bytes, which the pipeline decodes together with their crop); a corpus whose `read` already returns those two
 keys as final arrays sets `decode = None` (e.g. a token file: int32 windows, nothing to decode).
 
     class TokenCorpus:                     # e.g. jaxdp/datasets/token_file.py
@@ -70,21 +70,25 @@ class TfdsSource:
       self._records = builder.as_data_source(split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
     except (KeyError, ValueError, AssertionError) as e:
       raise ConfigError(f"unknown split {split!r} of dataset {builder.name!r}: {e}") from None
+    # tfds.testing.mock_data's batched read is broken (an unbound `__getitems__`); its single reads work.
+    self._one_by_one = type(builder).download_and_prepare.__module__.startswith("tensorflow_datasets.testing")
 
   def __len__(self) -> int:
     return len(self._records)
 
   def read(self, indices: np.ndarray) -> Rows:
     """{"record": bytes[n]}: the serialized examples (ArrayRecord reads a batch in parallel threads)."""
-    records = self._records.__getitems__([int(i) for i in indices])
+    keys = [int(i) for i in indices]
+    records = [self._records[i] for i in keys] if self._one_by_one else self._records.__getitems__(keys)
     return {"record": np.array(list(records), dtype=object)}
 
 
 class TfdsCorpus:
   """A TFDS builder read through random-access data sources, with its supervised keys."""
 
-  def __init__(self, builder: tfds.core.DatasetBuilder):
-    self.builder = builder
+  def __init__(self, builder: tfds.core.DatasetBuilder, keep_encoded: bool = False):
+    """`keep_encoded`: `decode` leaves images encoded (the pipeline decodes them with their crop)."""
+    self.builder, self.keep_encoded = builder, keep_encoded
     self.input_key, self.label_key = builder.info.supervised_keys[:2]
     features = builder.info.features
     inputs, labels = features[self.input_key], features[self.label_key]
@@ -99,9 +103,21 @@ class TfdsCorpus:
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One serialized record -> {"inputs", "labels"}, decoded by the features' own TF code (as `as_dataset`).
 
-    Images of varying size stay encoded: the pipeline decodes them together with their crop.
+    With `keep_encoded`, images stay encoded: the pipeline decodes them together with their crop.
     """
-    encoded = self.facts.image and None in self.facts.input_shape
-    decoders = {self.input_key: tfds.decode.SkipDecoding()} if encoded else None
+    decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
     parsed = self.builder.info.features.deserialize_example(example["record"], decoders=decoders)
     return {"inputs": parsed[self.input_key], "labels": parsed[self.label_key]}
+
+
+class ArrayCorpus:
+  """Splits that already read final arrays ({"inputs", "labels"}, e.g. token windows): nothing to decode."""
+  decode = None
+
+  def __init__(self, facts: Facts, splits: dict[str, Source]):
+    self.facts, self._splits = facts, splits
+
+  def source(self, split: str) -> Source:
+    if split not in self._splits:
+      raise ConfigError(f"unknown split {split!r} of dataset {self.facts.name!r} (choose from {', '.join(self._splits)})")
+    return self._splits[split]

@@ -1,6 +1,6 @@
 """`digits`: scikit-learn's bundled handwritten digits (1797 real 8x8 images) as a TFDS dataset.
 
-It needs no network, so tests and the default run work offline.
+It needs no network, so tests and the default run work offline. Prepared as ArrayRecord, read by index.
 """
 
 from collections.abc import Iterator
@@ -15,8 +15,12 @@ SPLIT_SEED = 0  # The split is a fixed permutation; changing it must bump VERSIO
 class Digits(tfds.core.GeneratorBasedBuilder):
   """8x8 grayscale digits 0-9, pixel values scaled from 0..16 to 0..255."""
 
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "1437 train / 360 test, fixed permutation with seed 0."}
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "1437 train / 360 test, fixed permutation with seed 0.",
+                   "1.1.0": "Prepared as ArrayRecord (random access); same examples."}
+
+  def __init__(self, *, file_format: str | None = None, **kwargs):
+    super().__init__(file_format=file_format or "array_record", **kwargs)  # jaxdp reads by index.
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

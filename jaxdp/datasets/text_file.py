@@ -52,8 +52,11 @@ class WindowConfig(tfds.core.BuilderConfig):
 class WindowedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Byte-level windows over the texts of named splits; subclasses say where the texts come from."""
 
-  VERSION = tfds.core.Version("1.0.0")
+  VERSION = tfds.core.Version("1.1.0")  # 1.1.0: prepared as ArrayRecord (random access); same examples.
   TRAIN_SPLIT = "train"
+
+  def __init__(self, *, file_format: str | None = None, **kwargs):
+    super().__init__(file_format=file_format or "array_record", **kwargs)  # jaxdp reads by index.
 
   @staticmethod
   def window_config(name: str, seq_len: int, stride: int, description: str) -> WindowConfig:
@@ -97,7 +100,8 @@ class WindowedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 class TextFile(WindowedText):
   """A local UTF-8 text file: `train` is its first (1 - test_fraction) bytes, `test` the rest."""
 
-  RELEASE_NOTES = {"1.0.0": "Byte tokens; train = first (1 - test_fraction), test = the rest."}
+  RELEASE_NOTES = {"1.0.0": "Byte tokens; train = first (1 - test_fraction), test = the rest.",
+                   "1.1.0": "Prepared as ArrayRecord (random access); same examples."}
 
   def __init__(self, *, path: str | None = None, seq_len: int = 128, stride: int = 0, test_fraction: float = 0.1,
                **kwargs):

@@ -28,7 +28,8 @@ def source_text(split: str, data_dir: str | None) -> bytes:
 class TinyShakespeareChars(WindowedText):
   """Byte windows over tiny_shakespeare's splits (each split stays whole, windows never cross them)."""
 
-  RELEASE_NOTES = {"1.0.0": "Byte tokens over tiny_shakespeare train / validation / test."}
+  RELEASE_NOTES = {"1.0.0": "Byte tokens over tiny_shakespeare train / validation / test.",
+                   "1.1.0": "Prepared as ArrayRecord (random access); same examples."}
 
   def __init__(self, *, seq_len: int = 256, stride: int = 0, data_dir: str | None = None, **kwargs):
     self.source_data_dir = data_dir  # tiny_shakespeare is read from (and prepared in) the same data_dir.

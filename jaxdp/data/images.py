@@ -1,0 +1,68 @@
+"""Images of varying size -> fixed `image_size` squares: the ImageNet recipe, one example at a time.
+
+Train: a random-resized ("Inception") crop, 8% to 100% of the area, aspect ratio 3/4 to 4/3 (as the
+Flax ImageNet example and torchvision), resized to image_size, then a random horizontal flip. Eval: the
+central square of side crop_ratio * min(height, width), resized. JPEGs decode only the crop window
+(`decode_and_crop_jpeg`); other formats decode whole, then crop. The draws of an example come from a
+stateless seed of (seed, step, row): its global position, never the process or device that reads it.
+"""
+
+import tensorflow as tf
+
+from jaxdp.preprocess import AUGMENT, seed_for
+
+AREA = (0.08, 1.0)
+ASPECT = (3 / 4, 4 / 3)
+ATTEMPTS = 10
+RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic"  # In the stream spec.
+
+
+def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
+  """A stateless seed [2] for the example at row `row` of global batch `step`."""
+  return tf.random.experimental.stateless_fold_in(seed_for(seed, AUGMENT, step), tf.cast(row, tf.int64))
+
+
+def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
+  """Random-resized crop (and random flip) of one encoded image -> uint8 [image_size, image_size, channels]."""
+  crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+  shape = _shape(encoded, channels)
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]), seed=crop_key, min_object_covered=0.1,
+      aspect_ratio_range=ASPECT, area_range=AREA, max_attempts=ATTEMPTS, use_image_if_no_bounding_boxes=True)
+  image = _resize(_decode_window(encoded, begin[0], begin[1], size[0], size[1], channels), image_size)
+  if not flip:
+    return image
+  return tf.cond(tf.random.stateless_uniform([], flip_key) < 0.5, lambda: tf.reverse(image, [1]), lambda: image)
+
+
+def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
+  """Central square of side crop_ratio * min(height, width), resized -> uint8 [image_size, image_size, channels]."""
+  shape = _shape(encoded, channels)
+  side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
+  top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
+  return _resize(_decode_window(encoded, top, left, side, side, channels), image_size)
+
+
+def _shape(encoded: tf.Tensor, channels: int) -> tf.Tensor:
+  """[height, width, channels] of an encoded image, reading only a JPEG's header."""
+  return tf.cond(tf.io.is_jpeg(encoded), lambda: tf.io.extract_jpeg_shape(encoded),
+                 lambda: tf.shape(tf.io.decode_image(encoded, channels, expand_animations=False)))
+
+
+def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
+                   channels: int) -> tf.Tensor:
+  """The window of an encoded image, uint8 [height, width, channels]; JPEGs decode only that window."""
+  def jpeg() -> tf.Tensor:
+    return tf.io.decode_and_crop_jpeg(encoded, tf.stack([top, left, height, width]), channels=channels)
+
+  def other() -> tf.Tensor:
+    image = tf.io.decode_image(encoded, channels, expand_animations=False)
+    return tf.slice(image, [top, left, 0], [height, width, channels])
+
+  return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+
+
+def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+  """Bicubic resize to a square, back to uint8 (a quarter of float32's bytes on the way to the device)."""
+  resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
+  return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
