@@ -1,11 +1,16 @@
 """Token corpora as one flat memory-mapped file: windows by global index, splits, writer, sidecar."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from jaxdp import metrics, train
 from jaxdp.config import ConfigError
+from jaxdp.configs import gpt_token_file
 from jaxdp.datasets import token_file
 
 
@@ -87,3 +92,64 @@ def test_reading_windows_does_not_load_the_file(tmp_path):
   assert isinstance(w.tokens, np.memmap)
   batch = w.read(np.array([0, len(w) // 2, len(w) - 1]))
   assert batch["inputs"].shape == (3, 64) and not batch["inputs"].any()
+
+
+# End to end: a token file trains a GPT through jaxdp.data's random-access path.
+
+def tiny_gpt_on(path: str, eval_path: str | None = None, seq_len: int = 16, **overrides):
+  """gpt_token_file with a 1-layer GPT, a few steps, no checkpoints."""
+  config = gpt_token_file.get_config()
+  config.model.update(num_layers=1, num_heads=2, embed_dim=32, mlp_ratio=2)
+  config.dataset.builder_kwargs.update(path=path, eval_path=eval_path, seq_len=seq_len)
+  config.update(batch_size=16, eval_batch_size=16, num_train_steps=20, log_every_steps=5, eval_every_steps=1000,
+                warmup_steps=2, learning_rate=1e-2, checkpoint_every_steps=0, check_replicas_every_steps=0)
+  config.update(overrides)
+  return config
+
+
+def test_a_token_file_trains_a_gpt(tmp_path):
+  path = str(tmp_path / "train.bin")
+  token_file.write((np.arange(6000) * 7) % 61, path, vocab_size=64)  # A cycle of 61 tokens: learnable.
+  config = tiny_gpt_on(path)
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  losses = [r["train/loss"] for r in metrics.read(str(tmp_path / "run")) if "train/loss" in r]
+  assert losses[0] > 3.0 and losses[-1] < 0.5 * losses[0], losses
+  print(losses)  # ln(64) = 4.16 at the start.
+  test = token_file.splits(path, seq_len=16)["test"]
+  assert result.eval_metrics["eval/num_examples"] == len(test) == (600 - 17) // 16 + 1  # Each window once.
+
+
+PROBE = """
+import json, resource, sys
+from jaxdp import train
+from tests.test_token_file import tiny_gpt_on
+peaks = []
+for path, workdir in zip(sys.argv[1:3], sys.argv[3:5]):
+  config = tiny_gpt_on(path, eval_path=sys.argv[5], seq_len=128, batch_size=8, eval_batch_size=8, num_train_steps=3,
+                       log_every_steps=1)
+  result = train.train_and_evaluate(config, workdir)
+  assert int(result.backend.get(result.state.step)) == 3
+  peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # Linux: KiB.
+print(json.dumps(peaks))
+"""
+
+
+def test_a_token_file_larger_than_the_memory_budget_trains(tmp_path):
+  """Training on a 512 MiB token file raises the peak RSS by far less than the file: it is never loaded."""
+  small, big, val = (str(tmp_path / n) for n in ("small.bin", "big.bin", "val.bin"))
+  token_file.write(np.arange(4096) % 256, small, vocab_size=256)
+  token_file.write(np.arange(2048) % 256, val, vocab_size=256)
+  size = 512 * 2**20
+  with open(big, "wb") as f:
+    f.truncate(size)  # Sparse zeros: instant, no disk; reading a page still maps it into RSS.
+  json.dump({"dtype": "uint16", "vocab_size": 256}, open(big + ".json", "w"))
+  budget = size // 4  # The growth the test allows itself: a quarter of the file.
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", PROBE, small, big, str(tmp_path / "w1"), str(tmp_path / "w2"), val],
+                       env=env, cwd=root, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  after_small, after_big = json.loads(out.stdout.strip().splitlines()[-1])
+  print(f"peak RSS after the 8 KiB file {after_small / 2**20:.0f} MiB, after the 512 MiB file "
+        f"{after_big / 2**20:.0f} MiB: growth {(after_big - after_small) / 2**20:.1f} MiB")
+  assert after_big - after_small < budget
