@@ -1,0 +1,52 @@
+"""`python -m jaxdp.evaluate`: a finished run's last eval metrics, reproduced exactly on any device count."""
+
+import json
+
+import pytest
+import runs
+
+from jaxdp import evaluate, metrics, train
+
+
+@pytest.fixture(scope="module")
+def finished(data_dir, tmp_path_factory):
+  """A short run that evaluates and checkpoints at its last step, with a non-default (stored) model width."""
+  config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "batch_size": 32,
+                             "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
+                             "checkpoint_every_steps": 4, "check_replicas_every_steps": 0,
+                             "eval_batch_size": 48,  # 360 test examples: the last batch is padded.
+                             # Eval sums in a fixed order (any device count); plain data parallelism psums
+                             # per-device sums, whose rounding depends on the device count.
+                             "parallel.invariant": True})
+  with config.model.unlocked():
+    config.model.hidden = (24,)  # Not in the config file: evaluate must take it from the checkpoint.
+  workdir = tmp_path_factory.mktemp("finished")
+  train.train_and_evaluate(config, str(workdir))
+  last = [r for r in metrics.read(str(workdir)) if "eval/loss" in r][-1]
+  return workdir, last
+
+
+@pytest.mark.parametrize("devices", [8, 4])
+def test_reproduces_the_last_eval_metrics_exactly(finished, capsys, devices):
+  workdir, last = finished
+  status = evaluate.main(["jaxdp.evaluate", "--workdir", str(workdir), f"--config.parallel.num_devices={devices}"])
+  out = capsys.readouterr().out.strip().splitlines()
+  assert status == 0
+  record = json.loads(out[-1])
+  assert record["step"] == 4 and any("checkpoint" in line and line.endswith("/4 on test") for line in out), out
+  for key in ("eval/loss", "eval/accuracy", "eval/num_examples"):
+    assert record[key] == last[key], key
+  assert record["eval/num_examples"] == 360
+
+
+def test_a_missing_step_is_one_line(finished, capsys):
+  status = evaluate.main(["jaxdp.evaluate", "--workdir", str(finished[0]), "--step", "3"])
+  err = capsys.readouterr().err.strip()
+  assert status == 2 and len(err.splitlines()) == 1 and "no checkpoint 3" in err, err
+
+
+def test_help_prints_the_flags_and_exits_0(capsys):
+  with pytest.raises(SystemExit) as info:
+    evaluate.main(["jaxdp.evaluate", "--help"])
+  out = capsys.readouterr().out
+  assert info.value.code == 0 and "--workdir" in out and "--step" in out and "--split" in out
