@@ -7,6 +7,7 @@ import pytest
 import tensorflow_datasets as tfds
 from PIL import Image
 
+from jaxdp import train
 from jaxdp.config import ConfigError
 from jaxdp.datasets import user
 
@@ -162,3 +163,30 @@ def test_bad_npz_is_a_config_error_naming_it(arrays, words, tmp_path):
   with pytest.raises(ConfigError) as e:
     user.builder_for(str(tmp_path / "bad.npz"), str(tmp_path), {})
   assert "bad.npz" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+
+# End to end: each kind of user data trains through jaxdp.data.load and jaxdp.train.
+
+def _blobs_npz(root) -> str:
+  rng = np.random.RandomState(0)
+  y = np.arange(60) % 3
+  np.savez(root / "blobs.npz", x=rng.randn(60, 4) + 3 * y[:, None], y=y)
+  return str(root / "blobs.npz")
+
+
+@pytest.mark.parametrize("kind", ["module", "image_folder", "npz"])
+def test_user_data_trains_end_to_end(kind, config, tmp_path):
+  name, num_test = {"module": ("user_datasets:TinyBlobs", 24), "image_folder": (None, 3), "npz": (None, 6)}[kind]
+  if kind == "image_folder":
+    name = make_folder(tmp_path / "photos")
+    config.dataset.image_size = 8  # Images of three sizes: random-resized crops to 8x8 (eval: center crops).
+    config.dataset.flip = True
+  elif kind == "npz":
+    name = _blobs_npz(tmp_path)
+  config.dataset.name = name
+  config.dataset.data_dir = str(tmp_path / "tfds")
+  config.batch_size, config.eval_batch_size = 16, 16
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(result.backend.get(result.state.step)) == config.num_train_steps
+  assert result.eval_metrics["eval/num_examples"] == num_test  # Every test example once.
+  assert np.isfinite(result.eval_metrics["eval/loss"])
