@@ -281,8 +281,20 @@ def _read(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset, rea
   batches = steps.map(_plain(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if ds.corpus.decode is None and per_example is None:
     return batches.map(_plain(decode))
+  if per_example is None:  # Fixed shapes: decode each step's rows with map_fn (measured 1.5x unbatch + map).
+    spec = _decoded_spec(probe, decode)
+    return batches.map(_plain(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   examples = batches.unbatch().map(_plain(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return examples.batch(rows, drop_remainder=True)
+
+
+def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:
+  """The type of one decoded row, found by tracing `decode` on the probe's row."""
+  one = {k: tf.constant(v[0], tf.string if v.dtype == object else None) for k, v in probe.items()}
+  one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
+  outputs = tf.function(decode).get_concrete_function(one).structured_outputs
+  return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
 
 
 def _streamed(ds: Dataset, split: str, seed: int, global_batch: int, start_step: int, process_index: int,
