@@ -3,14 +3,15 @@
 `generate` samples token ids from any model with the adapter's pure `apply`; `sample_text` wraps it for
 strings (UTF-8 bytes in and out). The CLI samples from the newest checkpoint of a training workdir:
 
-    python -m jaxdp.sample --config jaxdp/configs/gpt_text_file.py --workdir DIR \
-        [--config.key=value ...] [--prompt TEXT] [--num_chars N] [--temperature T] [--seed S]
+    python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] \
+        [--prompt TEXT] [--num_chars N] [--temperature T] [--seed S] [--step N]
 
-(the same --config and overrides as the training run, so that the model and dataset match).
+(--config is optional: the checkpoint's stored config, the training run's, is the default).
 """
 
 import argparse
 import functools
+import os
 import sys
 from typing import Any
 
@@ -23,6 +24,11 @@ from jaxdp.datasets.text_file import decode, encode
 from jaxdp.models import Model
 
 PyTree = Any
+USAGE = ("python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] [--prompt TEXT] "
+         "[--num_chars N] [--temperature T] [--seed S] [--step N]")
+EXTRA_HELP = ("  --prompt, --num_chars, --temperature, --seed: what to sample (defaults: newline, 500, 0.8, 0).\n"
+              "  --step: the checkpoint to sample from (default: the newest).\n"
+              "  --config is optional: the checkpoint's stored config is the default.")
 
 
 def generate(model: Model, params: PyTree, model_state: PyTree, prompt_tokens: np.ndarray, num_tokens: int,
@@ -67,38 +73,34 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
   return prompt + decode(tokens)
 
 
-def restore(config: Any, workdir: str) -> tuple[Model, PyTree, PyTree, int]:
-  """The model of `config` with the parameters and state of WORKDIR's newest checkpoint, on one device."""
-  from jaxdp import checkpoint, data, models, optim, parallel  # Heavy imports: only the CLI needs them.
-  from jaxdp import step as step_lib
-  checkpointer = checkpoint.Checkpointer(workdir, config)
-  try:
-    if checkpointer.latest_step() is None:
-      raise ConfigError(f"no checkpoint in workdir {workdir!r} (train with checkpoint_every_steps > 0)")
-    ds = data.load(config.dataset)
-    model = models.get_model(config.model, ds.input_shape, ds.num_classes)
-    backend = parallel.make_backend("mesh", 1)
-    init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=optim.make(config))
-    state = checkpointer.restore_or_init(backend, init)
-  finally:
-    checkpointer.close()
-  return model, backend.get(state.params), backend.get(state.model_state), ds.input_shape[0]
+def restore(config: Any, workdir: str, step: int | None = None) -> tuple[Model, PyTree, PyTree, int]:
+  """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
+
+  The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
+  every checkpoint the trainer writes restores; the parameters come back as one host copy.
+  """
+  from jaxdp import restore as restore_lib  # JAX and the input pipeline: only the CLI needs them.
+  parts, state, step = restore_lib.restore(config, workdir, step)
+  # stderr: stdout carries only the sampled text.
+  print(f"sampling from checkpoint {os.path.abspath(workdir)}/{restore_lib.CHECKPOINT_DIR}/{step}", file=sys.stderr)
+  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
 
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  from jaxdp import cli  # The training CLI's parser: same --config, --workdir and overrides.
+  from jaxdp import restore as restore_lib
   parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
   parser.add_argument("--prompt", default="\n")
   parser.add_argument("--num_chars", type=int, default=500)
   parser.add_argument("--temperature", type=float, default=0.8)
   parser.add_argument("--seed", type=int, default=0)
-  ours, rest = parser.parse_known_args(argv[1:])
+  parser.add_argument("--step", type=int, default=None)
   try:
-    config, workdir = cli.parse(argv[:1] + rest)
-    model, params, model_state, seq_len = restore(config, workdir)
+    ours, rest = parser.parse_known_args(argv[1:])
+    config, workdir = restore_lib.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
     if not ours.prompt:
       raise ConfigError("--prompt must not be empty")
+    model, params, model_state, seq_len = restore(config, workdir, ours.step)
   except ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

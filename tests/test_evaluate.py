@@ -5,7 +5,7 @@ import json
 import pytest
 import runs
 
-from jaxdp import evaluate, metrics, train
+from jaxdp import evaluate, metrics, restore, sample, train
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,12 @@ def test_help_prints_the_flags_and_exits_0(capsys):
     evaluate.main(["jaxdp.evaluate", "--help"])
   out = capsys.readouterr().out
   assert info.value.code == 0 and "--workdir" in out and "--step" in out and "--split" in out
+
+
+def test_sample_restores_a_zero1_checkpoint_from_its_stored_config(data_dir, tmp_path):
+  config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "batch_size": 32,
+                             "num_train_steps": 2, "eval_every_steps": 1000, "checkpoint_every_steps": 2,
+                             "check_replicas_every_steps": 0, "parallel.shard_optimizer_state": True})
+  result = train.train_and_evaluate(config, str(tmp_path))
+  _, params, _, _ = sample.restore(restore.stored_config(str(tmp_path)), str(tmp_path))
+  runs.assert_bitwise(params, result.backend.get(result.state.params))
