@@ -118,10 +118,14 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       with open(cache) as f:
         return tuple(json.load(f))
     shape = image_shape([p for files in self._splits.values() for p, _ in files])
-    os.makedirs(os.path.dirname(cache), exist_ok=True)
-    with open(cache + ".tmp", "w") as f:
-      json.dump(shape, f)
-    os.replace(cache + ".tmp", cache)  # Atomic: concurrent processes read a whole file or none.
+    tmp = f"{cache}.{os.getpid()}.tmp"  # One per process: several may scan the same folder at once.
+    try:
+      os.makedirs(os.path.dirname(cache), exist_ok=True)
+      with open(tmp, "w") as f:
+        json.dump(shape, f)
+      os.replace(tmp, cache)  # Atomic: readers see a whole file or none.
+    except OSError:
+      pass  # A read-only data_dir: scan again next time.
     return shape
 
   def _info(self) -> tfds.core.DatasetInfo:
