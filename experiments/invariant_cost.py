@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import models, optim, parallel  # noqa: E402
+from jaxdp import models, optim, parallel, strategies  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 
@@ -34,13 +34,14 @@ def contender(model_name: str, n: int, invariant: bool) -> abrun.Contender:
   """Runs `steps` train steps of the plain or invariant step on `n` devices; returns step seconds."""
   config = default.get_config()
   config.model = ml_collections.ConfigDict({"name": model_name})
-  options = step_lib.StepOptions(num_shards=n, invariant=invariant, invariant_shards=8)
+  options = step_lib.StepOptions(num_shards=n, invariant_shards=8)
+  strategy = (strategies.Invariant if invariant else strategies.DataParallel)(options)
   model = models.get_model(config.model, INPUT_SHAPE, 10)
   tx = optim.make(config)
-  backend = parallel.make_backend("mesh", n, checked=not invariant)
-  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, options=options)
+  backend = parallel.make_backend("mesh", n, checked=strategy.checked)
+  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
   backend.bind_state(jax.eval_shape(init))
-  step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, options=options))
+  step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy))
   rng = np.random.RandomState(0)
   batch = backend.put_batch({"inputs": rng.rand(BATCH, *INPUT_SHAPE).astype(np.float32),
                              "labels": rng.randint(0, 10, BATCH).astype(np.int32)})

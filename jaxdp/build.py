@@ -1,4 +1,5 @@
-"""Config -> the pieces of a run: backend, dataset, model, optimizer, state constructor, mapped steps.
+"""Config -> the pieces of a run: backend, dataset, model, optimizer, gradient strategy, state constructor,
+mapped steps.
 
 Shared by the training loop (jaxdp.train) and the compiler inspection (jaxdp.inspect).
 """
@@ -12,8 +13,15 @@ import ml_collections
 import optax
 
 from jaxdp import config as config_lib
-from jaxdp import data, models, optim, parallel
+from jaxdp import data, models, optim, parallel, strategies
 from jaxdp import step as step_lib
+
+# How gradients are reduced and applied: the first strategy whose config flag is set, else plain data
+# parallelism. A new strategy is one module in jaxdp/strategies/ and one line here.
+STRATEGIES: tuple[tuple[str, type[strategies.Strategy]], ...] = (
+    ("invariant", strategies.Invariant),
+    ("shard_optimizer_state", strategies.ZeRO1),
+)
 
 
 @dataclasses.dataclass
@@ -28,21 +36,39 @@ class Parts:
   init: Callable[[], step_lib.TrainState]  # Deterministic fresh state (to be placed by the backend).
   train_step: Callable  # Mapped and jitted: (state, device batch) -> (state, metrics); state donated.
   eval_step: Callable   # Mapped and jitted: (state, device batch) -> metric sums.
+  strategy: strategies.Strategy | None = None  # How gradients cross devices (see STRATEGIES).
+  flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
+
+
+def strategy_class(config: ml_collections.ConfigDict) -> type[strategies.Strategy]:
+  """The gradient strategy the config asks for (`config.parallel.<flag>`, see STRATEGIES)."""
+  return next((cls for flag, cls in STRATEGIES if config.parallel.get(flag, False)), strategies.DataParallel)
 
 
 def build(config: ml_collections.ConfigDict) -> Parts:
   """Validates `config` and builds its parts; raises ConfigError naming any bad value."""
   num_devices = config.parallel.get("num_devices", 0) or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
+  strategy_cls = strategy_class(config)
+  backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0),
+                                  strategy_cls.shards_state, checked=strategy_cls.checked)
   ds = data.load(config.dataset)
   options = step_lib.StepOptions.from_config(config, num_devices, cast_inputs=not ds.integer_inputs)
-  backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0),
-                                  options.shard_optimizer_state, checked=not options.invariant)
+  strategy = strategy_cls(options)
   model = models.get_model(config.model, ds.input_shape, ds.num_classes)
   tx = optim.make(config)
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx,
-                           options=options)
-  backend.bind_state(jax.eval_shape(init))
-  train_step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, options=options))
-  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, model=model, options=options))
-  return Parts(config, layout, backend, ds, model, tx, init, train_step, eval_step)
+                           strategy=strategy)
+  abstract = jax.eval_shape(init)
+  backend.bind_state(abstract, strategy.state_specs(abstract))
+  train_step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy))
+  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, model=model, strategy=strategy))
+  return Parts(config, layout, backend, ds, model, tx, init, train_step, eval_step, strategy,
+               _flops_step(backend, model, tx, strategy) if options.accum_steps > 1 else train_step)
+
+
+def _flops_step(backend: parallel.Backend, model: models.Model, tx: optax.GradientTransformation,
+                strategy: strategies.Strategy) -> Callable:
+  """The same step with one micro-batch of the whole slice: the same FLOPs, with no loop for XLA to count once."""
+  whole = type(strategy)(dataclasses.replace(strategy.options, accum_steps=1))
+  return backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=whole))

@@ -4,7 +4,6 @@ import dataclasses
 
 import ml_collections
 
-BACKENDS = ("pmap", "mesh")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -43,18 +42,19 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   _positive(config, "batch_size", "num_train_steps", "log_every_steps", "eval_every_steps")
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
-  if config.parallel.backend not in BACKENDS:
-    raise ConfigError(f"unknown parallel.backend {config.parallel.backend!r} (choose from {', '.join(BACKENDS)})")
   layout = Layout(num_devices, num_processes, config.batch_size, eval_batch_size(config))
   for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):
     if size % num_devices:
       raise ConfigError(f"{key} ({size}) must be divisible by the number of devices ({num_devices})")
-  if config.parallel.get("invariant", False):
-    _check_invariant(config, layout)
   accum = config.get("grad_accum_steps", 1)
   if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
+  if config.parallel.get("invariant", False):
+    _check_invariant(config, layout, accum)
+  clip = config.get("max_grad_norm", 0.0)
+  if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
+    raise ConfigError(f"max_grad_norm must be a number >= 0 (0: no clipping), got {clip!r}")
   for key, value in (("dtype", config.get("dtype", "float32")),
                      ("parallel.allreduce_dtype", config.parallel.get("allreduce_dtype", "float32"))):
     if value not in DTYPES:
@@ -62,18 +62,25 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   return layout
 
 
-def _check_invariant(config: ml_collections.ConfigDict, layout: Layout) -> None:
-  """The invariant mode's fixed micro-shards: a power of two, shared evenly by the devices."""
+def _check_invariant(config: ml_collections.ConfigDict, layout: Layout, accum: int) -> None:
+  """The invariant mode's fixed micro-shards (a power of two, shared evenly by the devices), and what it cannot serve."""
   m = config.parallel.get("invariant_shards", 8)
   if not isinstance(m, int) or m < 1 or m & (m - 1):
     raise ConfigError(f"parallel.invariant_shards must be a power of two, got {m!r}")
   if m % layout.num_devices or layout.num_devices & (layout.num_devices - 1):
     raise ConfigError(f"parallel.invariant needs a power-of-two device count dividing invariant_shards ({m}), "
                       f"got {layout.num_devices} devices")
-  if layout.global_batch % m:
-    raise ConfigError(f"batch_size ({layout.global_batch}) must be divisible by parallel.invariant_shards ({m})")
+  if layout.global_batch % (m * accum):
+    raise ConfigError(f"batch_size ({layout.global_batch}) must be divisible by parallel.invariant_shards ({m}) "
+                      f"x grad_accum_steps ({accum})")
+  if layout.eval_global_batch % m:
+    raise ConfigError(f"eval batch size ({layout.eval_global_batch}) must be divisible by parallel.invariant_shards "
+                      f"({m}) in invariant mode")
   if config.parallel.get("shard_optimizer_state", False):
     raise ConfigError("parallel.invariant and parallel.shard_optimizer_state cannot be combined")
+  if config.model.get("bn_axis_name", None):  # Statistics over the devices' micro-shards at once depend on N.
+    raise ConfigError(f"parallel.invariant cannot serve synchronized BatchNorm (model.bn_axis_name="
+                      f"{config.model.bn_axis_name!r}); set model.bn_axis_name=None")
 
 
 def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:

@@ -12,9 +12,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import zero
 from jaxdp.config import ConfigError
-from jaxdp.step import DataAxis
+from jaxdp.strategies import DataAxis
 
 PyTree = Any
 AXIS = "data"
@@ -58,12 +57,19 @@ class Backend(abc.ABC):
     """Compiled once: `fn` on each device's own copy of a replicated tree, one result per device."""
 
   def get(self, tree: PyTree) -> PyTree:
-    """One host copy (numpy) of a replicated tree, e.g. metrics or parameters."""
-    return jax.tree.map(lambda x: x[0], self.replicas(tree))
+    """One host copy (numpy) of a replicated tree, e.g. metrics or parameters (read from one device only)."""
+    return jax.tree.map(lambda x: np.asarray(self._first_replica(x)), tree)
 
-  def bind_state(self, abstract_state: PyTree) -> None:
-    """Fixes how each leaf of the training state is laid out (before `init` and `map_train`)."""
-    self.state_specs = jax.tree.map(lambda _: P(), abstract_state)
+  def _first_replica(self, x: jax.Array) -> jax.Array:
+    return x.addressable_data(0)
+
+  def bind_state(self, abstract_state: PyTree, specs: PyTree = None) -> None:
+    """Fixes how each leaf of the training state is laid out (before `init` and `map_train`).
+
+    `specs`: PartitionSpecs over the data axis, as the gradient strategy lays the state out (default:
+    everything replicated).
+    """
+    self.state_specs = specs if specs is not None else jax.tree.map(lambda _: P(), abstract_state)
 
   def abstract_global(self, abstract: PyTree) -> PyTree:
     """Shapes of a state (from `jax.eval_shape`) as global arrays laid out over all devices (for orbax)."""
@@ -104,6 +110,9 @@ class PmapBackend(Backend):
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return self._pmap(functools.partial(step, axis=self.axis))
 
+  def _first_replica(self, x: jax.Array) -> jax.Array:
+    return x.addressable_data(0)[0]  # A pmap shard keeps its leading [1] device axis.
+
   def replicas(self, tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: np.stack([np.asarray(s.data)[0] for s in x.addressable_shards]), tree)
 
@@ -135,21 +144,19 @@ class PmapBackend(Backend):
 class MeshBackend(Backend):
   """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data').
 
-  With `shard_optimizer_state` (ZeRO-1) the optimizer state is sharded P('data') instead. Steps that
-  gather values across devices themselves (ZeRO-1's all-gather of new parameters, the invariant mode's
-  ordered sum) leave replication to the step, so they run shard_map `unchecked`: then `grad` adds no
-  implicit psum and the parameters need no marking.
+  A gradient strategy may lay parts of the state out differently (ZeRO-1 shards the optimizer state
+  P('data'): `bind_state`). Strategies that gather values across devices themselves (ZeRO-1's
+  all-gather of new parameters, the invariant mode's ordered sum) leave replication to the step, so
+  they run shard_map `unchecked` (`checked=False`): then `grad` adds no implicit psum and the
+  parameters need no marking.
   """
 
-  def __init__(self, devices: list[jax.Device], shard_optimizer_state: bool = False, checked: bool = True):
+  def __init__(self, devices: list[jax.Device], checked: bool = True):
     super().__init__(devices)
-    self.zero, self.checked = shard_optimizer_state, checked and not shard_optimizer_state
-    self.axis = DataAxis(AXIS, mark_varying=self.checked)
+    self.checked = checked
+    self.axis = DataAxis(AXIS, mark_varying=checked)
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.state_specs: PyTree = P()  # A prefix: the whole state replicated, until bind_state.
-
-  def bind_state(self, abstract_state: PyTree) -> None:
-    self.state_specs = zero.state_specs(abstract_state) if self.zero else jax.tree.map(lambda _: P(), abstract_state)
 
   def _shardings(self, specs: PyTree) -> PyTree:
     return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
@@ -185,7 +192,13 @@ BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False,
                  checked: bool = True) -> Backend:
-  """The backend `name` over all devices, or over the first `num_devices` (single process only)."""
+  """The backend `name` over all devices, or over the first `num_devices` (single process only).
+
+  `shard_optimizer_state`: the state will not be all replicated (ZeRO-1), which needs the mesh backend.
+  `checked`: shard_map tracks replication (off for strategies that gather across devices themselves).
+  """
+  if name not in BACKENDS:
+    raise ConfigError(f"unknown parallel.backend {name!r} (choose from {', '.join(BACKENDS)})")
   devices = jax.devices()
   if num_devices:
     if jax.process_count() > 1:
@@ -194,10 +207,10 @@ def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = 
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
   if name == "mesh":
-    return MeshBackend(devices, shard_optimizer_state, checked)
+    return MeshBackend(devices, checked)
   if shard_optimizer_state:
     raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
-  return BACKENDS[name](devices)
+  return PmapBackend(devices)
 
 
 def prefetch(backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int) -> Iterator[PyTree]:

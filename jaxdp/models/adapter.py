@@ -1,10 +1,13 @@
 """One adapter gives Flax NNX and linen modules the same pure `init` / `apply`.
 
 The train step then sees only pytrees: `params` (what the optimizer trains) and `model_state`
-(everything else the module keeps, e.g. BatchNorm statistics), both plain nested dicts.
+(everything else the module keeps, e.g. BatchNorm statistics), both plain nested dicts. Randomness
+(dropout) comes from the `rng` given to `apply`, for NNX and linen alike: the step keys it by the data
+each device sees, so no RNG state is kept between steps.
 """
 
 import dataclasses
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -27,24 +30,39 @@ class Model:
 
 
 def from_nnx(cls: type[nnx.Module], kwargs: dict[str, Any]) -> Model:
-  """Wraps an NNX module class, built as `cls(**kwargs, rngs=nnx.Rngs(rng))`."""
+  """Wraps an NNX module class, built as `cls(**kwargs, rngs=nnx.Rngs(rng))`.
+
+  The module's RNG streams (`nnx.RngState`: typed keys and counts) are not part of `model_state`:
+  `apply` reseeds every stream from its `rng` (one key per stream tag), so the masks depend only on
+  that key, which the step derives from the step number and the data's place in the global batch.
+  """
   abstract = nnx.eval_shape(lambda: cls(**kwargs, rngs=nnx.Rngs(0)))
-  graphdef, abstract_params, abstract_rest = nnx.split(abstract, nnx.Param, ...)
+  graphdef, abstract_params, abstract_rngs, abstract_rest = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
+  tags = sorted({v.tag for v in jax.tree.leaves(abstract_rngs, is_leaf=lambda v: isinstance(v, nnx.Variable))})
 
   def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
-    _, params, rest = nnx.split(cls(**kwargs, rngs=nnx.Rngs(rng)), nnx.Param, ...)
+    _, params, _, rest = nnx.split(cls(**kwargs, rngs=nnx.Rngs(rng)), nnx.Param, nnx.RngState, ...)
     return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
   def apply(params: PyTree, model_state: PyTree, inputs: jax.Array, *, train: bool,
             rng: jax.Array | None = None) -> tuple[jax.Array, PyTree]:
-    del rng  # NNX modules carry their own RNG streams in model_state.
-    module = nnx.merge(graphdef, _fill(abstract_params, params), _fill(abstract_rest, model_state))
+    rngs = jax.tree.map(_placeholder, abstract_rngs)
+    module = nnx.merge(graphdef, _fill(abstract_params, params), rngs, _fill(abstract_rest, model_state))
+    if rng is not None and tags:  # Each stream (dropout, default, ...) from its own key derived from `rng`.
+      nnx.reseed(module, policy="match_shape", **{t: jax.random.fold_in(rng, zlib.crc32(t.encode()) & 0x7FFFFFFF) for t in tags})
     module.train() if train else module.eval()
     outputs = module(inputs)
-    _, _, rest = nnx.split(module, nnx.Param, ...)
+    _, _, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
     return outputs, nnx.to_pure_dict(rest)
 
   return Model(init, apply)
+
+
+def _placeholder(x: jax.ShapeDtypeStruct) -> jax.Array:
+  """A stand-in value for an RNG-state leaf (typed key or count), overwritten by `nnx.reseed` before use."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return jnp.broadcast_to(jax.random.key(0), x.shape)
+  return jnp.zeros(x.shape, x.dtype)
 
 
 def _fill(abstract: nnx.State, values: PyTree) -> nnx.State:

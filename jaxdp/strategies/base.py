@@ -1,0 +1,116 @@
+"""The seam between the train step and how gradients cross devices: `Strategy`, and what strategies share.
+
+A strategy turns one replica's slice of the global batch into the reduced gradient (`gradients`) and
+applies it (`apply`); the train step around it is the same for all of them (see `jaxdp.step`).
+"""
+
+import abc
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+PyTree = Any
+# (params, model_state, micro-batch, rng) -> ((mean loss, (accuracy, model_state)), grads), no communication.
+GradFn = Callable[[PyTree, PyTree, dict, jax.Array], tuple]
+# (micro-batch) -> per-example sums {"loss_sum", "correct", "num_examples", "num_targets"}, each [rows].
+EvalFn = Callable[[dict], dict[str, jax.Array]]
+# (loss, accuracy, model_state, grads): means over the global batch, as the strategy reduced them.
+Gradients = tuple[jax.Array, jax.Array, PyTree, PyTree]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataAxis:
+  """The device axis a per-replica step reduces over.
+
+  Under shard_map, parameters replicated with P() are "invariant", and `jax.grad` of a per-device loss
+  with respect to them already sums over devices; a pmean after that would give N times the gradient.
+  `mark_varying` tells JAX the parameters may differ per device, so `grad` stays local and the one
+  explicit pmean is the only all-reduce. Under pmap there is no such tracking, so it is off.
+  """
+  name: str = "data"
+  mark_varying: bool = False
+
+  def vary(self, tree: PyTree) -> PyTree:
+    if not self.mark_varying:
+      return tree
+    return jax.tree.map(lambda x: lax.pcast(x, self.name, to="varying"), tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOptions:
+  """How the per-replica step computes and communicates; from the config."""
+  accum_steps: int = 1                 # Micro-batches per optimizer step; gradients all-reduced once.
+  compute_dtype: str = "float32"       # Forward/backward dtype; parameters and updates stay float32.
+  allreduce_dtype: str = "float32"     # Dtype of the gradient all-reduce (bfloat16 halves its bytes).
+  num_shards: int = 1                  # Devices on the data axis.
+  invariant_shards: int = 8            # Fixed micro-shards of the global batch in the invariant strategy.
+  cast_inputs: bool = True             # Cast float inputs to compute_dtype (not token ids carried as floats).
+  max_grad_norm: float = 0.0           # Clip the reduced gradient to this global norm; 0: no clipping.
+
+  @classmethod
+  def from_config(cls, config: Any, num_devices: int = 1, cast_inputs: bool = True) -> "StepOptions":
+    return cls(accum_steps=config.get("grad_accum_steps", 1), compute_dtype=config.get("dtype", "float32"),
+               allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"), num_shards=num_devices,
+               invariant_shards=config.parallel.get("invariant_shards", 8), cast_inputs=cast_inputs,
+               max_grad_norm=float(config.get("max_grad_norm", 0.0) or 0.0))
+
+
+class Strategy(abc.ABC):
+  """How gradients are reduced across replicas and applied; one instance per run, chosen in `jaxdp.build`."""
+  checked: ClassVar[bool] = True        # shard_map may check replication (False: the strategy gathers itself).
+  shards_state: ClassVar[bool] = False  # Lays the state out other than replicated (needs the mesh backend).
+
+  def __init__(self, options: StepOptions = StepOptions()):
+    self.options = options
+
+  def init_opt_state(self, tx: optax.GradientTransformation, params: PyTree) -> PyTree:
+    """The optimizer state for fresh parameters, in the layout `apply` expects."""
+    return tx.init(params)
+
+  def state_specs(self, abstract_state: PyTree) -> PyTree:
+    """PartitionSpecs of the train state over the data axis: everything replicated."""
+    return jax.tree.map(lambda _: P(), abstract_state)
+
+  @abc.abstractmethod
+  def gradients(self, grad_fn: GradFn, state: Any, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
+    """Loss, accuracy, model state and the reduced gradient of the global batch (this replica's slice in)."""
+
+  def finite(self, loss: jax.Array, grads: PyTree, axis: DataAxis) -> jax.Array:
+    """Whether loss and gradient are finite, the same answer on every replica."""
+    del axis  # The reduced values are the same on every replica already.
+    return all_finite((loss, grads))
+
+  def global_norm(self, grads: PyTree, axis: DataAxis) -> jax.Array:
+    """The global L2 norm of the reduced gradient."""
+    del axis
+    return optax.global_norm(grads)
+
+  @abc.abstractmethod
+  def apply(self, state: Any, grads: PyTree, tx: optax.GradientTransformation,
+            axis: DataAxis) -> tuple[PyTree, PyTree]:
+    """New (params, opt_state) from the reduced gradient, identical on every replica."""
+
+  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
+    """Eval sums over the global batch from this replica's slice."""
+    return {k: lax.psum(v.sum(), axis.name) for k, v in per_example(batch).items()}
+
+
+def all_finite(tree: PyTree) -> jax.Array:
+  """True when every element of every leaf is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
+  """Averages float leaves (e.g. BatchNorm statistics) so replicas stay identical; keeps the rest."""
+  return jax.tree.map(lambda x: lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def micro_batches(batch: dict, k: int) -> dict:
+  """[rows, ...] -> [k, rows / k, ...]: k consecutive micro-batches."""
+  return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)

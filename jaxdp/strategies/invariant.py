@@ -1,0 +1,79 @@
+"""The device-count-invariant strategy: bitwise the same training for any power-of-two device count.
+
+The global batch is cut into M fixed micro-shards (`invariant_shards`, a power of two), each cut into
+`accum_steps` pieces; device d runs its M/N micro-shards' pieces one after another (the same
+computation whatever N is). The pieces of a micro-shard are summed in order, and the M micro-shard
+sums along one fixed balanced binary tree: each device sums its subtree, an all-gather brings the N
+subtree sums to every device, and each finishes the tree in the same order. Randomness is keyed by
+the global piece index, never by the device. Costs an all-gather of N gradient copies instead of an
+all-reduce, and the pieces run sequentially. Eval sums per-example values in one fixed tree too.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, micro_batches
+
+
+class Invariant(Strategy):
+  """Fixed micro-shards summed in a fixed order: the same bits on 1, 2, 4, ... devices."""
+  checked = False  # The step gathers and sums across devices itself.
+
+  def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
+    m, k = self.options.invariant_shards, self.options.accum_steps
+    m_local = m // self.options.num_shards
+    pieces = micro_batches(batch, m_local * k)
+    first = lax.axis_index(axis.name) * m_local * k  # Global index of this device's first piece.
+
+    def one(p: int) -> tuple:
+      piece = jax.tree.map(lambda x: x[p], pieces)
+      (loss, (accuracy, model_state)), grads = grad_fn(state.params, state.model_state, piece,
+                                                       jax.random.fold_in(rng, first + p))
+      return loss, accuracy, model_state, grads
+
+    # Unrolled, not a loop: XLA:CPU compiles a convolution differently (and slowly) inside a loop, and
+    # how much it unrolls depends on the trip count, i.e. on N.
+    per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *[one(p) for p in range(m_local * k)])
+    per_shard = jax.tree.map(lambda x: _sequential_sum(x.reshape(m_local, k, *x.shape[1:])), per_piece)
+    subtree = jax.tree.map(_pairwise_sum, per_shard)
+    total = jax.tree.map(_pairwise_sum, lax.all_gather(subtree, axis.name))
+    return jax.tree.map(functools.partial(_mean, count=m * k), total)
+
+  def apply(self, state: PyTree, grads: PyTree, tx: optax.GradientTransformation,
+            axis: DataAxis) -> tuple[PyTree, PyTree]:
+    del axis  # The gradient is bitwise the same on every replica: so is the update.
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state
+
+  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
+    m_local = self.options.invariant_shards // self.options.num_shards
+    shards = micro_batches(batch, m_local)
+    rows = [per_example(jax.tree.map(lambda x: x[i], shards)) for i in range(m_local)]
+    local = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)  # This device's rows, in global order.
+    return jax.tree.map(_pairwise_sum, lax.all_gather(local, axis.name, tiled=True))
+
+
+def _mean(x: jax.Array, count: int) -> jax.Array:
+  """A float sum over `count` pieces as a mean; other leaves (e.g. integer counters) as they are."""
+  return x / count if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def _sequential_sum(x: jax.Array) -> jax.Array:
+  """[m, k, ...] -> [m, ...]: the k parts of each row added one after another, in order."""
+  total = x[:, 0]
+  for i in range(1, x.shape[1]):
+    total = total + x[:, i]
+  return total
+
+
+def _pairwise_sum(x: jax.Array) -> jax.Array:
+  """Sum over the leading axis along a balanced binary tree, in a fixed order (zero-padded to a power of two)."""
+  size = 1 << max(x.shape[0] - 1, 0).bit_length()
+  x = jnp.concatenate([x, jnp.zeros((size - x.shape[0], *x.shape[1:]), x.dtype)]) if size > x.shape[0] else x
+  while x.shape[0] > 1:
+    x = x[0::2] + x[1::2]
+  return x[0]

@@ -1,0 +1,66 @@
+"""Randomness of the forward pass is keyed by the data each device sees: per device, per micro-batch."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+import runs
+
+from jaxdp import build, data, metrics, train
+
+
+def _model(config, name, **kwargs):
+  config.model = ml_collections.ConfigDict({"name": f"dropout_models:{name}", **kwargs})
+  return config
+
+
+def _masks_after_one_step(config):
+  """Every device's dropout mask of one train step, [devices, MASK_WIDTH]."""
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                  process_index=0, process_count=1))
+  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  return jax.tree.leaves(parts.backend.replicas(state.model_state))[0]
+
+
+@pytest.mark.parametrize("name", ["MaskNNX", "MaskLinen"])
+def test_each_device_draws_its_own_dropout_mask(config, name):
+  # pmap: the per-device masks (int model state, never averaged) come back as they are.
+  config.parallel.backend, config.batch_size = "pmap", 8  # One example per device.
+  masks = _masks_after_one_step(_model(config, name))
+  assert masks.shape == (8, 32) and 0 < masks.mean() < 1
+  assert len({m.tobytes() for m in masks}) == 8, masks  # With one key for all, every row would be the same.
+
+
+def test_micro_batches_draw_their_own_masks(config):
+  # With accumulation the device's last micro-batch is not keyed like the first: masks differ from k=1's.
+  config.parallel.backend, config.batch_size = "pmap", 16
+  one = _masks_after_one_step(_model(config, "MaskNNX"))
+  config.grad_accum_steps = 2
+  two = _masks_after_one_step(_model(config, "MaskNNX"))
+  assert not np.array_equal(one, two)
+  assert len({m.tobytes() for m in two}) == 8
+
+
+@pytest.mark.parametrize("name", ["DropoutMLP", "DropoutMLPLinen"])
+def test_dropout_models_train(config, tmp_path, name):
+  config.num_train_steps, config.log_every_steps, config.learning_rate = 40, 10, 1e-2
+  train.train_and_evaluate(_model(config, name), str(tmp_path))
+  losses = runs.train_losses(tmp_path)
+  assert losses[40] < 0.6 * losses[10], losses
+  assert metrics.read(str(tmp_path))[-1]["eval/accuracy"] > 0.5
+
+
+def test_invariant_mode_is_bitwise_the_same_with_dropout(config, tmp_path):
+  config.parallel.invariant, config.batch_size, config.num_train_steps = True, 32, 6
+  _model(config, "DropoutMLP", rate=0.5)
+  results = {}
+  for n, accum in ((1, 1), (2, 1), (4, 1), (1, 2), (4, 2)):
+    config.parallel.num_devices, config.grad_accum_steps = n, accum
+    result = train.train_and_evaluate(config, str(tmp_path / f"{n}_{accum}"))
+    results[(n, accum)] = result.backend.get(result.state.params)
+  for (n, accum), params in results.items():
+    runs.assert_bitwise(params, results[(1, accum)])
+  # Accumulation is honoured: each piece draws its own mask, so the result is not k=1's.
+  assert not np.array_equal(jax.tree.leaves(results[(1, 2)])[0], jax.tree.leaves(results[(1, 1)])[0])
