@@ -47,30 +47,35 @@ def test_stop_and_resume_is_bitwise(data_dir, tmp_path, straight, backend):
   assert runs.train_losses(tmp_path, STEPS // 2) == runs.train_losses(straight_dir, STEPS // 2)
 
 
-def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(data_dir, tmp_path, straight):
-  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "mesh"})
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_sigterm_checkpoints_exits_0_and_resumes_bitwise(data_dir, tmp_path, straight, backend):
+  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": backend})
   runs.wait_for(lambda: os.path.exists(tmp_path / "metrics.jsonl") and len(runs.train_losses(tmp_path)) >= 30)
   sent = time.time()
   proc.send_signal(signal.SIGTERM)
   out, _ = proc.communicate(timeout=30)
   assert proc.returncode == 0, out
   assert time.time() - sent < 30
-  stopped = checkpoint.Checkpointer(str(tmp_path), _config(data_dir)).latest_step()
+  config = _config(data_dir, **{"parallel.backend": backend})
+  with checkpoint.Checkpointer(str(tmp_path), config) as ckpt:
+    stopped = ckpt.latest_step()
   assert 30 <= stopped < STEPS and "stop requested" in out  # Stopped within a few steps of the signal.
-  resumed = train.train_and_evaluate(_config(data_dir), str(tmp_path))
-  runs.assert_bitwise(runs.host_state(resumed), straight["mesh"][0])
-  assert runs.train_losses(tmp_path, stopped) == runs.train_losses(straight["mesh"][1], stopped)
+  resumed = train.train_and_evaluate(config, str(tmp_path))
+  runs.assert_bitwise(runs.host_state(resumed), straight[backend][0])
+  assert runs.train_losses(tmp_path, stopped) == runs.train_losses(straight[backend][1], stopped)
 
 
-def test_sigkill_after_a_checkpoint_resumes_bitwise(data_dir, tmp_path, straight):
-  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": "pmap"})
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_sigkill_after_a_checkpoint_resumes_bitwise(data_dir, tmp_path, straight, backend):
+  proc = _cli(tmp_path, data_dir, num_train_steps=STEPS * 50, **{"parallel.backend": backend})
   runs.wait_for(lambda: (tmp_path / "checkpoints" / "40").is_dir())
   proc.kill()
   proc.communicate(timeout=30)
-  config = _config(data_dir, **{"parallel.backend": "pmap"})
-  assert 40 <= checkpoint.Checkpointer(str(tmp_path), config).latest_step() < STEPS
+  config = _config(data_dir, **{"parallel.backend": backend})
+  with checkpoint.Checkpointer(str(tmp_path), config) as ckpt:
+    assert 40 <= ckpt.latest_step() < STEPS
   resumed = train.train_and_evaluate(config, str(tmp_path))
-  runs.assert_bitwise(runs.host_state(resumed), straight["pmap"][0])
+  runs.assert_bitwise(runs.host_state(resumed), straight[backend][0])
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_usable(data_dir, tmp_path):
