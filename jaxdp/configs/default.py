@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.name = "cnn"          # mlp | cnn | "package.module:ClassName" (NNX or linen); other fields are kwargs.
 
   config.dataset = ml_collections.ConfigDict()
-  config.dataset.name = "digits"     # Any registered TFDS builder, read with its supervised keys.
+  config.dataset.name = "digits"     # TFDS name, "module:Class", ./folder, x.npz or token_file (README: Your own data).
   config.dataset.data_dir = config_dict.placeholder(str)  # TFDS data_dir; None means the TFDS default.
   config.dataset.builder_kwargs = ml_collections.ConfigDict()  # Keyword arguments of the TFDS builder (text_file: path, seq_len).
   config.dataset.train_split = "train"  # TFDS split spec, e.g. "train[:90%]".
@@ -66,8 +66,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.std = ()            # Per-channel std the inputs are divided by, after the mean; (): none.
   config.dataset.crop_padding = 0    # Train only: zero-pad images by this many pixels, then randomly crop back; 0: off.
   config.dataset.flip = False        # Train only: random horizontal flip.
+  config.dataset.image_size = 0      # Images of varying size: train random-resized crop / eval central crop to this square; 0: off.
+  config.dataset.crop_ratio = 0.875  # Eval with image_size: the central crop's side / the image's shorter side.
   config.dataset.prefetch = 2        # Host batches tf.data prepares ahead (-1: autotune); parallel.prefetch then places them on devices.
-  config.dataset.shard_by_process = False  # Each process streams its own file shards (for datasets too large for memory); batches then depend on the process count.
-  config.dataset.shuffle_buffer = 16_384   # Shuffle buffer (examples) of shard_by_process; the default mode shuffles whole epochs.
-  config.dataset.max_memory_gb = 16.0  # The default mode holds the decoded train split in memory; a larger one is an error (use shard_by_process).
+  config.dataset.shard_by_process = False  # Each process reads only its own 1/P of the split (streams it, for TFRecord-only datasets); batches then depend on the process count.
+  config.dataset.shuffle_buffer = 16_384   # Shuffle buffer (examples) of shard_by_process streaming; the default mode shuffles whole epochs.
+  config.dataset.max_memory_gb = 16.0  # Accepted for old configs; unused: the default mode reads by index and holds no split in memory.
   return config
