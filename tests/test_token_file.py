@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxdp import metrics, train
+from jaxdp import data, metrics, train
 from jaxdp.config import ConfigError
 from jaxdp.configs import gpt_token_file
 from jaxdp.datasets import token_file
@@ -153,3 +153,23 @@ def test_a_token_file_larger_than_the_memory_budget_trains(tmp_path):
   print(f"peak RSS after the 8 KiB file {after_small / 2**20:.0f} MiB, after the 512 MiB file "
         f"{after_big / 2**20:.0f} MiB: growth {(after_big - after_small) / 2**20:.1f} MiB")
   assert after_big - after_small < budget
+
+
+def test_token_file_batches_are_the_same_for_any_process_count_and_resume(tmp_path):
+  path = str(tmp_path / "t.bin")
+  token_file.write(np.arange(3000), path, vocab_size=3000)  # Token i at position i.
+  ds = data.load(tiny_gpt_on(path, seq_len=8).dataset)
+  assert ds.num_classes == 3000 and ds.input_shape == (8,) and ds.integer_inputs
+
+  def global_batches(processes: int, start: int, steps: int) -> list[np.ndarray]:
+    streams = [data.train_batches(ds, "train", seed=3, global_batch=16, start_step=start, process_index=p,
+                                  process_count=processes) for p in range(processes)]
+    return [np.concatenate([next(s)["inputs"] for s in streams]) for _ in range(steps)]
+
+  one = global_batches(1, 0, 40)  # 337 windows: 21 steps per epoch, so this crosses an epoch.
+  for a, b in zip(one, global_batches(4, 0, 40)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(one[25:], global_batches(2, 25, 15)):
+    np.testing.assert_array_equal(a, b)
+  first = np.concatenate(one[:21])[:, 0]  # The first token of each window of epoch 0: every window at most once.
+  assert len(set(first.tolist())) == len(first) == 21 * 16
