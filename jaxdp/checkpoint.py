@@ -169,7 +169,9 @@ def _describe(x: Any) -> str:
 
 def _to_dicts(tree: Any) -> Any:
   """TrainState -> nested dict, so that its paths read like the stored metadata's."""
-  return {f.name: getattr(tree, f.name) for f in tree.__dataclass_fields__.values()} if isinstance(tree, TrainState) else tree
+  if not isinstance(tree, TrainState):
+    return tree
+  return {f.name: getattr(tree, f.name) for f in tree.__dataclass_fields__.values()}
 
 
 def _key(entry: Any) -> str:
