@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.builder_kwargs.eval_path = config_dict.placeholder(str)  # A second file for `test` (val.bin) ...
   config.dataset.builder_kwargs.test_fraction = 0.1  # ... else the last 10% of `path`'s tokens is `test`.
   config.dataset.builder_kwargs.seq_len = 256        # Tokens per example: the model's context.
-  config.dataset.builder_kwargs.stride = 0           # Train windows start every `stride` tokens; 0: seq_len (no overlap).
-  config.dataset.builder_kwargs.dtype = config_dict.placeholder(str)      # uint16 | uint32; None: the sidecar's (else uint16).
-  config.dataset.builder_kwargs.vocab_size = config_dict.placeholder(int)  # None: the sidecar's (required without one).
+  config.dataset.builder_kwargs.stride = 0           # Train windows start every `stride` tokens; 0: seq_len.
+  config.dataset.builder_kwargs.dtype = config_dict.placeholder(str)      # uint16 | uint32; None: sidecar, else uint16.
+  config.dataset.builder_kwargs.vocab_size = config_dict.placeholder(int)  # None: from the sidecar.
   return config
