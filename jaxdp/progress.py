@@ -1,20 +1,26 @@
 """What a run shows while it trains (process 0 only): a live progress bar on a terminal, plain
 periodic lines otherwise (so logs stay readable), with loss, throughput, step time, MFU and ETA."""
 
-import itertools
+import contextlib
+import dataclasses
 import math
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
 import jax
 
 from jaxdp import flops as flops_lib
-from jaxdp import summary
 
 BAR_WIDTH = 20  # The whole bar line stays under 80 columns: a wrapped line breaks the redraw.
 REDRAW_SECONDS = 0.1  # A bar redrawn every step would cost more than a tiny step.
+
+
+@dataclasses.dataclass
+class Span:
+  """The seconds some untimed work took (filled in when it ends)."""
+  seconds: float = 0.0
 
 
 class Reporter:
@@ -22,7 +28,8 @@ class Reporter:
 
   The loop calls `on_step` after dispatching each step, `on_log` once the metrics of every step up
   to `step` are on the host (a sync point, so the timing is exact), and `on_eval` after an eval.
-  Time spent in eval is not counted as training time.
+  Time spent in eval, and in work the loop wraps in `untimed()` (checkpoint saves), is not counted as
+  training time.
   """
 
   def __init__(self, total_steps: int, start_step: int, global_batch: int, num_devices: int, *,
@@ -67,8 +74,26 @@ class Reporter:
     self._print(eval_line(step, self.total_steps, scalars))
     self._window = (step, self._clock())
 
+  @contextlib.contextmanager
+  def untimed(self) -> Iterator[Span]:
+    """Work between steps that is not training (a checkpoint save, an eval): the timing window skips it."""
+    span, began = Span(), self._clock()
+    try:
+      yield span
+    finally:
+      span.seconds = self._clock() - began
+      if self._window is not None:
+        self._window = (self._window[0], self._window[1] + span.seconds)
+
   def close(self) -> None:
-    """Prints the average throughput of the timed steps."""
+    """Ends the display: clears a bar left on the terminal (also when the run stops early)."""
+    if self.enabled and self.interactive and self._last_draw > -math.inf:
+      self.stream.write("\r\x1b[K")
+      self.stream.flush()
+      self._last_draw = -math.inf
+
+  def done(self) -> None:
+    """Prints the average throughput of the timed steps (at the end of a run that finished)."""
     if self._timed_steps:
       step_time = self._timed_seconds / self._timed_steps
       self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
@@ -119,24 +144,6 @@ class Reporter:
     prefix = "\r\x1b[K" if self.interactive else ""  # Clears the bar; it is redrawn on the next step.
     self.stream.write(prefix + line + "\n")
     self.stream.flush()
-
-
-def start(train_step: Callable, state: Any, batches: Iterator, *, start_step: int, total_steps: int,
-          global_batch: int, devices: list[jax.Device]) -> tuple[Reporter, Iterator]:
-  """Counts the compiled step's FLOPs on the first batch, prints them, and makes the Reporter.
-
-  Returns the reporter and `batches` with the first batch put back. The compile done here is the one
-  the first real step reuses (JAX caches the executable).
-  """
-  step_flops = None
-  if start_step < total_steps:
-    first = next(batches)
-    batches = itertools.chain([first], batches)
-    step_flops = flops_lib.step_flops(train_step, state, first)
-  peak = flops_lib.peak_flops(devices[0])
-  summary.report({"compute": summary.compute(step_flops, peak, devices[0])}, title=None)
-  reporter = Reporter(total_steps, start_step, global_batch, len(devices), flops_per_step=step_flops, peak_flops=peak)
-  return reporter, batches
 
 
 def perf_scalars(step_seconds: float, global_batch: int, num_devices: int, flops_per_step: float | None,

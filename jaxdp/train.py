@@ -5,31 +5,52 @@ command line itself (flags, process setup, exit statuses) is `jaxdp.cli`.
 """
 
 import collections
+import contextlib
 import dataclasses
+import functools
+import itertools
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from jaxdp import build, checkpoint, cli, data, metrics, parallel, preemption, progress, replicas, summary
+from jaxdp import build, checkpoint, cli, data, metrics, models, parallel, preemption, progress, replicas, summary
 from jaxdp import config as config_lib
+from jaxdp import flops as flops_lib
 from jaxdp import step as step_lib
 
 log = logging.getLogger("jaxdp")
+PyTree = Any
 
 
 @dataclasses.dataclass
 class Result:
-  """What a run leaves: the final (device) state, its backend, the last eval metrics."""
+  """What a run leaves: the final (device) state, its backend and model, the last eval metrics.
+
+  `params` and `model_state` are one host copy (no device axis, for either backend), so that
+  `sample.sample_text(result.model, result.params, result.model_state, ...)` works on any run.
+  """
   state: step_lib.TrainState
   backend: parallel.Backend
   eval_metrics: dict[str, float]
   preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
+  model: models.Model | None = None  # The model as the run built it.
+
+  @functools.cached_property
+  def params(self) -> PyTree:
+    """The trained parameters on the host, one copy."""
+    return self.backend.get(self.state.params)
+
+  @functools.cached_property
+  def model_state(self) -> PyTree:
+    """The model's non-parameter state (e.g. BatchNorm statistics) on the host, one copy."""
+    return self.backend.get(self.state.model_state)
 
 
 class NonFiniteError(RuntimeError):
@@ -39,60 +60,58 @@ class NonFiniteError(RuntimeError):
 @dataclasses.dataclass
 class _Run:
   """Everything a run is built from, before the loop starts."""
-  config: ml_collections.ConfigDict
+  parts: build.Parts
   workdir: str
-  layout: config_lib.Layout
-  backend: parallel.Backend
-  ds: data.Dataset
   checkpointer: checkpoint.Checkpointer
   state: step_lib.TrainState
-  train_step: Callable
-  eval_step: Callable
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
-  run = _setup(config, workdir)
-  try:
-    with preemption.Watcher(config.get("preemption_sync_every_steps", 1)) as watcher:
-      return _train(run, watcher)
-  finally:
-    run.checkpointer.wait()  # Never exit with a save half-written.
-    run.checkpointer.close()
+  # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
+  # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
+  with contextlib.ExitStack() as stack:
+    run = _setup(config, workdir, stack)
+    watcher = stack.enter_context(preemption.Watcher(config.get("preemption_sync_every_steps", 1)))
+    return _train(run, watcher, stack)
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: str) -> _Run:
+def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack) -> _Run:
   """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
   parts = build.build(config)
   _check_workdir(workdir)
   summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
   stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                             global_batch=parts.layout.global_batch, process_count=jax.process_count())
-  checkpointer = checkpoint.Checkpointer(workdir, config, stream=stream)  # Restore checks the stream (resume guard).
+  # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
+  checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
   state = checkpointer.restore_or_init(parts.backend, parts.init)
-  return _Run(config, workdir, parts.layout, parts.backend, parts.ds, checkpointer, state, parts.train_step,
-              parts.eval_step)
+  return _Run(parts, workdir, checkpointer, state)
 
 
-def _train(run: _Run, watcher: preemption.Watcher) -> Result:
+def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
   """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
-  config, backend, state = run.config, run.backend, run.state
-  start, total = int(backend.get(state.step)), config.num_train_steps
+  parts, config, state = run.parts, run.parts.config, run.state
+  backend, total = parts.backend, config.num_train_steps
+  start = int(backend.get(state.step))
   if start:
     log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
              "; already at num_train_steps, nothing to train" if start >= total else "")
   batches = parallel.prefetch(backend, data.train_batches(
-      run.ds, config.dataset.train_split, seed=config.seed, global_batch=run.layout.global_batch,
+      parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
       start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
       config.parallel.prefetch)
-  writer = metrics.create_writer(run.workdir)  # metrics.jsonl + TensorBoard, process 0 only.
-  reporter, batches = progress.start(run.train_step, state, batches, start_step=start, total_steps=total,
-                                     global_batch=run.layout.global_batch, devices=backend.devices)
+  step_flops, batches = _count_flops(parts, state, batches, start < total)
+  writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
+  reporter = stack.enter_context(contextlib.closing(progress.Reporter(
+      total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
+      peak_flops=flops_lib.peak_flops(backend.devices[0]))))
   tracker = _StepMetrics(backend, config.parallel.max_steps_in_flight, config.get("max_consecutive_nonfinite", 5))
   sentinel = replicas.Sentinel(backend)
   eval_metrics: dict[str, float] = {}
+  saved = start
   for step in range(start + 1, total + 1):
-    state, step_metrics = run.train_step(state, next(batches))
+    state, step_metrics = parts.train_step(state, next(batches))
     tracker.push(step, step_metrics)
     reporter.on_step(step)
     if _itstime(step, config.log_every_steps, total):
@@ -102,18 +121,46 @@ def _train(run: _Run, watcher: preemption.Watcher) -> Result:
       sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
-      eval_metrics = _evaluate(run, state)
-      writer.write(step, eval_metrics)
+      with reporter.untimed() as span:
+        eval_metrics = _evaluate(parts, state)
+      writer.write(step, {**eval_metrics, "time/eval": span.seconds})
       reporter.on_eval(step, eval_metrics)
     if _itstime(step, config.get("checkpoint_every_steps", 0), total):
-      run.checkpointer.save(step, state, backend, eval_metrics if evaluated else None)
+      saved = _save(run, step, state, writer, reporter, eval_metrics if evaluated else None)
     if watcher.should_stop(step):
-      run.checkpointer.save(step, state, backend, force=True)
+      if saved != step:
+        _save(run, step, state, writer, reporter, force=True)
       log.info("step %d: stop requested; checkpoint saved, exiting", step)
-      return Result(state, backend, eval_metrics, preempted=True)
-  reporter.close()
-  writer.close()
-  return Result(state, backend, eval_metrics)
+      return Result(state, backend, eval_metrics, preempted=True, model=parts.model)
+  reporter.done()
+  return Result(state, backend, eval_metrics, model=parts.model)
+
+
+def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterator,
+                 will_train: bool) -> tuple[float | None, Iterator]:
+  """The step's FLOPs per device (XLA cost analysis of the compiled step on the first batch), printed.
+
+  Returns the FLOPs and `batches` with the first batch put back. With no accumulation loop the compile
+  done here is the one the first real step reuses (JAX caches the executable).
+  """
+  step_flops = None
+  if will_train:
+    first = next(batches)
+    batches = itertools.chain([first], batches)
+    step_flops = flops_lib.step_flops(parts.flops_step or parts.train_step, state, first)
+  device = parts.backend.devices[0]
+  summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
+  return step_flops, batches
+
+
+def _save(run: _Run, step: int, state: step_lib.TrainState, writer: metrics.MultiWriter,
+          reporter: progress.Reporter, eval_metrics: dict[str, float] | None = None, force: bool = False) -> int:
+  """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing. Returns `step`."""
+  jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
+  with reporter.untimed() as span:
+    run.checkpointer.save(step, state, run.parts.backend, eval_metrics, force=force)
+  writer.write(step, {"time/checkpoint": span.seconds})
+  return step
 
 
 class _StepMetrics:
@@ -159,13 +206,13 @@ def _itstime(step: int, every: int, total: int) -> bool:
   return every > 0 and (step % every == 0 or step == total)
 
 
-def _evaluate(run: _Run, state: step_lib.TrainState) -> dict[str, float]:
+def _evaluate(parts: build.Parts, state: step_lib.TrainState) -> dict[str, float]:
   """Loss and accuracy over every example of the eval split, each counted once."""
-  batches = data.eval_batches(run.ds, run.config.dataset.eval_split, global_batch=run.layout.eval_global_batch,
+  batches = data.eval_batches(parts.ds, parts.config.dataset.eval_split, global_batch=parts.layout.eval_global_batch,
                               process_index=jax.process_index(), process_count=jax.process_count())
   totals = None
   for batch in batches:
-    sums = run.backend.get(run.eval_step(state, run.backend.put_batch(batch)))
+    sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return metrics.summarize_eval(totals)
 

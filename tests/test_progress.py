@@ -136,3 +136,31 @@ def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   assert EVAL_LINE.match(progress_lines[3]), out
   assert progress_lines[-1].startswith("done | ")
   assert (workdir / "metrics.jsonl").exists() and list(workdir.glob("events.out.tfevents.*"))
+
+
+def test_untimed_work_is_left_out_of_the_step_time_and_the_eta():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out)
+  reporter.on_step(1)
+  for step in (2, 3):
+    clock.now += 1.0
+    reporter.on_step(step)
+    with reporter.untimed() as span:  # A checkpoint save after each step.
+      clock.now += 30.0
+    assert span.seconds == 30.0
+  perf = reporter.on_log(3, {"train/loss": 0.5})
+  assert perf["perf/step_time"] == pytest.approx(1.0)
+  assert reporter.eta_seconds(3) == pytest.approx(7 * 1.0)
+
+
+def test_close_clears_a_bar_left_on_the_terminal_and_done_prints_the_average():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out, interactive=True)
+  reporter.on_step(1)
+  clock.now += 2.0
+  reporter.on_step(2)
+  reporter.close()  # An exception after step 2: no bar left behind.
+  assert out.getvalue().endswith("\r\x1b[K")
+  reporter.on_log(2, {"train/loss": 0.5})
+  reporter.done()
+  assert out.getvalue().endswith("\r\x1b[Kdone | 32 ex/s on average | 2000.0 ms/step over 1 timed steps (0:00:02)\n")

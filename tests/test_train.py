@@ -1,10 +1,13 @@
 """End-to-end training: device-count and backend equivalence, identical replicas, user models."""
 
+import time
+
 import jax
 import numpy as np
 import pytest
 
-from jaxdp import metrics, train
+from jaxdp import checkpoint, metrics, preemption, progress, sample, train
+from jaxdp.configs import gpt_text_file
 
 
 def _params(result):
@@ -76,3 +79,84 @@ def test_metrics_jsonl_has_the_contract_keys(config, tmp_path):
   assert [r["step"] for r in evals] == [2, 4]
   assert all({"eval/accuracy", "eval/num_examples"} <= set(r) for r in evals)
   assert evals[-1]["eval/num_examples"] == 360
+
+
+def _record_closes(monkeypatch, *classes) -> list[str]:
+  """Names of the classes whose `close` was called, in call order."""
+  closed = []
+  for cls in classes:
+    def close(self, _original=cls.close, _name=cls.__name__):
+      closed.append(_name)
+      return _original(self)
+    monkeypatch.setattr(cls, "close", close)
+  return closed
+
+
+def _boom(*args, **kwargs):
+  raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("how", ["exception", "preemption", "restore"])
+def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(config, tmp_path, monkeypatch, how):
+  closed = _record_closes(monkeypatch, metrics.MultiWriter, progress.Reporter, checkpoint.Checkpointer)
+  config.eval_every_steps = 2
+  if how == "preemption":
+    monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 2)
+    assert train.train_and_evaluate(config, str(tmp_path)).preempted
+  else:
+    monkeypatch.setattr(*((train, "_evaluate") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
+                        _boom)
+    with pytest.raises(RuntimeError, match="boom"):
+      train.train_and_evaluate(config, str(tmp_path))
+  expected = {"Checkpointer"} if how == "restore" else {"MultiWriter", "Reporter", "Checkpointer"}
+  assert set(closed) == expected
+  if how != "restore":  # The train line of step 2 reached TensorBoard's files.
+    assert [s for s, _ in metrics.read_tensorboard(str(tmp_path))["train/loss"]] == [2]
+
+
+def test_checkpoint_saves_are_timed_apart_from_the_steps(config, tmp_path, monkeypatch):
+  config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 8, 4, 4
+  monkeypatch.setattr(checkpoint.Checkpointer, "save", lambda self, *a, **k: time.sleep(1.0))  # A slow save.
+  train.train_and_evaluate(config, str(tmp_path))
+  records = metrics.read(str(tmp_path))
+  saves = [r for r in records if "time/checkpoint" in r]
+  assert [r["step"] for r in saves] == [4, 8] and all(r["time/checkpoint"] >= 1.0 for r in saves)
+  step_times = {r["step"]: r["perf/step_time"] for r in records if "perf/step_time" in r}
+  assert set(step_times) == {4, 8}
+  assert step_times[8] < 0.2, step_times  # The save after step 4 would add 1.0 / 4 s to each of steps 5..8.
+
+
+@pytest.fixture(scope="module")
+def text_path(tmp_path_factory) -> str:
+  path = tmp_path_factory.mktemp("text") / "abc.txt"
+  path.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+  return str(path)
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_result_holds_one_host_copy_of_the_parameters(config, tmp_path, backend):
+  config.parallel.backend = backend
+  config.model.name = "user_models:LinenBNNet"  # With model state (BatchNorm statistics) too.
+  del config.model.hidden
+  result = train.train_and_evaluate(config, str(tmp_path))
+  params, model_state = jax.eval_shape(result.model.init, jax.random.PRNGKey(0))
+  for got, expected in ((result.params, params), (result.model_state, model_state)):
+    assert jax.tree.map(np.shape, got) == jax.tree.map(lambda x: x.shape, expected)  # No device axis.
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(got))
+
+
+def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
+  """The documented call, on the backend whose device state has a leading device axis."""
+  text_path = tmp_path / "abc.txt"
+  text_path.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+  config = gpt_text_file.get_config()
+  config.model.update(num_layers=1, num_heads=2, embed_dim=16, mlp_ratio=2)
+  config.dataset.data_dir = str(tmp_path / "tfds")
+  config.dataset.builder_kwargs.update(path=str(text_path), seq_len=16, stride=16)
+  config.batch_size, config.eval_batch_size, config.num_train_steps = 16, 16, 2
+  config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps = 2, 1000, 0
+  config.check_replicas_every_steps, config.warmup_steps = 0, 1
+  config.parallel.backend, config.parallel.num_devices = "pmap", 2
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  text = sample.sample_text(result.model, result.params, result.model_state, "the ", 8, seq_len=16, temperature=0)
+  assert text.startswith("the ") and 4 < len(text) <= 12  # Sampled bytes decode to at most one character each.
