@@ -29,9 +29,6 @@ class VarsizeJpegs(tfds.core.GeneratorBasedBuilder):
 
   VERSION = tfds.core.Version("1.0.0")
 
-  def __init__(self, *, file_format: str | None = None, **kwargs):
-    super().__init__(file_format=file_format or "array_record", **kwargs)
-
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self, description="Generated JPEGs of varying size.",

@@ -5,6 +5,7 @@ the prepared `digits` content is pinned to its builder VERSION."""
 import hashlib
 import importlib
 import math
+import shutil
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from jaxdp import data, offline, train
+from jaxdp.data import convert
 from jaxdp.config import ConfigError
 
 MOCK_EXAMPLES = 40  # Per split: 2 train batches of 16; eval pads 40 to 48.
@@ -109,3 +111,40 @@ def test_digits_content_matches_its_version(data_dir):
       digest.update(np.int64(source[i]["label"]).tobytes())
   assert DIGITS_CONTENT.get(str(builder.version)) == digest.hexdigest()
 
+
+
+@pytest.fixture(scope="module")
+def tfrecord_dir(tmp_path_factory):
+  """`digits` prepared as TFRecord only (as `tfds build` does by default)."""
+  path = str(tmp_path_factory.mktemp("tfrecord"))
+  tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
+  return path
+
+
+def test_a_tfrecord_only_dataset_is_one_error_line_with_the_command(tfrecord_dir, tmp_path, capsys):
+  status = train.main(["train", "--config", "jaxdp/configs/default.py", f"--workdir={tmp_path / 'run'}",
+                       f"--config.dataset.data_dir={tfrecord_dir}"])
+  err = capsys.readouterr().err.strip()
+  version_dir = tfds.builder("digits", data_dir=tfrecord_dir).data_dir
+  assert status == 2 and err.count("\n") == 0, err
+  assert err.startswith("error: dataset 'digits' is prepared in") and "as tfrecord only" in err
+  assert f"`python -m jaxdp.data.convert {version_dir}`" in err and "shard_by_process" in err
+
+
+def test_the_streaming_fallback_reads_a_tfrecord_dataset(tfrecord_dir):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": tfrecord_dir, "shard_by_process": True}))
+  batch = next(data.train_batches(ds, "train", seed=0, global_batch=32, start_step=0, process_index=1,
+                                  process_count=2))
+  assert batch["inputs"].shape == (16, 8, 8, 1) and batch["labels"].dtype == np.int32
+
+
+def test_the_converted_dataset_reads_the_same_batches(tfrecord_dir, data_dir, tmp_path):
+  copy = str(tmp_path / "tfds")
+  shutil.copytree(tfrecord_dir, copy)
+  assert convert.main(["convert", str(tfds.builder("digits", data_dir=copy).data_dir)]) == 0
+  converted = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": copy}))
+  prepared = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))  # As ArrayRecord.
+  a, b = (next(data.train_batches(ds, "train", seed=0, global_batch=32, start_step=7, process_index=0,
+                                  process_count=1)) for ds in (converted, prepared))
+  for k in a:
+    np.testing.assert_array_equal(a[k], b[k])

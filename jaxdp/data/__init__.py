@@ -202,9 +202,9 @@ def _require_random_access(builder: tfds.core.DatasetBuilder) -> None:
   formats = ", ".join(sorted(f.value for f in builder.info.available_file_formats())) or "unknown"
   raise ConfigError(
       f"dataset {builder.name!r} is prepared in {str(builder.data_dir)!r} as {formats} only; jaxdp reads "
-      f"examples by index from ArrayRecord. Convert it once with `tfds convert_format "
-      f"--dataset_version_dir={builder.data_dir} --out_file_format=array_record` (or stream it with "
-      f"dataset.shard_by_process=True: batches then depend on the process count)")
+      f"examples by index from ArrayRecord. Convert it once with `python -m jaxdp.data.convert "
+      f"{builder.data_dir}` (or stream it with dataset.shard_by_process=True: batches then depend on the "
+      f"process count)")
 
 
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,

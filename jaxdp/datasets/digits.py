@@ -1,6 +1,6 @@
 """`digits`: scikit-learn's bundled handwritten digits (1797 real 8x8 images) as a TFDS dataset.
 
-It needs no network, so tests and the default run work offline. Prepared as ArrayRecord, read by index.
+It needs no network, so tests and the default run work offline. `jaxdp.data.load` prepares it as ArrayRecord.
 """
 
 from collections.abc import Iterator
@@ -18,9 +18,6 @@ class Digits(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {"1.0.0": "1437 train / 360 test, fixed permutation with seed 0.",
                    "1.1.0": "Prepared as ArrayRecord (random access); same examples."}
-
-  def __init__(self, *, file_format: str | None = None, **kwargs):
-    super().__init__(file_format=file_format or "array_record", **kwargs)  # jaxdp reads by index.
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

@@ -55,9 +55,6 @@ class WindowedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.1.0")  # 1.1.0: prepared as ArrayRecord (random access); same examples.
   TRAIN_SPLIT = "train"
 
-  def __init__(self, *, file_format: str | None = None, **kwargs):
-    super().__init__(file_format=file_format or "array_record", **kwargs)  # jaxdp reads by index.
-
   @staticmethod
   def window_config(name: str, seq_len: int, stride: int, description: str) -> WindowConfig:
     if not (isinstance(seq_len, int) and seq_len > 0):

@@ -1,0 +1,62 @@
+"""Converts a TFDS dataset prepared as TFRecord to ArrayRecord in place, so jaxdp can read it by index.
+
+    python -m jaxdp.data.convert DATA_DIR/NAME[/CONFIG]/VERSION
+
+Each `*.tfrecord-XXXXX-of-YYYYY` shard is copied record by record (the serialized examples are the same
+bytes in both formats) to the matching `*.array_record-...` shard, written as TFDS writes ArrayRecord
+(`group_size:1`, for random access); `dataset_info.json` then names ArrayRecord as the file format (tfds
+4.9 ignores an alternative format read back from disk). The TFRecord shards stay, unused. Needs no Apache
+Beam (`tfds convert_format` imports it at start).
+"""
+
+import glob
+import json
+import os
+import sys
+
+import tensorflow as tf
+from array_record.python import array_record_module
+
+ARRAY_RECORD = "array_record"
+
+
+def convert(version_dir: str) -> list[str]:
+  """Writes an ArrayRecord copy of every TFRecord shard in `version_dir`; returns the shards written."""
+  info_path = os.path.join(version_dir, "dataset_info.json")
+  if not os.path.isfile(info_path):
+    raise FileNotFoundError(f"{version_dir!r} is not a prepared TFDS dataset version (no dataset_info.json)")
+  written = []
+  for shard in sorted(glob.glob(os.path.join(version_dir, "*.tfrecord-*-of-*"))):
+    target = shard.replace(".tfrecord-", f".{ARRAY_RECORD}-")
+    partial = target + ".incomplete"  # Renamed when complete: an interrupted run never leaves a short shard.
+    writer = array_record_module.ArrayRecordWriter(partial, "group_size:1")
+    for record in tf.data.TFRecordDataset(shard).as_numpy_iterator():
+      writer.write(record)
+    writer.close()
+    os.replace(partial, target)
+    written.append(target)
+  with open(info_path) as f:
+    info = json.load(f)
+  if written and info.get("fileFormat") != ARRAY_RECORD:
+    info["fileFormat"] = ARRAY_RECORD
+    with open(info_path + ".tmp", "w") as f:
+      json.dump(info, f, indent=2)
+    os.replace(info_path + ".tmp", info_path)
+  return written
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 2:
+    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    return 2
+  try:
+    shards = convert(argv[1])
+  except FileNotFoundError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(f"wrote {len(shards)} ArrayRecord shard(s) in {argv[1]}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
