@@ -1,32 +1,30 @@
-"""Eight fake CPU devices for every test; they must be set before JAX is imported."""
+"""Eight simulated CPU devices for every test (through jax.config, before JAX first uses a device)."""
 
 import os
 import tempfile
 
-os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
-    + ["--xla_force_host_platform_device_count=8"])
-os.environ["JAX_PLATFORMS"] = "cpu"
-# One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests
-# compile the same small programs, and a cache hit skips XLA (it changes no result: same executable).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="jaxdp-test-xla-cache-"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import jax
+import ml_collections
+import pytest
 
-import jax  # noqa: E402
-import ml_collections  # noqa: E402
-import pytest  # noqa: E402
-
-from jaxdp import data  # noqa: E402
-from jaxdp.configs import default  # noqa: E402
+from jaxdp import cpu_devices, data
+from jaxdp.configs import default
 
 NUM_DEVICES = 8
+cpu_devices.simulate(NUM_DEVICES)
+
+# One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests
+# compile the same small programs, and a cache hit skips XLA (it changes no result: same executable).
+_CACHE = {"jax_compilation_cache_dir": tempfile.mkdtemp(prefix="jaxdp-test-xla-cache-"),
+          "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
+for _name, _value in _CACHE.items():
+  os.environ.setdefault(_name.upper(), str(_value))  # For the subprocesses.
+  jax.config.update(_name, type(_value)(os.environ[_name.upper()]))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _eight_devices() -> None:
-  assert jax.device_count() == NUM_DEVICES, "XLA_FLAGS was applied after JAX was imported"
+  assert jax.device_count() == NUM_DEVICES, "a JAX device was used before conftest.py set the device count"
 
 
 @pytest.fixture(scope="session")
