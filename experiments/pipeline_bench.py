@@ -13,6 +13,13 @@ rotating: A B C, B C A, C A B, ...):
 After a warm-up, each phase runs a fixed number of batches that takes about `--seconds`. Ratios are
 taken within each round; their median and spread (min..max) over rounds are reported:
 headroom = A / B (target >= 2), fed = C / B (target >= 0.95).
+
+`imagenet` (in --datasets) is the ImageNet-like case: generated variable-size JPEGs of about 400 x 350
+pixels (`experiments/bench_jpegs.py`, about 100 KB each) cropped to 224 x 224 for training (random-resized
+crop, flip, normalization to float32). It compares images/s of jaxdp's pipeline (random access by index
+from ArrayRecord, `data.train_batches`) with a plain tf.data pipeline doing the same decode + crop as the
+Flax ImageNet example (`as_dataset` of a TFRecord copy, shuffle buffer, parallel map, batch, prefetch),
+alternating J T J T ... rounds; per core = images/s / the machine's cores (both use all of them).
 """
 
 import sys
@@ -34,7 +41,9 @@ import time  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 
 import jax  # noqa: E402
+import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 import tensorflow_datasets as tfds  # noqa: E402
 
 from jaxdp import config as config_lib  # noqa: E402
@@ -49,14 +58,19 @@ MOCK_EXAMPLES = 10_000  # Mocked cifar10 train split: 78 batches of 128 per epoc
 def main(argv: list[str]) -> None:
   args = _parse(argv)
   load_before = os.getloadavg()[0]
-  rows = []
+  rows, imagenet = [], None
   for name in args.datasets.split(","):
+    if name == "imagenet":
+      imagenet = measure_imagenet(args.data_dir, args.rounds, args.seconds, args.images, args.batch)
+      continue
     config = CONFIGS[name]()
     config.dataset.data_dir = args.data_dir
     with _source(name, args.data_dir) as source:
       source += f"; {config.model.name}, batch {config.batch_size}"
       rows.append((name, source, measure(config, args.rounds, args.seconds, args.warmup)))
   report = _report(rows, args, " ".join([os.path.relpath(sys.argv[0])] + argv), load_before)
+  if imagenet:
+    report += _imagenet_report(imagenet, args)
   print(report)
   if args.out:
     with open(args.out, "w") as f:
@@ -65,7 +79,9 @@ def main(argv: list[str]) -> None:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--datasets", default="digits,cifar10")
+  p.add_argument("--datasets", default="digits,cifar10,imagenet")
+  p.add_argument("--images", type=int, default=512, help="imagenet: generated train images")
+  p.add_argument("--batch", type=int, default=64, help="imagenet: batch size")
   p.add_argument("--rounds", type=int, default=7)
   p.add_argument("--seconds", type=float, default=4.0, help="about this long per phase and round")
   p.add_argument("--warmup", type=int, default=10, help="batches before timing (compile, buffers)")
@@ -123,6 +139,61 @@ def measure(config, rounds: int, seconds: float, warmup: int) -> dict[str, list[
     for key in keys[r % 3:] + keys[:r % 3]:  # A B C, B C A, C A B, ...: no phase always follows the same one.
       rates[key].append(counts[key] / _seconds(phases[key], counts[key]))
   return dict(rates)
+
+
+def measure_imagenet(data_dir: str, rounds: int, seconds: float, images: int, batch: int) -> dict[str, list[float]]:
+  """Images/s of jaxdp's pipeline (J) and of a Flax-example tf.data pipeline (T), alternating J T, T J, ..."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.bench_jpegs`.
+  kwargs = {"num_train": images, "num_test": 16}
+  config = ml_collections.ConfigDict({"name": "experiments.bench_jpegs:BenchJpegs", "data_dir": data_dir,
+                                      "builder_kwargs": kwargs, "image_size": 224, "flip": True,
+                                      "mean": MEAN, "std": STD, "prefetch": 4})
+  ds = data.load(config)
+  jaxdp_batches = data.train_batches(ds, "train", seed=0, global_batch=batch, start_step=0, process_index=0,
+                                     process_count=1)
+  tf_batches = _flax_like_pipeline(os.path.join(data_dir, "tfrecord"), kwargs, batch)
+  phases = {"J": lambda n: _drain_host(jaxdp_batches, n), "T": lambda n: _drain_host(tf_batches, n)}
+  counts = {}
+  for key, phase in phases.items():
+    phase(5)
+    counts[key] = max(3, round(seconds / _seconds(phase, 3) * 3))
+  rates: dict[str, list[float]] = collections.defaultdict(list)
+  for r in range(rounds):
+    for key in ("J", "T") if r % 2 == 0 else ("T", "J"):
+      rates[key].append(counts[key] * batch / _seconds(phases[key], counts[key]))
+  return dict(rates)
+
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int) -> Iterator:
+  """The Flax ImageNet example's train input: TFRecord, shuffle, decode + random crop + flip, batch."""
+  from experiments.bench_jpegs import BenchJpegs
+  builder = BenchJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
+  builder.download_and_prepare()
+  mean, std = tf.constant(MEAN) * 255, tf.constant(STD) * 255
+
+  def decode(example: dict) -> dict:
+    encoded = example["image"]
+    shape = tf.io.extract_jpeg_shape(encoded)
+    begin, size, _ = tf.image.sample_distorted_bounding_box(
+        shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]), min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3), area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    image = tf.io.decode_and_crop_jpeg(encoded, window, channels=3)
+    image = tf.image.resize([image], [224, 224], method=tf.image.ResizeMethod.BICUBIC)[0]
+    image = tf.image.random_flip_left_right(image)
+    return {"inputs": (image - mean) / std, "labels": tf.cast(example["label"], tf.int32)}
+
+  ds = builder.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()}, shuffle_files=True)
+  ds = ds.repeat().shuffle(16 * batch, seed=0).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+  return iter(tfds.as_numpy(ds.batch(batch, drop_remainder=True).prefetch(10)))
+
+
+def _drain_host(batches: Iterator, n: int) -> None:
+  for _ in range(n):
+    next(batches)
 
 
 def _seconds(phase: Callable[[int], None], n: int) -> float:
@@ -192,6 +263,28 @@ def _report(rows: list, args: argparse.Namespace, command: str, load_before: flo
     lines.append(f"| {name} | {source} | {_summary(r['A'])} | {_summary(r['B'])} | {_summary(r['C'])} | "
                  f"{_summary(headroom)} | {_summary(fed)} |")
   return "\n".join(lines) + "\n"
+
+
+def _imagenet_report(r: dict[str, list[float]], args: argparse.Namespace) -> str:
+  cores = os.cpu_count()
+  ratio = [j / t for j, t in zip(r["J"], r["T"])]
+  per_core = {k: [x / cores for x in v] for k, v in r.items()}
+  return "\n".join([
+      "",
+      "## ImageNet-like: variable-size JPEGs -> 224 x 224 train crops",
+      "",
+      f"{args.images} generated JPEGs of 250..450 x 300..500 pixels (about 100 KB each, "
+      f"`experiments/bench_jpegs.py`), batch {args.batch}, random-resized crop + flip + normalization to float32; "
+      f"{args.rounds} rounds alternating J T / T J; images/s as median (min..max); per core = images/s / "
+      f"{cores} cores.",
+      "",
+      "| pipeline | images/s | images/s per core |",
+      "| --- | --- | --- |",
+      f"| J: jaxdp (ArrayRecord by index, stateless order and crops) | {_summary(r['J'])} | {_summary(per_core['J'])} |",
+      f"| T: tf.data as the Flax ImageNet example (TFRecord, shuffle buffer) | {_summary(r['T'])} | "
+      f"{_summary(per_core['T'])} |",
+      f"| ratio J / T (>= 1.0) | {_summary(ratio)} | |",
+  ]) + "\n"
 
 
 def _cpu_model() -> str:
