@@ -1,8 +1,10 @@
 """Eval counts every example of the split exactly once, whatever the device count and batch size."""
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from jaxdp import metrics, train
+from jaxdp import data, metrics, models, train
 
 SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.
 
@@ -31,3 +33,20 @@ def test_eval_accuracy_does_not_depend_on_the_device_count(config, tmp_path):
     results.append(train.train_and_evaluate(config, str(tmp_path / str(n))).eval_metrics)
   assert results[0]["eval/accuracy"] == results[1]["eval/accuracy"] == results[2]["eval/accuracy"]
   assert results[0]["eval/loss"] == pytest.approx(results[2]["eval/loss"], rel=1e-5)
+
+
+def test_eval_accuracy_counts_only_real_examples(config, tmp_path):
+  # 101 examples in batches of 24: 19 padding rows (repeats of real ones) that must not count.
+  config.num_train_steps, config.batch_size, config.eval_batch_size = 10, 24, 24
+  config.dataset.eval_split = SPLIT
+  result = train.train_and_evaluate(config, str(tmp_path))
+  params, model_state = result.backend.get((result.state.params, result.state.model_state))
+  ds = data.load(config.dataset)
+  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
+  correct = seen = 0
+  for batch in data.eval_batches(ds, SPLIT, global_batch=24, process_index=0, process_count=1):
+    logits, _ = model.apply(params, model_state, jnp.asarray(batch["inputs"]), train=False)
+    hits = np.argmax(np.asarray(logits), -1) == batch["labels"]
+    correct, seen = correct + int(hits[batch["mask"]].sum()), seen + int(batch["mask"].sum())
+  assert seen == SIZE
+  assert result.eval_metrics["eval/accuracy"] == pytest.approx(correct / SIZE, abs=1e-9)

@@ -1,0 +1,72 @@
+"""The gradient strategies: clipping of the reduced gradient, and the NaN decision taken by all devices."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxdp import build, data, parallel, strategies
+from jaxdp import step as step_lib
+
+
+def _first_batch(parts, config):
+  return next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                 process_index=0, process_count=1))
+
+
+def _full_batch_grads(parts, params, model_state, batch):
+  """The gradient of the whole global batch on one device, with no parallelism at all."""
+
+  def loss(p):
+    logits, _ = parts.model.apply(p, model_state, jnp.asarray(batch["inputs"]), train=True)
+    return step_lib.cross_entropy(logits, batch["labels"]).mean()
+
+  return jax.grad(loss)(params)
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_clipping_matches_optax_on_the_full_batch_gradient(config, zero1):
+  config.optimizer, config.learning_rate, config.max_grad_norm = "sgd", 1.0, 0.05
+  config.parallel.shard_optimizer_state = zero1
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  params0, model_state = parts.backend.get((state.params, state.model_state))
+  batch = _first_batch(parts, config)
+  grads = _full_batch_grads(parts, params0, model_state, batch)
+  assert optax.global_norm(grads) > 4 * config.max_grad_norm  # Clipping is active.
+  expected, _ = optax.clip_by_global_norm(config.max_grad_norm).update(grads, optax.EmptyState())
+  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  # SGD with learning rate 1: params0 - params1 is the clipped gradient.
+  got = jax.tree.map(lambda a, b: a - b, params0, parts.backend.get(state.params))
+  # atol: params0 - params1 loses the last bits of parameters of size ~0.5 (a float32 ulp there is 6e-8).
+  jax.tree.map(lambda g, e: np.testing.assert_allclose(g, e, rtol=1e-5, atol=2e-7), got, expected)
+
+
+def test_zero1_devices_agree_when_one_slice_is_nonfinite():
+  # Device 1 alone holds the NaN of the reduce-scattered gradient; every device must answer False.
+  backend = parallel.make_backend("mesh", 8, shard_optimizer_state=True, checked=False)
+  strategy = strategies.ZeRO1(strategies.StepOptions(num_shards=8))
+  flat = np.zeros(64, np.float32)
+  flat[13] = np.nan  # Slice 1 of 8.
+  grads = {"w": jax.device_put(flat, NamedSharding(backend.mesh, P("data")))}
+  decide = jax.jit(jax.shard_map(lambda g: strategy.finite(jnp.float32(1), g, backend.axis)[None],
+                                 mesh=backend.mesh, in_specs=P("data"), out_specs=P("data"), check_vma=False))
+  assert np.asarray(decide(grads)).tolist() == [False] * 8
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(config, zero1):
+  config.model = ml_collections.ConfigDict({"name": "nan_models:OneNaNGradient"})  # Probe slice 1 of 8.
+  config.parallel.shard_optimizer_state = zero1
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  before = parts.backend.replicas(state.params)
+  state, metrics = parts.train_step(state, parts.backend.put_batch(_first_batch(parts, config)))
+  assert int(parts.backend.get(metrics)["nonfinite"]) == 1
+  after = parts.backend.replicas(state.params)
+  jax.tree.map(np.testing.assert_array_equal, before, after)  # No replica moved, not even partly.
+  assert int(parts.backend.get(state.step)) == 1
