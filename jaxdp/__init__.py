@@ -1,19 +1,13 @@
 """jaxdp: data-parallel (DDP) training for JAX.
 
-Importing the package imports no JAX, so the command-line tools start fast. Public names load on
-first use.
+Public names load on first use: `python -m jaxdp.train` must not find jaxdp.train already imported by
+the package (runpy warns and runs it twice), and tools like `jaxdp.plot` start without JAX.
 """
 
 import importlib
-import os
 from typing import Any
 
-# TensorFlow (used for input only) prints start-up lines at import on every command, before its log
-# level is read: TF_ENABLE_ONEDNN_OPTS=0 drops the oneDNN notice (oneDNN speeds up TF's own matmuls and
-# convolutions, which jaxdp does not run), TF_CPP_MIN_LOG_LEVEL=1 drops the other INFO lines; warnings and
-# errors still print. A value the user set wins.
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+from jaxdp import quiet  # noqa: F401  Before anything loads TensorFlow.
 
 _PUBLIC = {
     "train_and_evaluate": "jaxdp.train",
