@@ -40,6 +40,10 @@ def step_flops(jitted: Any, *args: Any) -> float | None:
   Works for `jax.jit` and `jax.pmap` functions. Both compile a per-device program (SPMD-partitioned
   or mapped), so the count is per device. JAX caches the executable, so the next real call of
   `jitted` with the same shapes does not compile again. None when the backend reports no FLOPs.
+
+  XLA's cost analysis counts a loop body once: a train step that accumulates k micro-batches in a
+  loop would report one micro-batch's FLOPs. For FLOPs per optimizer step, count `build.Parts.flops_step`
+  (the same step over the whole slice in one go: the same FLOPs, no loop), not `train_step`.
   """
   try:
     compiled = jitted.lower(*args).compile()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, config as config_lib, train
+from jaxdp import build, config as config_lib, data, flops, train
 
 
 def _train(config, workdir):
@@ -107,3 +107,18 @@ def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_pa
   # The plain mode is not bitwise invariant (that is what the mode is for); it stays close.
   ten_steps.parallel.invariant, ten_steps.parallel.num_devices, ten_steps.grad_accum_steps = False, 8, 1
   _close(_train(ten_steps, tmp_path / "plain")[1], reference, rtol=1e-5, atol=1e-6)
+
+
+def test_flops_per_step_count_every_micro_batch(ten_steps):
+  # XLA counts the accumulation loop's body once; flops_step counts the whole optimizer step.
+  ten_steps.batch_size = 256  # 32 per device: the forward and backward outweigh the update.
+  plain = build.build(ten_steps)
+  ten_steps.grad_accum_steps = 4
+  accumulated = build.build(ten_steps)
+  state = accumulated.backend.init(accumulated.init)
+  batch = accumulated.backend.put_batch(next(data.train_batches(
+      accumulated.ds, "train", seed=0, global_batch=256, start_step=0, process_index=0, process_count=1)))
+  whole = flops.step_flops(plain.flops_step, state, batch)
+  per_step = flops.step_flops(accumulated.flops_step, state, batch)
+  assert per_step == pytest.approx(whole, rel=0.02)
+  assert flops.step_flops(accumulated.train_step, state, batch) < 0.5 * per_step  # What XLA reports for the loop.
