@@ -28,7 +28,7 @@ from matplotlib.figure import Figure  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import build, inspect, summary  # noqa: E402
+from jaxdp import build, inspect, units  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 
 MODES = {"plain": False, "ZeRO-1": True}  # name -> parallel.shard_optimizer_state
@@ -74,7 +74,7 @@ def report_lines(reports: dict, times: dict, args: argparse.Namespace, png: str,
   first = next(iter(reports.values()))
   lines += [f"Default config: {first['run']['model']}, {first['run']['optimizer']}, global batch "
             f"{first['run']['global_batch']} on `digits`, {first['params']['count']:,} parameters "
-            f"({summary._bytes(first['params']['bytes'])}). From `jaxdp.inspect.analyze` per (mode, N): FLOPs per "
+            f"({units.binary_bytes(first['params']['bytes'])}). From `jaxdp.inspect.analyze` per (mode, N): FLOPs per "
             "device (XLA cost analysis), collectives of the compiled step (count, bytes of the full buffers), "
             "memory per device (XLA memory analysis; total = arguments + outputs + temporaries - donated). Step "
             f"times: {args.rounds} rounds alternating over N, {args.steps} steps each, median [interquartile range] "
@@ -83,10 +83,10 @@ def report_lines(reports: dict, times: dict, args: argparse.Namespace, png: str,
             "| temp /device | total /device | step ms |", "| --- " * 9 + "|"]
   for (mode, n), r in reports.items():
     per, mem = r["per_device"], r["memory"] or {}
-    coll = "; ".join(f"{k} {c} x, {summary._bytes(b)}" for k, (c, b) in collectives(r).items()) or "none"
-    lines.append(f"| {mode} | {n} | {r['run']['per_device_batch']} | {summary._si(r['flops_per_step'] or 0)}FLOP | "
-                 f"{coll} | {summary._bytes(per['params_bytes'] + per['opt_state_bytes'])} | "
-                 f"{summary._bytes(mem.get('temp_bytes', 0))} | {summary._bytes(mem.get('total_bytes', 0))} | "
+    coll = "; ".join(f"{k} {c} x, {units.binary_bytes(b)}" for k, (c, b) in collectives(r).items()) or "none"
+    lines.append(f"| {mode} | {n} | {r['run']['per_device_batch']} | {units.si(r['flops_per_step'] or 0)}FLOP | "
+                 f"{coll} | {units.binary_bytes(per['params_bytes'] + per['opt_state_bytes'])} | "
+                 f"{units.binary_bytes(mem.get('temp_bytes', 0))} | {units.binary_bytes(mem.get('total_bytes', 0))} | "
                  f"{abrun.fmt_ms(times[mode, n])} |")
   lines += ["", f"![scaling]({os.path.basename(png)})"]
   return lines

@@ -18,7 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp import cpu_devices, distributed
+from jaxdp import cpu_devices, distributed, progress
 
 log = logging.getLogger("jaxdp")
 
@@ -74,7 +74,7 @@ def setup_logging() -> None:
 
 def plain_pipes() -> None:
   """No progress bars (carriage returns, ANSI codes) from dataset preparation when output is not a terminal."""
-  if not _isatty(sys.stdout) or not _isatty(sys.stderr):
+  if not progress.is_terminal(sys.stdout) or not progress.is_terminal(sys.stderr):
     import tensorflow_datasets as tfds  # Its download/prepare bars write \r and ANSI codes into logs.
     tfds.disable_progress_bar()
 
@@ -199,9 +199,3 @@ def _program(argv: list[str]) -> str:
   name = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "train"
   return name if name.startswith("jaxdp") else f"jaxdp.{name}"
 
-
-def _isatty(stream: object) -> bool:
-  try:
-    return stream.isatty()
-  except (AttributeError, ValueError):  # No isatty, or a closed stream.
-    return False

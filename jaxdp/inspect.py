@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from jaxdp import build, cli, flops, parallel, summary
+from jaxdp import build, cli, flops, parallel, units
 from jaxdp import config as config_lib
 
 USAGE = "python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N]"
@@ -41,8 +41,9 @@ def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
   compiled_ops, loops = parse_compiled(compiled.as_text() or "", n)
   report = {
       "run": _run(config, parts),
-      "params": {"count": sum(x.size for x in jax.tree.leaves(abstract.params)), "bytes": _bytes(abstract.params)},
-      "optimizer_state_bytes": _bytes(abstract.opt_state),
+      "params": {"count": sum(x.size for x in jax.tree.leaves(abstract.params)),
+                 "bytes": _tree_bytes(abstract.params)},
+      "optimizer_state_bytes": _tree_bytes(abstract.opt_state),
       "per_device": _per_device(parts.backend, abstract, state, batch),
       "flops_per_step": flops.compiled_flops(compiled),
       "memory": memory(compiled),
@@ -212,7 +213,8 @@ def tally(ops: list[dict]) -> dict[str, dict[str, Any]]:
 
 # --- The report ----------------------------------------------------------------------------------
 
-def _bytes(tree: Any) -> int:
+def _tree_bytes(tree: Any) -> int:
+  """Bytes of one device's pieces of every leaf of `tree`."""
   return sum(_leaf_bytes(x) for x in jax.tree.leaves(tree))
 
 
@@ -227,9 +229,9 @@ def _per_device(backend: parallel.Backend, abstract: Any, state: Any, batch: dic
   """What one device holds of the state (mesh: its shards; pmap: one copy) and of the batch."""
   if isinstance(backend, parallel.PmapBackend):  # Leaves carry a [local_devices] axis: a device holds one row.
     state, batch = abstract, {k: jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for k, x in batch.items()}
-  other = _bytes(state) - _bytes(state.params) - _bytes(state.opt_state)
-  return {"params_bytes": _bytes(state.params), "opt_state_bytes": _bytes(state.opt_state),
-          "other_state_bytes": other, "batch_bytes": _bytes(batch)}
+  other = _tree_bytes(state) - _tree_bytes(state.params) - _tree_bytes(state.opt_state)
+  return {"params_bytes": _tree_bytes(state.params), "opt_state_bytes": _tree_bytes(state.opt_state),
+          "other_state_bytes": other, "batch_bytes": _tree_bytes(batch)}
 
 
 def _run(config: ml_collections.ConfigDict, parts: build.Parts) -> dict[str, Any]:
@@ -265,33 +267,31 @@ def _notes(report: dict, platform: str) -> list[str]:
 def format_report(r: dict) -> str:
   """The report as aligned text."""
   run, mem, dev = r["run"], r["memory"], r["per_device"]
-  flops_text = f"{summary._si(r['flops_per_step'])}FLOP per device" if r["flops_per_step"] else "unknown"
+  size = units.binary_bytes
+  flops_text = f"{units.si(r['flops_per_step'])}FLOP per device" if r["flops_per_step"] else "unknown"
   lines = [
       f"jaxdp inspect: {run['model']} on {run['devices']} x {run['device_kind']} ({run['platform']}), "
       f"backend {run['backend']}, batch {run['global_batch']} = {run['devices']} x {run['per_device_batch']}",
       f"  options     accum {run['grad_accum_steps']}, dtype {run['dtype']}, all-reduce {run['allreduce_dtype']}, "
       f"ZeRO-1 {'on' if run['shard_optimizer_state'] else 'off'}, optimizer {run['optimizer']}",
-      f"  parameters  {r['params']['count']:,} ({_b(r['params']['bytes'])}); optimizer state "
-      f"{_b(r['optimizer_state_bytes'])}",
-      f"  per device  params {_b(dev['params_bytes'])}, optimizer state {_b(dev['opt_state_bytes'])}, "
-      f"other state {_b(dev['other_state_bytes'])}, batch {_b(dev['batch_bytes'])}",
+      f"  parameters  {r['params']['count']:,} ({size(r['params']['bytes'])}); optimizer state "
+      f"{size(r['optimizer_state_bytes'])}",
+      f"  per device  params {size(dev['params_bytes'])}, optimizer state {size(dev['opt_state_bytes'])}, "
+      f"other state {size(dev['other_state_bytes'])}, batch {size(dev['batch_bytes'])}",
       f"  FLOPs/step  {flops_text} (XLA cost analysis)",
-      "  memory      " + (f"argument {_b(mem['argument_bytes'])}, output {_b(mem['output_bytes'])}, temp "
-                          f"{_b(mem['temp_bytes'])}, alias (donated) {_b(mem['alias_bytes'])}, total "
-                          f"{_b(mem['total_bytes'])} per device (XLA memory analysis)" if mem else "unknown"),
+      "  memory      " + (f"argument {size(mem['argument_bytes'])}, output {size(mem['output_bytes'])}, temp "
+                          f"{size(mem['temp_bytes'])}, alias (donated) {size(mem['alias_bytes'])}, total "
+                          f"{size(mem['total_bytes'])} per device (XLA memory analysis)" if mem else "unknown"),
       "",
       f"  {'collectives per step':<28}{'count':>6}{'bytes':>12}{'tensor':>12}{'scalar':>9}{'in loop':>9}  dtypes",
   ]
   for program in ("compiled", "lowered"):
     rows = [(k, c) for k, c in r["collectives"][program].items() if c["count"]]
-    lines += [f"  {f'{program} {k}':<28}{c['count']:>6}{_b(c['bytes']):>12}{_b(c['tensor_bytes']):>12}"
-              f"{_b(c['scalar_bytes']):>9}{c['in_loop'] if program == 'compiled' else '-':>9}  "
+    lines += [f"  {f'{program} {k}':<28}{c['count']:>6}{size(c['bytes']):>12}{size(c['tensor_bytes']):>12}"
+              f"{size(c['scalar_bytes']):>9}{c['in_loop'] if program == 'compiled' else '-':>9}  "
               + ", ".join(c["dtypes"]) for k, c in rows] or [f"  {program}: none"]
   return "\n".join(lines + [""] + [f"  note: {n}" for n in r["notes"]])
 
-
-def _b(n: int) -> str:
-  return summary._bytes(n)
 
 
 def main(argv: list[str]) -> int:

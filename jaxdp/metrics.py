@@ -32,7 +32,7 @@ class JsonlWriter:
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}
+    record = {"step": int(step), **{k: _json_value(v) for k, v in scalars.items()}}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -126,5 +126,6 @@ def _is_number(value: object) -> bool:
       and np.ndim(value) == 0
 
 
-def _plain(value: object) -> object:
+def _json_value(value: object) -> object:
+  """A numpy scalar or 0-d array as the Python number json can write."""
   return value.item() if isinstance(value, np.generic | np.ndarray) else value

@@ -11,6 +11,7 @@ from typing import TextIO
 
 import jax
 
+from jaxdp import units
 from jaxdp import flops as flops_lib
 
 BAR_WIDTH = 20  # The whole bar line stays under 80 columns: a wrapped line breaks the redraw.
@@ -43,7 +44,7 @@ class Reporter:
     self.flops_per_step = flops_per_step
     self.peak_flops = peak_flops
     self.stream = stream if stream is not None else sys.stdout
-    self.interactive = _isatty(self.stream) if interactive is None else interactive
+    self.interactive = is_terminal(self.stream) if interactive is None else interactive
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._clock = clock
     self._window: tuple[int, float] | None = None  # (step, time) where the current timing began.
@@ -97,7 +98,7 @@ class Reporter:
     if self._timed_steps:
       step_time = self._timed_seconds / self._timed_steps
       self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
-                  f"over {self._timed_steps} timed steps ({_duration(self._timed_seconds)})")
+                  f"over {self._timed_steps} timed steps ({units.duration(self._timed_seconds)})")
 
   def eta_seconds(self, step: int) -> float | None:
     """Seconds left for the remaining steps at the average step time so far (None before any timing)."""
@@ -129,7 +130,7 @@ class Reporter:
       parts.append(f"{self.global_batch / live:,.0f} ex/s")
     eta = self.eta_seconds(step) if self._timed_steps else ((self.total_steps - step) * live if live else None)
     if eta is not None:
-      parts.append(f"ETA {_duration(eta)}")
+      parts.append(f"ETA {units.duration(eta)}")
     return " | ".join(parts)
 
   def _window_step_time(self, step: int, now: float) -> float | None:
@@ -173,7 +174,7 @@ def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mappin
   if "perf/mfu" in perf:
     parts.append(f"MFU {100 * perf['perf/mfu']:.1f}%")
   if eta is not None:
-    parts.append(f"ETA {_duration(eta)}")
+    parts.append(f"ETA {units.duration(eta)}")
   return " | ".join(parts)
 
 
@@ -189,14 +190,8 @@ def eval_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
   return " | ".join(parts)
 
 
-def _duration(seconds: float) -> str:
-  """H:MM:SS."""
-  minutes, secs = divmod(int(round(seconds)), 60)
-  hours, minutes = divmod(minutes, 60)
-  return f"{hours}:{minutes:02d}:{secs:02d}"
-
-
-def _isatty(stream: TextIO) -> bool:
+def is_terminal(stream: object) -> bool:
+  """Whether `stream` is an open terminal (a bar can be redrawn there)."""
   try:
     return stream.isatty()
   except (AttributeError, ValueError):  # No isatty, or a closed stream.

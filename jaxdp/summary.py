@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp import config as config_lib
-from jaxdp import data, parallel
+from jaxdp import data, parallel, units
 from jaxdp.models import Model
 
 
@@ -26,7 +26,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "devices": _devices(backend),
       "backend": _backend(config.parallel.backend, backend),
       "batch": _batch(layout),
-      "model": f"{config.model.name}: {count:,} parameters, {_bytes(nbytes)}",
+      "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {ds.num_classes} classes"),
       "schedule": (f"{config.num_train_steps:,} steps, {steps_per_epoch:,} per epoch "
@@ -79,22 +79,7 @@ def compute(step_flops: float | None, peak: float | None, device: jax.Device) ->
   """The step's FLOPs per device and whether MFU can be reported."""
   if step_flops is None:
     return "FLOPs per step unknown: no MFU"
-  text = f"{_si(step_flops)}FLOP per step per device (XLA cost analysis)"
+  text = f"{units.si(step_flops)}FLOP per step per device (XLA cost analysis)"
   if peak is None:
     return text + f"; peak FLOP/s of {device.device_kind!r} unknown: no MFU"
-  return text + f"; peak {_si(peak)}FLOP/s per device (bf16): MFU reported"
-
-
-def _si(value: float) -> str:
-  """1.23e9 -> '1.23 G'."""
-  for unit, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-    if value >= scale:
-      return f"{value / scale:.3g} {unit}"
-  return f"{value:.3g} "
-
-
-def _bytes(n: int) -> str:
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if n >= scale:
-      return f"{n / scale:.1f} {unit}"
-  return f"{n} B"
+  return text + f"; peak {units.si(peak)}FLOP/s per device (bf16): MFU reported"
