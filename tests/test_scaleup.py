@@ -91,14 +91,17 @@ def test_bad_scaleup_settings_are_named(config, override, named):
 def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_path):
   ten_steps.parallel.invariant = True
   ten_steps.check_replicas_every_steps = 0
-  results = {}
+  ten_steps.eval_batch_size = 40  # 360 test examples: 9 batches of 40, the eval sums cross 5 to 40 rows per device.
+  results, evals = {}, {}
   for n, accum in ((1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (8, 2)):
     ten_steps.parallel.num_devices, ten_steps.grad_accum_steps = n, accum
-    results[(n, accum)] = _train(ten_steps, tmp_path / f"{n}_{accum}")[1]
+    result, results[(n, accum)] = _train(ten_steps, tmp_path / f"{n}_{accum}")
+    evals[(n, accum)] = result.eval_metrics
   reference = results[(1, 1)]
   for (n, accum), params in results.items():
     for a, b in zip(jax.tree.leaves(results[(1, accum)]), jax.tree.leaves(params)):
       assert a.tobytes() == b.tobytes(), (n, accum)
+    assert evals[(n, accum)] == evals[(1, accum)], (n, accum)  # Eval sums in one fixed order too.
   # Accumulation is honoured, not ignored: pieces of half the size round differently, so the result is
   # k = 1's to float precision but not to the bit.
   accumulated = results[(1, 2)]
