@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
-from jaxdp import build, checkpoint, cli, data, metrics, models, parallel, preemption, progress, replicas, summary
+from jaxdp import audit, build, checkpoint, cli, data, evaluate, metrics, models, parallel, preemption, progress
+from jaxdp import replicas, summary
 from jaxdp import config as config_lib
 from jaxdp import flops as flops_lib
 from jaxdp import step as step_lib
@@ -64,6 +64,7 @@ class _Run:
   workdir: str
   checkpointer: checkpoint.Checkpointer
   state: step_lib.TrainState
+  recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
@@ -86,7 +87,10 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
   # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
   checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
   state = checkpointer.restore_or_init(parts.backend, parts.init)
-  return _Run(parts, workdir, checkpointer, state)
+  recorder = stack.enter_context(contextlib.closing(audit.start(
+      workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
+      checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
+  return _Run(parts, workdir, checkpointer, state, recorder)
 
 
 def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
@@ -112,17 +116,18 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   saved = start
   for step in range(start + 1, total + 1):
     state, step_metrics = parts.train_step(state, next(batches))
+    run.recorder.record(step)
     tracker.push(step, step_metrics)
     reporter.on_step(step)
     if _itstime(step, config.log_every_steps, total):
       train_metrics = tracker.flush()
-      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics)})
+      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics), **run.recorder.metrics(step)})
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
       sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
       with reporter.untimed() as span:
-        eval_metrics = _evaluate(parts, state)
+        eval_metrics = evaluate.run(parts, state)
       writer.write(step, {**eval_metrics, "time/eval": span.seconds})
       reporter.on_eval(step, eval_metrics)
     if _itstime(step, config.get("checkpoint_every_steps", 0), total):
@@ -159,6 +164,7 @@ def _save(run: _Run, step: int, state: step_lib.TrainState, writer: metrics.Mult
   jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
   with reporter.untimed() as span:
     run.checkpointer.save(step, state, run.parts.backend, eval_metrics, force=force)
+  run.recorder.saved(step)
   writer.write(step, {"time/checkpoint": span.seconds})
   return step
 
@@ -204,17 +210,6 @@ class _StepMetrics:
 def _itstime(step: int, every: int, total: int) -> bool:
   """Periodic work runs every `every` steps and at the last step; never when `every` is 0."""
   return every > 0 and (step % every == 0 or step == total)
-
-
-def _evaluate(parts: build.Parts, state: step_lib.TrainState) -> dict[str, float]:
-  """Loss and accuracy over every example of the eval split, each counted once."""
-  batches = data.eval_batches(parts.ds, parts.config.dataset.eval_split, global_batch=parts.layout.eval_global_batch,
-                              process_index=jax.process_index(), process_count=jax.process_count())
-  totals = None
-  for batch in batches:
-    sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return metrics.summarize_eval(totals)
 
 
 def _check_workdir(workdir: str) -> None:

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import checkpoint, launch, train
+from jaxdp import audit, checkpoint, launch, train
 
 K = 20  # Steps before the checkpoint that the elastic restarts resume from; runs go to 2K.
 
 
 def _overrides(data_dir, **more):
   return {"dataset.data_dir": data_dir, "model.name": "mlp", "num_train_steps": 2 * K, "log_every_steps": 1,
-          "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, **more}
+          "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, "audit_data": True,
+          **more}
 
 
 def _launch(workdir, overrides, processes=2, devices=4, **popen):
@@ -70,6 +71,7 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   assert "[0] step" in out and "[1] step" not in out  # Only process 0 reports progress ...
   steps = [r["step"] for r in train.metrics.read(str(workdir)) if "train/loss" in r]
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.
+  assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
 
 
 def _init_for(config):
@@ -87,12 +89,14 @@ def test_resume_two_processes_on_one(data_dir, tmp_path, one_by_eight, two_by_fo
   train.train_and_evaluate(runs.config_with(_overrides(data_dir)), str(tmp_path))
   resumed = {s: l for s, l in runs.train_losses(tmp_path, K).items()}
   _assert_losses_close(resumed, runs.train_losses(one_by_eight[0], K))
+  assert audit.main(["audit", str(tmp_path)]) == 0  # Exactly once: steps K+1..2K of 2 processes were rolled back.
 
 
 def test_resume_one_process_on_two(data_dir, tmp_path, one_by_eight):
   train.train_and_evaluate(runs.config_with(_overrides(data_dir, num_train_steps=K)), str(tmp_path))
   _finish(_launch(tmp_path, _overrides(data_dir)))
   _assert_losses_close(runs.train_losses(tmp_path, K), runs.train_losses(one_by_eight[0], K))
+  assert audit.main(["audit", str(tmp_path)]) == 0  # Exactly once across 1 x 8 then 2 x 4.
 
 
 def _pid_of_rank(workdir, rank):

@@ -32,6 +32,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/Inf steps (each is skipped); 0: never.
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
   config.preemption_sync_every_steps = 1  # Multi-process: agree on a stop signal every this many steps.
+  config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
 
   # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
   # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.

@@ -1,0 +1,118 @@
+"""Data-order audit: exactly-once per epoch across resumes, replays caught, two runs compared (jaxdp.audit)."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxdp import audit, metrics, train
+from jaxdp.data import sampler
+
+B = 256  # digits' train split has 1,437 examples: 5 steps per epoch.
+
+
+@pytest.fixture
+def audited(config):
+  """The tiny config with a large batch (short epochs), recording the audit, checkpoints every 4 steps."""
+  config.batch_size = B
+  config.num_train_steps = 12
+  config.audit_data = True
+  config.checkpoint_every_steps = 4
+  config.async_checkpointing = False
+  return config
+
+
+def _train(config, workdir, steps, **changes):
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = steps
+  for key, value in changes.items():
+    config[key] = value
+  train.train_and_evaluate(config, str(workdir))
+
+
+def _audit(*workdirs, capsys=None):
+  if capsys:
+    capsys.readouterr()  # Only the audit's own output.
+  status = audit.main(["audit", *map(str, workdirs)])
+  return status, capsys.readouterr().out if capsys else ""
+
+
+def test_resume_mid_epoch_after_losing_steps_is_exactly_once(audited, tmp_path, capsys):
+  _train(audited, tmp_path, 7)  # Checkpoints 4 and 7; step 7 is mid-epoch (5 steps per epoch).
+  shutil.rmtree(tmp_path / "checkpoints" / "7")  # As if killed after step 7 before saving it: 5..7 are lost.
+  _train(audited, tmp_path, 12)  # Resumes from 4, trains 5..12 again.
+  status, out = _audit(tmp_path, capsys=capsys)
+  assert status == 0, out
+  assert "steps 1..12 in 2 segment(s)" in out and "2 completed epoch(s) of 5 steps" in out
+  entries = audit.lineage(audit.load(str(tmp_path)))
+  order = sampler.GlobalOrder(1437, B, audited.seed, "train")
+  for i, entry in enumerate(entries):  # The recorded ids are the sampler's global batches, in order.
+    np.testing.assert_array_equal(entry.ids, order.rows(i, 0, B))
+  # The digests in metrics.jsonl name each logged step's global batch.
+  digests = {r["step"]: r["data/digest"] for r in metrics.read(str(tmp_path)) if "data/digest" in r}
+  assert digests and all(d == audit.batch_digest(entries[s - 1].ids) for s, d in digests.items())
+  assert len(set(digests.values())) == len(digests)
+
+
+def test_resume_that_replays_steps_is_caught(audited, tmp_path, capsys):
+  _train(audited, tmp_path, 8)  # Checkpoints 4 and 8.
+  ckpt = tmp_path / "checkpoints"
+  shutil.rmtree(ckpt / "8")
+  os.rename(ckpt / "4", ckpt / "8")  # A hand-edited checkpoint: named 8, holding step 4's state.
+  _train(audited, tmp_path, 10)  # Resumes "from 8" at step 4: trains 5..10, replaying 5..8.
+  status, out = _audit(tmp_path, capsys=capsys)
+  assert status == 1
+  assert "step 5 trained twice" in out and "resumed at step 4 from checkpoint 8" in out
+
+
+def test_same_order_on_other_device_counts_and_another_seed_is_caught(audited, tmp_path, capsys):
+  _train(audited, tmp_path / "eight", 3)
+  _train(audited, tmp_path / "four", 4, parallel=dict(audited.parallel, num_devices=4))
+  status, out = _audit(tmp_path / "eight", tmp_path / "four", capsys=capsys)
+  assert status == 0, out
+  assert "same global batches in the same order for steps 1..3" in out
+  _train(audited, tmp_path / "seed", 2, seed=1)
+  status, out = _audit(tmp_path / "eight", tmp_path / "seed", capsys=capsys)
+  assert status == 1 and out.startswith("audit failed: step 1: the global batches differ"), out
+
+
+def _segment(start, steps, restored=None, saves=(), batch=4, n=10, seed=0, process_count=1):
+  """A synthetic segment whose global batches come from the sampler (n examples, batch 4: 2 steps/epoch)."""
+  order = sampler.GlobalOrder(n, batch, seed, "train")
+  header = {"segment": f"{start:020d}", "process_count": process_count, "num_devices": 1, "global_batch": batch,
+            "num_examples": n, "steps_per_epoch": n // batch, "seed": seed, "split": "train", "dataset": "d",
+            "shard_by_process": False, "start_step": start, "restored_from": restored}
+  return audit.Segment(header, {s: order.rows(s - 1, 0, batch) for s in steps}, list(saves))
+
+
+def test_lineage_drops_the_steps_a_lost_checkpoint_held():
+  first = _segment(0, range(1, 6), saves=[2, 4])
+  resumed = _segment(2, range(3, 8), restored=2)  # Checkpoint 4 lost: steps 3..5 retrained once.
+  assert [e.step for e in audit.lineage([first, resumed])] == list(range(1, 8))
+
+
+def test_a_duplicate_example_within_an_epoch_is_named():
+  seg = _segment(0, range(1, 4))
+  seg.steps[2] = seg.steps[2].copy()
+  seg.steps[2][3] = seg.steps[1][0]  # The sampler gone wrong: one example twice in epoch 0.
+  with pytest.raises(audit.AuditError, match=rf"step 2: example {seg.steps[1][0]} \(row 3\) was already trained on "
+                     r"at step 1 of epoch 0"):
+    audit.check_entries([seg], audit.lineage([seg]))
+
+
+def test_skipped_steps_and_missing_records_are_named():
+  first = _segment(0, range(1, 5), saves=[2])
+  jumped = _segment(3, range(4, 6), restored=2)  # The state says 3, the checkpoint held 2: step 3 never trained.
+  with pytest.raises(audit.AuditError, match="steps 3..3 were never trained"):
+    audit.check_entries([first, jumped], audit.lineage([first, jumped]))
+  unknown = _segment(4, range(5, 6), restored=4)
+  with pytest.raises(audit.AuditError, match="resumed from checkpoint 4, which no audited segment saved"):
+    audit.lineage([first, unknown])
+
+
+def test_cli_errors(tmp_path, capsys):
+  assert audit.main(["audit"]) == 2
+  assert "error: expected one or two workdirs" in capsys.readouterr().err
+  assert audit.main(["audit", str(tmp_path)]) == 2
+  assert "no audit records" in capsys.readouterr().err
