@@ -4,10 +4,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import data, models, optim, parallel
+from jaxdp import build, data, models, optim, parallel
 from jaxdp import step as step_lib
 
 
@@ -79,3 +80,20 @@ def test_naive_pmean_under_shard_map_would_be_caught(config):
   got = jax.tree.map(lambda a, b: a - b, params0, naive.get(state.params))
   ratio = np.asarray(jax.tree.leaves(got)[0]) / np.asarray(jax.tree.leaves(grads)[0])
   np.testing.assert_allclose(np.nanmedian(ratio), 8.0, rtol=1e-3)  # The trap the tests must catch.
+
+
+def test_running_statistics_are_averaged_over_replicas(config):
+  """BatchNorm without a cross-replica axis normalizes per slice; its running averages are the replicas' mean."""
+  config.model, config.parallel.backend = ml_collections.ConfigDict({"name": "user_models:LinenBNNet"}), "pmap"
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                  process_index=0, process_count=1))
+  per_replica = [parts.model.apply(params, model_state, jnp.asarray(x), train=True)[1]
+                 for x in np.split(batch["inputs"], 8)]  # Each replica's slice alone.
+  expected = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *per_replica)
+  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  replicas = parts.backend.replicas(state.model_state)
+  jax.tree.map(lambda r, e: np.testing.assert_allclose(r, np.broadcast_to(e, r.shape), rtol=1e-5, atol=1e-7),
+               replicas, expected)
