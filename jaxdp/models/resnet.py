@@ -84,7 +84,9 @@ class ResNet(nnx.Module):
   def __init__(self, input_shape: Sequence[int], num_classes: int, stage_sizes: Sequence[int] = (2, 2, 2, 2),
                width: int = 64, bn_axis_name: str | None = "data", bn_momentum: float = 0.9,
                stem: str = "cifar", block: str = "basic", *, rngs: nnx.Rngs):
-    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None keeps them local.
+    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None normalizes each
+    replica's slice with its own batch statistics, while the running averages (used in eval) are still
+    averaged over the replicas after every step by the train step, so the replicas stay identical.
 
     `stem`: "cifar" (a 3x3 convolution, stride 1: for 32x32 inputs) or "imagenet" (a 7x7 convolution,
     stride 2, then a 3x3 max-pool, stride 2: for 224x224 inputs, 4x smaller before the first stage).
