@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import checkpoint, metrics, preemption, progress, sample, train
+from jaxdp import checkpoint, evaluate, metrics, preemption, progress, sample, train
 from jaxdp.configs import gpt_text_file
 
 
@@ -104,7 +104,7 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
     monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 2)
     assert train.train_and_evaluate(config, str(tmp_path)).preempted
   else:
-    monkeypatch.setattr(*((train, "_evaluate") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
+    monkeypatch.setattr(*((evaluate, "run") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
                         _boom)
     with pytest.raises(RuntimeError, match="boom"):
       train.train_and_evaluate(config, str(tmp_path))
