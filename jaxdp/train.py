@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxdp import build, checkpoint, cli, data, evaluate, metrics, models, parallel, preemption, progress
+from jaxdp import audit, build, checkpoint, cli, data, evaluate, metrics, models, parallel, preemption, progress
 from jaxdp import replicas, summary
 from jaxdp import config as config_lib
 from jaxdp import flops as flops_lib
@@ -64,6 +64,7 @@ class _Run:
   workdir: str
   checkpointer: checkpoint.Checkpointer
   state: step_lib.TrainState
+  recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
@@ -86,7 +87,10 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
   # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
   checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
   state = checkpointer.restore_or_init(parts.backend, parts.init)
-  return _Run(parts, workdir, checkpointer, state)
+  recorder = stack.enter_context(contextlib.closing(audit.start(
+      workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
+      checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
+  return _Run(parts, workdir, checkpointer, state, recorder)
 
 
 def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
@@ -112,11 +116,12 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   saved = start
   for step in range(start + 1, total + 1):
     state, step_metrics = parts.train_step(state, next(batches))
+    run.recorder.record(step)
     tracker.push(step, step_metrics)
     reporter.on_step(step)
     if _itstime(step, config.log_every_steps, total):
       train_metrics = tracker.flush()
-      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics)})
+      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics), **run.recorder.metrics(step)})
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
       sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
@@ -159,6 +164,7 @@ def _save(run: _Run, step: int, state: step_lib.TrainState, writer: metrics.Mult
   jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
   with reporter.untimed() as span:
     run.checkpointer.save(step, state, run.parts.backend, eval_metrics, force=force)
+  run.recorder.saved(step)
   writer.write(step, {"time/checkpoint": span.seconds})
   return step
 
