@@ -31,6 +31,7 @@ import step_variants  # noqa: E402
 from jaxdp import distributed, models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
+from jaxdp.strategies import plain  # noqa: E402
 
 # variant "proposed": jaxdp's step with the changes this study proposes (see step_variants).
 PROPOSED = {"guard": "cond", "flat": True}
@@ -89,7 +90,7 @@ class Worker:
     return times
 
   def allreduce(self, name: str, steps: int, flat: bool = False) -> dict:
-    """The gradient all-reduce of jaxdp's step alone: `step.all_reduce_mean` of a gradient-shaped tree
+    """The gradient all-reduce of jaxdp's step alone: `strategies.plain.all_reduce_mean` of a gradient-shaped tree
     (or, with `flat`, of one buffer with as many elements)."""
     _, model = self._model(name)
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0))[0]
@@ -99,7 +100,7 @@ class Worker:
     local = jax.tree.map(lambda p: np.ones((1, *p.shape), p.dtype), params)  # This process's gradients.
     sharding = NamedSharding(mesh, P(parallel.AXIS))
     grads = jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
-    reduce = jax.jit(jax.shard_map(lambda t: step_lib.all_reduce_mean(jax.tree.map(lambda x: x[0], t), parallel.AXIS),
+    reduce = jax.jit(jax.shard_map(lambda t: plain.all_reduce_mean(jax.tree.map(lambda x: x[0], t), parallel.AXIS),
                                    mesh=mesh, in_specs=P(parallel.AXIS), out_specs=P()))
     jax.block_until_ready(reduce(grads))  # Compile.
     times = []

@@ -22,6 +22,7 @@ from jax import lax
 from jax.flatten_util import ravel_pytree
 
 from jaxdp import step as step_lib
+from jaxdp.strategies import base, plain
 
 
 def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model: Any,
@@ -30,16 +31,16 @@ def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model
   """jaxdp's per-replica step (float32, no accumulation) with the guard done by `guard` and, with `flat`,
   one all-reduce of everything."""
   rng = jax.random.fold_in(state.rng, state.step)
-  loss, accuracy, model_state, grads = step_lib._local_gradients(state, batch, model=model, rng=rng, axis=axis,
-                                                                 options=step_lib.StepOptions())
+  grad_fn = step_lib._grad_fn(model, step_lib.StepOptions())
+  loss, accuracy, model_state, grads = plain.local_gradients(grad_fn, state, batch, rng, axis, 1)
   if flat:
     buffer, unravel = ravel_pytree((loss, accuracy, grads))
     loss, accuracy, grads = unravel(lax.pmean(buffer, axis.name))
   else:
     loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
-    grads = step_lib.all_reduce_mean(grads, axis.name)
-  finite = step_lib._all_finite((loss, grads))
-  model_state = step_lib._pmean_floats(model_state, axis.name)
+    grads = plain.all_reduce_mean(grads, axis.name)
+  finite = base.all_finite((loss, grads))
+  model_state = base.pmean_floats(model_state, axis.name)
 
   def update() -> step_lib.TrainState:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
