@@ -117,3 +117,15 @@ def test_resnet50_is_the_v1_5_architecture():
   block = Bottleneck(8, 4, 1, None, 0.9, rngs=nnx.Rngs(0))  # Starts as the identity: the last BN scale is zero.
   assert block.bn3.scale.value.shape == (16,) and not np.any(block.bn3.scale.value)
   assert np.all(block.bn2.scale.value == 1)
+
+
+def test_train_flip_mirrors_some_crops_and_only_mirrors():
+  _, png, _ = _field(48, 64)
+  mirrored = 0
+  for row in range(8):
+    key = images.example_seed(0, 0, row)
+    flipped, plain = (images.train_crop(png, key, SIZE, 3, flip).numpy() for flip in (True, False))
+    if not np.array_equal(flipped, plain):
+      np.testing.assert_array_equal(flipped, plain[:, ::-1])  # The same crop, mirrored.
+      mirrored += 1
+  assert 0 < mirrored < 8
