@@ -41,6 +41,8 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   if any(a in HELP_FLAGS for a in argv[1:]):
     print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
     raise SystemExit(0)
+  if (count := cpu_devices.requested(argv)) is not None:  # First: a config file may already ask JAX for devices.
+    cpu_devices.simulate(count)
   new_model_keys = _new_model_keys(argv)
   fv = _parse_flags([a for a in argv if _model_key(a) not in new_model_keys])
   if not fv["config"].present:
@@ -49,10 +51,6 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
     raise config_lib.ConfigError("--workdir is required")
   config = _load(fv)
   _set_model_keys(config, [a for a in argv if _model_key(a) in new_model_keys])
-  if fv["cpu_devices"].present:
-    cpu_devices.simulate(cpu_devices.count_of(str(fv.cpu_devices)))
-  elif (count := cpu_devices.requested([])) is not None:
-    cpu_devices.simulate(count)
   return config, fv.workdir
 
 

@@ -130,3 +130,26 @@ def test_piped_output_gets_no_progress_bars(capsys):
     assert tqdm_utils._active is False
   finally:
     tqdm_utils.enable_progress_bar()
+
+
+DEVICE_COUNTING_CONFIG = '''
+import jax
+from jaxdp.configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.batch_size = 16 * jax.device_count()  # Asks JAX for its devices while the config loads.
+  return config
+'''
+
+
+def test_cpu_devices_are_set_before_the_config_file_loads(tmp_path):
+  (tmp_path / "per_device.py").write_text(DEVICE_COUNTING_CONFIG)
+  code = ("import sys; from jaxdp import cli; config, _ = cli.parse(sys.argv); import jax; "
+          "print(config.batch_size, jax.device_count())")
+  proc = subprocess.run([sys.executable, "-c", code, "--config", str(tmp_path / "per_device.py"), "--workdir", "w",
+                         "--cpu_devices", "3"], capture_output=True, text=True, timeout=120,
+                        env={k: v for k, v in os.environ.items() if k != "JAXDP_CPU_DEVICES"})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.split() == ["48", "3"]
