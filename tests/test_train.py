@@ -45,7 +45,7 @@ def test_pmap_and_mesh_give_the_same_parameters(twenty_steps, tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["mesh", "pmap"])
-def test_all_replicas_hold_identical_parameters(config, tmp_path, backend):
+def test_all_replicas_hold_identical_parameters_and_the_result_one_host_copy(config, tmp_path, backend):
   config.parallel.backend = backend
   config.model.name = "user_models:LinenBNNet"  # BatchNorm state must stay identical too.
   del config.model.hidden
@@ -55,6 +55,11 @@ def test_all_replicas_hold_identical_parameters(config, tmp_path, backend):
     assert leaf.shape[0] == 8
     for r in range(1, 8):
       np.testing.assert_array_equal(leaf[r], leaf[0])
+  # Result.params / model_state: one host copy, without pmap's device axis (what sample_text takes).
+  params, model_state = jax.eval_shape(result.model.init, jax.random.PRNGKey(0))
+  for got, expected in ((result.params, params), (result.model_state, model_state)):
+    assert jax.tree.map(np.shape, got) == jax.tree.map(lambda x: x.shape, expected)
+    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(got))
 
 
 @pytest.mark.parametrize("name, extra", [("user_models:LinenBNNet", {"width": 16}),
@@ -131,18 +136,6 @@ def text_path(tmp_path_factory) -> str:
   path = tmp_path_factory.mktemp("text") / "abc.txt"
   path.write_text("the quick brown fox jumps over the lazy dog. " * 40)
   return str(path)
-
-
-@pytest.mark.parametrize("backend", ["mesh", "pmap"])
-def test_result_holds_one_host_copy_of_the_parameters(config, tmp_path, backend):
-  config.parallel.backend = backend
-  config.model.name = "user_models:LinenBNNet"  # With model state (BatchNorm statistics) too.
-  del config.model.hidden
-  result = train.train_and_evaluate(config, str(tmp_path))
-  params, model_state = jax.eval_shape(result.model.init, jax.random.PRNGKey(0))
-  for got, expected in ((result.params, params), (result.model_state, model_state)):
-    assert jax.tree.map(np.shape, got) == jax.tree.map(lambda x: x.shape, expected)  # No device axis.
-    assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(got))
 
 
 def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
