@@ -63,7 +63,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
 
 
 def _check_invariant(config: ml_collections.ConfigDict, layout: Layout, accum: int) -> None:
-  """The invariant mode's fixed micro-shards (a power of two, shared evenly by the devices), and what it cannot serve."""
+  """The invariant mode's fixed micro-shards (a power of two, shared by the devices) and what it cannot serve."""
   m = config.parallel.get("invariant_shards", 8)
   if not isinstance(m, int) or m < 1 or m & (m - 1):
     raise ConfigError(f"parallel.invariant_shards must be a power of two, got {m!r}")
@@ -78,6 +78,9 @@ def _check_invariant(config: ml_collections.ConfigDict, layout: Layout, accum: i
                       f"({m}) in invariant mode")
   if config.parallel.get("shard_optimizer_state", False):
     raise ConfigError("parallel.invariant and parallel.shard_optimizer_state cannot be combined")
+  if config.parallel.get("allreduce_dtype", "float32") != "float32":  # Rounding subtree sums would depend on N.
+    raise ConfigError(f"parallel.invariant gathers float32 subtree sums; parallel.allreduce_dtype="
+                      f"{config.parallel.allreduce_dtype!r} would round them at points that depend on the device count")
   if config.model.get("bn_axis_name", None):  # Statistics over the devices' micro-shards at once depend on N.
     raise ConfigError(f"parallel.invariant cannot serve synchronized BatchNorm (model.bn_axis_name="
                       f"{config.model.bn_axis_name!r}); set model.bn_axis_name=None")

@@ -81,6 +81,7 @@ def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
     ({"parallel.invariant": True, "parallel.num_devices": 2, "grad_accum_steps": 8}, "x grad_accum_steps (8)"),
     ({"parallel.invariant": True, "parallel.num_devices": 4, "eval_batch_size": 12}, "eval batch size (12)"),
     ({"parallel.invariant": True, "model.bn_axis_name": "data"}, "model.bn_axis_name='data'"),
+    ({"parallel.invariant": True, "parallel.allreduce_dtype": "bfloat16"}, "allreduce_dtype='bfloat16'"),
 ])
 def test_bad_scaleup_settings_are_named(config, override, named):
   runs.override(config, override)
@@ -125,3 +126,4 @@ def test_flops_per_step_count_every_micro_batch(ten_steps):
   per_step = flops.step_flops(accumulated.flops_step, state, batch)
   assert per_step == pytest.approx(whole, rel=0.02)
   assert flops.step_flops(accumulated.train_step, state, batch) < 0.5 * per_step  # What XLA reports for the loop.
+

@@ -49,13 +49,18 @@ def from_nnx(cls: type[nnx.Module], kwargs: dict[str, Any]) -> Model:
     rngs = jax.tree.map(_placeholder, abstract_rngs)
     module = nnx.merge(graphdef, _fill(abstract_params, params), rngs, _fill(abstract_rest, model_state))
     if rng is not None and tags:  # Each stream (dropout, default, ...) from its own key derived from `rng`.
-      nnx.reseed(module, policy="match_shape", **{t: jax.random.fold_in(rng, zlib.crc32(t.encode()) & 0x7FFFFFFF) for t in tags})
+      nnx.reseed(module, policy="match_shape", **{t: _stream_key(rng, t) for t in tags})
     module.train() if train else module.eval()
     outputs = module(inputs)
     _, _, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
     return outputs, nnx.to_pure_dict(rest)
 
   return Model(init, apply)
+
+
+def _stream_key(rng: jax.Array, tag: str) -> jax.Array:
+  """A key per stream name, so that `dropout` and `default` never draw the same bits."""
+  return jax.random.fold_in(rng, zlib.crc32(tag.encode()) & 0x7FFFFFFF)
 
 
 def _placeholder(x: jax.ShapeDtypeStruct) -> jax.Array:
