@@ -45,13 +45,16 @@ def strategy_class(config: ml_collections.ConfigDict) -> type[strategies.Strateg
   return next((cls for flag, cls in STRATEGIES if config.parallel.get(flag, False)), strategies.DataParallel)
 
 
-def build(config: ml_collections.ConfigDict) -> Parts:
-  """Validates `config` and builds its parts; raises ConfigError naming any bad value."""
-  num_devices = config.parallel.get("num_devices", 0) or jax.device_count()
+def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None) -> Parts:
+  """Validates `config` and builds its parts; raises ConfigError naming any bad value.
+
+  `devices`: build over these instead of `jax.devices()` (e.g. a TPU topology's, to compile ahead of time).
+  """
+  num_devices = len(devices) if devices else config.parallel.get("num_devices", 0) or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
   strategy_cls = strategy_class(config)
   backend = parallel.make_backend(config.parallel.backend, config.parallel.get("num_devices", 0),
-                                  strategy_cls.shards_state, checked=strategy_cls.checked)
+                                  strategy_cls.shards_state, checked=strategy_cls.checked, devices=devices)
   ds = data.load(config.dataset)
   options = step_lib.StepOptions.from_config(config, num_devices, cast_inputs=not ds.integer_inputs)
   strategy = strategy_cls(options)

@@ -22,7 +22,8 @@ import numpy as np
 from jaxdp import build, cli, flops, parallel, units
 from jaxdp import config as config_lib
 
-USAGE = "python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N]"
+USAGE = ("python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N] "
+         "[--topology NAME [--max_batch]]")
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 BYTES_NOTE = ("bytes = the full buffer of each collective (the all-reduced tensor, the reduce-scatter input, the "
               "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (loss, accuracy, "
@@ -296,17 +297,23 @@ def format_report(r: dict) -> str:
 
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
+  from jaxdp import topology  # It builds on this module's parsers: imported here, no import cycle.
   as_json = "--json" in argv[1:]
   cli.plain_pipes()
   try:
+    argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
     config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
-                          extra_help="  --json: print the report as JSON.")
+                          extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
+                          "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
+                          "largest global batch that fits.")
     with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
-      report = analyze(config)
+      report = topology.run(config, target, search) if target else None
+      text = topology.format_report if report else format_report
+      report = report or analyze(config)
   except config_lib.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(json.dumps(report, indent=2) if as_json else format_report(report))
+  print(json.dumps(report, indent=2) if as_json else text(report))
   return 0
 
 

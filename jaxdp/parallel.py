@@ -191,15 +191,16 @@ BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 
 def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False,
-                 checked: bool = True) -> Backend:
+                 checked: bool = True, devices: list[jax.Device] | None = None) -> Backend:
   """The backend `name` over all devices, or over the first `num_devices` (single process only).
 
   `shard_optimizer_state`: the state will not be all replicated (ZeRO-1), which needs the mesh backend.
   `checked`: shard_map tracks replication (off for strategies that gather across devices themselves).
+  `devices`: these instead of `jax.devices()` (e.g. a TPU topology's, for ahead-of-time compilation).
   """
   if name not in BACKENDS:
     raise ConfigError(f"unknown parallel.backend {name!r} (choose from {', '.join(BACKENDS)})")
-  devices = jax.devices()
+  devices = list(devices) if devices else jax.devices()
   if num_devices:
     if jax.process_count() > 1:
       raise ConfigError(f"parallel.num_devices ({num_devices}) is for single-process runs; use 0 (all devices)")

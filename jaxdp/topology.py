@@ -1,0 +1,249 @@
+"""Before renting a TPU slice: compile the real train step for it here (ahead of time) and report whether it fits.
+
+`python -m jaxdp.inspect --config C.py --topology v5e:4x4 [--max_batch] [--json]`. The step is the one
+training runs (`build.build` over the topology's devices instead of this machine's); libtpu (the `tpu` extra,
+`pip install -e ".[tpu]"`) compiles it for the slice without a TPU. Reported per chip: the bytes the step
+needs (XLA's memory analysis: arguments + temporaries + outputs not aliased to a donated argument), the
+chip's HBM (a table of TPU generations: a topology's devices report no memory), whether it fits and by how
+much, the collectives (kind, bytes), the FLOPs, and a roofline step time (compute at peak FLOP/s, HBM
+traffic at HBM bandwidth, collectives at ICI bandwidth; the largest bounds the step).
+"""
+
+import dataclasses
+import os
+import re
+import sys
+from typing import Any
+
+import jax
+import ml_collections
+
+from jaxdp import build, flops, units
+from jaxdp import inspect as inspect_lib
+from jaxdp.config import ConfigError
+
+GiB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """One TPU chip generation's data sheet (Google Cloud TPU system architecture pages)."""
+  generation: str
+  hbm_bytes: int
+  hbm_bytes_per_s: float
+  ici_bytes_per_s: float  # Per chip, all links together (the data sheet's "interchip interconnect BW").
+
+
+# device_kind -> chip. The topology name's generation ("v5e") and JAX's device kind ("TPU v5 lite") both map here.
+CHIPS: dict[str, Chip] = {
+    "TPU v4": Chip("v4", 32 * GiB, 1200e9, 2400e9 / 8),
+    "TPU v5 lite": Chip("v5e", 16 * GiB, 819e9, 1600e9 / 8),
+    "TPU v5": Chip("v5p", 95 * GiB, 2765e9, 4800e9 / 8),
+    "TPU v6 lite": Chip("v6e", 32 * GiB, 1640e9, 3584e9 / 8),
+}
+GENERATIONS = tuple(c.generation for c in CHIPS.values())
+_TPU_NAME = re.compile(rf"^({'|'.join(GENERATIONS)}):\d+x\d+(x\d+)?$")
+ACCEPTED = (f"GENERATION:AxB or GENERATION:AxBxC with GENERATION one of {', '.join(GENERATIONS)} "
+            "(e.g. v5e:2x2, v5e:4x4, v6e:8x8, v4:2x2x1, v5p:4x4x4)")
+GPU_NAMES = ("gpu", "cuda", "rocm", *(name.lower() for name, _ in flops.GPU_PEAK_FLOPS))
+
+
+def is_gpu(name: str) -> bool:
+  """Whether a --topology name means GPUs (e.g. "h100:8", "gpu"), which JAX cannot compile for without one."""
+  return name.split(":")[0].split("x")[0].lower() in GPU_NAMES
+
+
+def devices(name: str) -> list[jax.Device]:
+  """The devices of TPU topology `name` (compile-only devices); ConfigError for an unknown name or no libtpu."""
+  if not _TPU_NAME.match(name):
+    raise ConfigError(f"unknown topology {name!r}; accepted forms: {ACCEPTED}")
+  # libtpu warns about the TPU host it is not on unless these are set; they do not change the topology.
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+  from jax.experimental import topologies
+  try:
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
+  except jax.errors.JaxRuntimeError as e:
+    reason = str(e).splitlines()[0]
+    if "libtpu" in reason.lower() or "no module" in reason.lower() or "not found" in reason.lower():
+      raise ConfigError(f"--topology {name} needs libtpu: pip install -e \".[tpu]\" ({reason})") from None
+    raise ConfigError(f"topology {name!r} was refused: {reason}; accepted forms: {ACCEPTED}") from None
+  except (RuntimeError, ImportError) as e:  # No TPU plugin installed.
+    raise ConfigError(f"--topology {name} needs libtpu: pip install -e \".[tpu]\" ({str(e).splitlines()[0]})") from None
+
+
+def _for_topology(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The config as compiled for a slice: every device of it, the mesh backend (pmap has no AOT for topologies)."""
+  config = config.copy_and_resolve_references()
+  if config.parallel.backend != "mesh":
+    raise ConfigError(f"--topology compiles the mesh backend; got parallel.backend {config.parallel.backend!r}")
+  config.parallel.num_devices = 0
+  return config
+
+
+def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] | None = None) -> dict[str, Any]:
+  """Compiles `config`'s train step for topology `name` and reports memory, fit, collectives, FLOPs, roofline."""
+  devs = devs or devices(name)
+  parts = build.build(_for_topology(config), devices=devs)
+  abstract = jax.eval_shape(parts.init)
+  state, batch = inspect_lib.abstract_inputs(parts, abstract)
+  n, kind = parts.backend.num_devices, parts.backend.devices[0].device_kind  # What the step was built over.
+  chip = CHIPS.get(kind)
+  capacity = chip.hbm_bytes if chip else None
+  lowered = parts.train_step.lower(state, batch)
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as e:  # libtpu refuses a program that does not fit its HBM.
+    short = _out_of_memory(str(e))
+    if short is None:
+      raise
+    temporaries, capacity = short
+    arguments = inspect_lib._tree_bytes(state) + inspect_lib._tree_bytes(batch)
+    mem = {"argument_bytes": arguments, "temp_bytes": temporaries, "output_bytes": None, "alias_bytes": None,
+           "total_bytes": arguments + temporaries, "source": "the compiler's out-of-memory error (a lower bound)"}
+    compiled = None
+  else:
+    mem = inspect_lib.memory(compiled) or {}
+  needed = mem.get("total_bytes")
+  ops, _ = inspect_lib.parse_compiled(compiled.as_text() or "" if compiled else "", n)
+  collectives = {k: {"count": c["count"], "bytes": c["bytes"]} for k, c in inspect_lib.tally(ops).items() if c["count"]}
+  step_flops = flops.compiled_flops(compiled) if compiled else None
+  cost = _cost(compiled) if compiled else {}
+  return {
+      "topology": name, "device_kind": kind, "num_devices": n, "global_batch": parts.layout.global_batch,
+      "per_device_batch": parts.layout.per_device_batch, "options": inspect_lib._run(config, parts),
+      "per_device_bytes": needed, "memory": mem, "device_memory_bytes": capacity,
+      "fits": None if needed is None or capacity is None else needed <= capacity,
+      "margin_bytes": None if needed is None or capacity is None else capacity - needed,
+      "collectives": collectives, "flops_per_step": step_flops,
+      "roofline": roofline(step_flops, cost.get("bytes accessed"), collectives, n, flops.TPU_PEAK_FLOPS.get(kind),
+                           chip, cost.get("optimal_seconds")),
+  }
+
+
+_OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
+                  r"\(([\d.]+)([KMGT])\)")
+
+
+def _out_of_memory(message: str) -> tuple[int, int] | None:
+  """(temporary bytes needed, usable HBM bytes) from libtpu's RESOURCE_EXHAUSTED message; None if it is another error."""
+  m = _OOM.search(message)
+  if m is None:
+    return None
+  scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+  return int(float(m.group(1)) * scale[m.group(2)]), int(float(m.group(3)) * scale[m.group(4)])
+
+
+def _cost(compiled: Any) -> dict[str, float]:
+  try:
+    analysis = compiled.cost_analysis()
+  except (NotImplementedError, RuntimeError):
+    return {}
+  return (analysis[0] if isinstance(analysis, (list, tuple)) and analysis else analysis) or {}
+
+
+def collective_seconds(collectives: dict[str, dict], n: int, bytes_per_s: float) -> float:
+  """Ring algorithms: an all-reduce moves 2 (n-1)/n of its buffer per device, reduce-scatter and all-gather (n-1)/n."""
+  factor = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n,
+            "all-to-all": (n - 1) / n, "collective-permute": 1.0}
+  return sum(factor[k] * c["bytes"] for k, c in collectives.items()) / bytes_per_s if n > 1 else 0.0
+
+
+def roofline(step_flops: float | None, hbm_bytes: float | None, collectives: dict[str, dict], n: int,
+             peak: float | None, chip: Chip | None, xla_seconds: float | None = None) -> dict[str, float | None]:
+  """Lower bounds of the step time (s): compute, HBM traffic, collectives; the estimate is the largest of them."""
+  compute = step_flops / peak if step_flops and peak else None
+  memory = hbm_bytes / chip.hbm_bytes_per_s if hbm_bytes and chip else None
+  comm = collective_seconds(collectives, n, chip.ici_bytes_per_s) if chip else None
+  bounds = [b for b in (compute, memory, comm) if b is not None]
+  return {"compute_s": compute, "hbm_s": memory, "collectives_s": comm,
+          "step_s": max(bounds) if bounds else None, "xla_optimal_s": xla_seconds}
+
+
+def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
+  """The largest global batch whose step fits the chips (a multiple of what the config needs), and its report."""
+  devs = devices(name)
+  config = _for_topology(config)
+  unit = len(devs) * config.get("grad_accum_steps", 1)
+  if config.parallel.get("invariant", False):
+    unit = max(unit, config.parallel.get("invariant_shards", 8) * config.get("grad_accum_steps", 1))
+
+  def fits(multiple: int) -> dict[str, Any] | None:
+    trial = config.copy_and_resolve_references()
+    trial.batch_size = trial.eval_batch_size = multiple * unit
+    r = report(trial, name, devs)
+    return r if r["fits"] else None
+
+  best = fits(1)
+  if best is None:
+    raise ConfigError(f"even the smallest global batch ({unit}) does not fit on {name}")
+  lo, hi = 1, 2
+  while (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
+    lo, best, hi = hi, r, hi * 2
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if (r := fits(mid)) is not None:
+      lo, best = mid, r
+    else:
+      hi = mid
+  return {**best, "max_batch": lo * unit, "batch_unit": unit}
+
+
+def format_report(r: dict[str, Any]) -> str:
+  """The report as aligned text."""
+  size = units.binary_bytes
+  si = units.si
+  fit = ("unknown" if r["fits"] is None else
+         f"{'yes' if r['fits'] else 'NO'} ({size(abs(r['margin_bytes']))} {'to spare' if r['fits'] else 'short'})")
+  mem = r["memory"]
+  roof = r["roofline"]
+  lines = [
+      f"jaxdp inspect --topology {r['topology']}: {r['num_devices']} x {r['device_kind']}, global batch "
+      f"{r['global_batch']} = {r['num_devices']} x {r['per_device_batch']}"
+      + (f" (largest that fits, in steps of {r['batch_unit']})" if "max_batch" in r else ""),
+      f"  per chip    needs {size(r['per_device_bytes'])} (arguments {size(mem['argument_bytes'])} + temporaries "
+      f"{size(mem['temp_bytes'])} + outputs {size(mem['output_bytes'])} - donated {size(mem['alias_bytes'])}); "
+      f"has {size(r['device_memory_bytes']) if r['device_memory_bytes'] else 'unknown'} HBM",
+      f"  fits        {fit}",
+      f"  FLOPs/step  {si(r['flops_per_step']) + 'FLOP per chip' if r['flops_per_step'] else 'unknown'}",
+      "  collectives " + (", ".join(f"{k} x{c['count']} {size(c['bytes'])}" for k, c in r["collectives"].items())
+                          or "none"),
+      "  roofline    " + ", ".join(f"{label} {_ms(roof[key])}" for label, key in (
+          ("compute", "compute_s"), ("HBM", "hbm_s"), ("ICI", "collectives_s"), ("step >=", "step_s"),
+          ("XLA's estimate", "xla_optimal_s"))),
+  ]
+  return "\n".join(lines)
+
+
+def _ms(seconds: float | None) -> str:
+  return "unknown" if seconds is None else f"{seconds * 1e3:.3g} ms"
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], str | None, bool]:
+  """Takes `--topology NAME` (or `--topology=NAME`) and `--max_batch` out of `argv`: (rest, name, max_batch)."""
+  rest, name, search = [], None, False
+  args = iter(argv)
+  for arg in args:
+    if arg == "--topology":
+      name = next(args, None)
+      if name is None or name.startswith("-"):
+        raise ConfigError(f"--topology needs a name; accepted forms: {ACCEPTED}")
+    elif arg.startswith("--topology="):
+      name = arg.split("=", 1)[1]
+    elif arg == "--max_batch":
+      search = True
+    else:
+      rest.append(arg)
+  if search and name is None:
+    raise ConfigError("--max_batch searches the largest batch for a --topology; name one (e.g. --topology v5e:4x4)")
+  return rest, name, search
+
+
+def run(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:
+  """The --topology report (with --max_batch: of the largest batch that fits); None for a GPU name (after saying
+  why on stderr): the caller then reports this machine's devices."""
+  if is_gpu(name):
+    print(f"note: --topology {name}: JAX compiles for GPUs only on a host with that GPU (there is no GPU topology "
+          f"description); showing the report for this machine's devices instead", file=sys.stderr)
+    return None
+  return max_batch(config, name) if search else report(config, name)

@@ -1,0 +1,107 @@
+"""Ahead-of-time compilation for a TPU slice on this CPU machine (jaxdp.topology, `inspect --topology`)."""
+
+import importlib.util
+import json
+
+import pytest
+import runs
+
+from jaxdp import inspect, topology
+from jaxdp.config import ConfigError
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                reason="needs libtpu: pip install -e '.[tpu]' (CI installs it)")
+
+WIDTH, DEPTH = 20_000, 5  # An MLP of 1.6 billion parameters on digits (8x8 inputs, 10 classes).
+P = 64 * WIDTH + WIDTH + (DEPTH - 1) * (WIDTH * WIDTH + WIDTH) + WIDTH * 10 + 10
+
+
+def _big(data_dir, **more):
+  return runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (WIDTH,) * DEPTH,
+                           "batch_size": 64, **more})
+
+
+def test_default_config_fits_on_v5e_2x2(data_dir, capsys):
+  status = inspect.main(["inspect", "--config", runs.default.__file__, f"--config.dataset.data_dir={data_dir}",
+                         "--topology", "v5e:2x2", "--json"])
+  assert status == 0
+  r = json.loads(capsys.readouterr().out)
+  assert r["topology"] == "v5e:2x2" and r["num_devices"] == 4 and r["device_kind"] == "TPU v5 lite"
+  assert r["fits"] is True and r["device_memory_bytes"] == 16 * 2**30
+  mem = r["memory"]
+  assert r["per_device_bytes"] == mem["argument_bytes"] + mem["temp_bytes"] + mem["output_bytes"] - mem["alias_bytes"]
+  assert r["margin_bytes"] == r["device_memory_bytes"] - r["per_device_bytes"]
+  params = 151_306 * 4  # The CNN's gradients, all-reduced once (plus the scalar metrics).
+  assert params <= r["collectives"]["all-reduce"]["bytes"] <= params + 64
+  roof = r["roofline"]
+  assert r["flops_per_step"] > 0 and roof["step_s"] == max(roof["compute_s"], roof["hbm_s"], roof["collectives_s"])
+  assert roof["collectives_s"] == pytest.approx(2 * 3 / 4 * r["collectives"]["all-reduce"]["bytes"] / 200e9)
+
+
+def test_a_billion_parameter_mlp_fits_only_with_zero1(data_dir):
+  unsharded = topology.report(_big(data_dir), "v5e:2x2")
+  assert unsharded["fits"] is False and unsharded["per_device_bytes"] > 16 * 2**30
+  zero = topology.report(_big(data_dir, **{"parallel.shard_optimizer_state": True}), "v5e:4x4")
+  assert zero["fits"] is True and zero["num_devices"] == 16
+  n, mem = 16, zero["memory"]
+  # Arguments: the parameters (P floats, replicated) and Adam's two moments sharded 16 ways, plus the batch.
+  assert mem["argument_bytes"] == pytest.approx(4 * (P + 2 * P / n), rel=0.01)
+  # Temporaries: the full gradient (P floats) before it is reduce-scattered, and the activations.
+  assert 4 * P <= mem["temp_bytes"] <= 4 * P * 1.6
+  # The gradients cross the chips. (libtpu 0.0.42.1 compiles both the reduce-scatter and the parameter all-gather
+  # of this step as all-reduces: 2 x 4P bytes of all-reduce; the lowered program has the reduce-scatter.)
+  assert sum(c["bytes"] for c in zero["collectives"].values()) >= 4 * P
+
+
+@pytest.mark.parametrize("option", [{"grad_accum_steps": 2}, {"dtype": "bfloat16"},
+                                    {"parallel.allreduce_dtype": "bfloat16"}, {"parallel.invariant": True},
+                                    {"parallel.shard_optimizer_state": True}])
+def test_memory_changing_options_compile_for_a_slice(data_dir, option):
+  base = {"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (512,), "batch_size": 64}
+  plain = topology.report(runs.config_with(base), "v5e:2x2")
+  r = topology.report(runs.config_with({**base, **option}), "v5e:2x2")
+  assert r["fits"] and r["num_devices"] == 4
+  if "parallel.allreduce_dtype" in option:  # TPUs keep the bfloat16 all-reduce (XLA:CPU would promote it).
+    assert r["collectives"]["all-reduce"]["bytes"] < 0.6 * plain["collectives"]["all-reduce"]["bytes"]
+  if "parallel.shard_optimizer_state" in option:
+    assert r["memory"]["argument_bytes"] < 0.6 * plain["memory"]["argument_bytes"]
+
+
+def test_max_batch_finds_the_largest_fitting_multiple(data_dir, monkeypatch):
+  limit = 1000
+  compiled = []
+
+  def fake_report(config, name, devs=None):
+    compiled.append(config.batch_size)
+    return {"fits": config.batch_size <= limit, "global_batch": config.batch_size}
+
+  monkeypatch.setattr(topology, "report", fake_report)
+  config = runs.config_with({"dataset.data_dir": data_dir, "grad_accum_steps": 2})
+  r = topology.max_batch(config, "v5e:2x2")
+  assert r["batch_unit"] == 8 and r["max_batch"] == 1000 and r["global_batch"] == 1000  # 4 chips x accum 2.
+  assert len(compiled) <= 2 * 8 + 2
+
+
+@pytest.mark.parametrize("name", ["v9:2x2", "v5e", "v5litepod-16", "v5e:3x3"])
+def test_unknown_topology_is_one_error_line(data_dir, name, capsys):
+  status = inspect.main(["inspect", "--config", runs.default.__file__, f"--config.dataset.data_dir={data_dir}",
+                         "--topology", name])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and name in err[0]
+  assert "GENERATION:AxB" in err[0] and "v5e:4x4" in err[0]
+
+
+def test_gpu_names_fall_back_to_this_machines_report(data_dir, capsys):
+  status = inspect.main(["inspect", "--config", runs.default.__file__, f"--config.dataset.data_dir={data_dir}",
+                         "--config.model.name=mlp", "--topology", "h100:8"])
+  out, err = capsys.readouterr()
+  assert status == 0 and "needs" not in out and "8 x cpu" in out
+  assert [line for line in err.splitlines() if "h100:8" in line][0].startswith("note: --topology h100:8: JAX compiles")
+
+
+def test_flag_errors():
+  with pytest.raises(ConfigError, match="--topology needs a name"):
+    topology.split_flags(["inspect", "--topology"])
+  with pytest.raises(ConfigError, match="--max_batch searches"):
+    topology.split_flags(["inspect", "--max_batch"])
+  assert topology.split_flags(["x", "--topology=v5e:2x2", "--max_batch", "--json"]) == (["x", "--json"], "v5e:2x2", True)
