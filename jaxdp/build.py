@@ -15,12 +15,14 @@ import optax
 from jaxdp import config as config_lib
 from jaxdp import data, models, optim, parallel, strategies
 from jaxdp import step as step_lib
+from jaxdp.strategies import invariant, zero1
 
-# How gradients are reduced and applied: the first strategy whose config flag is set, else plain data
-# parallelism. A new strategy is one module in jaxdp/strategies/ and one line here.
+# How gradients are reduced and applied: the first strategy whose `config.parallel` flag is set, else
+# plain data parallelism. A new strategy is one module in jaxdp/strategies/ and one line here (and its
+# name in the import above).
 STRATEGIES: tuple[tuple[str, type[strategies.Strategy]], ...] = (
-    ("invariant", strategies.Invariant),
-    ("shard_optimizer_state", strategies.ZeRO1),
+    ("invariant", invariant.Invariant),
+    ("shard_optimizer_state", zero1.ZeRO1),
 )
 
 
