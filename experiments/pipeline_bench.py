@@ -19,7 +19,8 @@ pixels (`experiments/bench_jpegs.py`, about 100 KB each) cropped to 224 x 224 fo
 crop, flip, normalization to float32). It compares images/s of jaxdp's pipeline (random access by index
 from ArrayRecord, `data.train_batches`) with a plain tf.data pipeline doing the same decode + crop as the
 Flax ImageNet example (`as_dataset` of a TFRecord copy, shuffle buffer, parallel map, batch, prefetch),
-alternating J T J T ... rounds; per core = images/s / the machine's cores (both use all of them).
+alternating J T, T J, ... rounds, each phase on a fresh pipeline (dropped after it, so an idle one never
+works in the background); per core = images/s / the machine's cores (both use all of them).
 """
 
 import sys
@@ -149,25 +150,38 @@ def measure_imagenet(data_dir: str, rounds: int, seconds: float, images: int, ba
                                       "builder_kwargs": kwargs, "image_size": 224, "flip": True,
                                       "mean": MEAN, "std": STD, "prefetch": 4})
   ds = data.load(config)
-  jaxdp_batches = data.train_batches(ds, "train", seed=0, global_batch=batch, start_step=0, process_index=0,
-                                     process_count=1)
-  tf_batches = _flax_like_pipeline(os.path.join(data_dir, "tfrecord"), kwargs, batch)
-  phases = {"J": lambda n: _drain_host(jaxdp_batches, n), "T": lambda n: _drain_host(tf_batches, n)}
-  counts = {}
-  for key, phase in phases.items():
-    phase(5)
-    counts[key] = max(3, round(seconds / _seconds(phase, 3) * 3))
+  tf_dir = os.path.join(data_dir, "tfrecord")
+
+  def jaxdp_batches(r: int) -> Iterator:
+    return data.train_batches(ds, "train", seed=r, global_batch=batch, start_step=0, process_index=0, process_count=1)
+
+  def tf_batches(r: int) -> Iterator:
+    return _flax_like_pipeline(tf_dir, kwargs, batch, seed=r)
+
+  # A fresh pipeline per phase, dropped after it: an idle pipeline would keep filling its buffers in the
+  # background, stealing the cores from the other and handing out its stock for free when timed next.
+  phases = {"J": jaxdp_batches, "T": tf_batches}
+  counts = {key: max(3, round(seconds / _pipeline_seconds(make, 0, 3, 3) * 3)) for key, make in phases.items()}
   rates: dict[str, list[float]] = collections.defaultdict(list)
   for r in range(rounds):
     for key in ("J", "T") if r % 2 == 0 else ("T", "J"):
-      rates[key].append(counts[key] * batch / _seconds(phases[key], counts[key]))
+      rates[key].append(counts[key] * batch / _pipeline_seconds(phases[key], r, 3, counts[key]))
   return dict(rates)
+
+
+def _pipeline_seconds(make: Callable[[int], Iterator], r: int, warmup: int, n: int) -> float:
+  """Seconds to pull n batches from a fresh pipeline after `warmup` batches (then the pipeline is dropped)."""
+  batches = make(r)
+  _drain_host(batches, warmup)
+  seconds = _seconds(lambda k: _drain_host(batches, k), n)
+  del batches
+  return seconds
 
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int) -> Iterator:
+def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int, seed: int) -> Iterator:
   """The Flax ImageNet example's train input: TFRecord, shuffle, decode + random crop + flip, batch."""
   from experiments.bench_jpegs import BenchJpegs
   builder = BenchJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
@@ -187,7 +201,7 @@ def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int) -> Iterator:
     return {"inputs": (image - mean) / std, "labels": tf.cast(example["label"], tf.int32)}
 
   ds = builder.as_dataset(split="train", decoders={"image": tfds.decode.SkipDecoding()}, shuffle_files=True)
-  ds = ds.repeat().shuffle(16 * batch, seed=0).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.repeat().shuffle(16 * batch, seed=seed).map(decode, num_parallel_calls=tf.data.AUTOTUNE)
   return iter(tfds.as_numpy(ds.batch(batch, drop_remainder=True).prefetch(10)))
 
 
