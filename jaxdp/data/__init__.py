@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib.util
 import itertools
 import json
 import math
@@ -151,11 +150,10 @@ def _token_file(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
 
 def _builder(name: str, data_dir: str | None, kwargs: dict, **extra) -> tfds.core.DatasetBuilder:
   """A user's builder (`module:Class`, an image folder, an .npz file), else the TFDS builder of that name."""
-  if importlib.util.find_spec("jaxdp.datasets.user") is not None:
-    from jaxdp.datasets import user
-    builder = user.builder_for(name, data_dir, {**kwargs, **extra})
-    if builder is not None:
-      return builder
+  from jaxdp.datasets import user
+  builder = user.builder_for(name, data_dir, {**kwargs, **extra})
+  if builder is not None:
+    return builder
   try:
     return tfds.builder(name, data_dir=data_dir, **kwargs, **extra)
   except tfds.core.registered.DatasetNotFoundError:
