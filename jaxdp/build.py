@@ -61,7 +61,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   options = step_lib.StepOptions.from_config(config, num_devices, cast_inputs=not ds.integer_inputs)
   strategy = strategy_cls(options)
   model = models.get_model(config.model, ds.input_shape, ds.num_classes)
-  tx = optim.make(config)
+  tx = optim.make(config, jax.eval_shape(model.init, jax.random.PRNGKey(config.seed))[0])  # Mask from true shapes.
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx,
                            strategy=strategy)
   abstract = jax.eval_shape(init)

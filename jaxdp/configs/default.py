@@ -17,6 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.momentum = 0.9              # Momentum of the "momentum" optimizer.
   config.nesterov = False            # Nesterov momentum (the "momentum" optimizer only).
   config.weight_decay = 0.0          # Decoupled weight decay (adamw), L2 otherwise.
+  config.weight_decay_mask = "rank>=2"  # Which decay: rank>=2 (not biases, norm scales) | all | a regex on param paths.
+  config.max_grad_norm = 0.0         # Clip the all-reduced gradient to this global norm (also under ZeRO-1); 0: off.
   config.lr_schedule = "constant"    # constant | cosine (cosine decays to 0 at num_train_steps).
   config.warmup_steps = 0            # Linear warmup steps before the schedule.
   config.grad_accum_steps = 1        # Micro-batches per optimizer step (divides the per-device batch); one all-reduce per step.

@@ -17,7 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 5000
   config.optimizer = "adamw"
   config.learning_rate = 1e-3
-  config.weight_decay = 0.1
+  config.weight_decay = 0.1          # GPT-2 recipe: on matrices (and embeddings) only ...
+  config.weight_decay_mask = "rank>=2"  # ... not on biases and LayerNorm scales.
+  config.max_grad_norm = 1.0         # Clip the global gradient norm to 1.
   config.lr_schedule = "cosine"
   config.warmup_steps = 100
   config.log_every_steps = 50

@@ -1,0 +1,89 @@
+"""Weight decay reaches matrices only (by default), also under ZeRO-1's raveled optimizer state."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxdp import build, optim, zero
+from jaxdp.config import ConfigError
+
+LR, WD = 0.1, 0.5
+
+
+class Normed(nnx.Module):
+  """Linear (kernel, bias) -> LayerNorm (scale, bias) -> Linear: every kind of leaf the mask tells apart."""
+
+  def __init__(self, input_shape: tuple, num_classes: int, *, rngs: nnx.Rngs):
+    self.fc = nnx.Linear(int(np.prod(input_shape)), 16, rngs=rngs)
+    self.norm = nnx.LayerNorm(16, rngs=rngs)
+    self.head = nnx.Linear(16, num_classes, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.head(nnx.relu(self.norm(self.fc(x.reshape(x.shape[0], -1)))))
+
+
+def _params() -> dict:
+  ones = lambda *shape: jnp.ones(shape, jnp.float32)  # noqa: E731
+  return {"fc": {"kernel": ones(3, 4), "bias": ones(4)}, "norm": {"scale": ones(4), "bias": ones(4)},
+          "embed": {"embedding": ones(5, 4)}}
+
+
+def _decayed(params: dict) -> dict:
+  """Which leaves one optimizer step with a zero gradient changed."""
+  return jax.tree.map(lambda p: bool(np.any(np.asarray(p) != 1.0)), params)
+
+
+def _zero_gradient_step(config, params: dict, shards: int = 0) -> dict:
+  """One step with a zero gradient from all-ones parameters; `shards`: as ZeRO-1 lays them out (raveled)."""
+  tx = optim.make(config, jax.eval_shape(lambda: params))
+  seen = zero.flatten(params, shards) if shards else params
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, seen), tx.init(seen), seen)
+  new = jax.tree.map(lambda p, u: p + u, seen, updates)
+  return zero.unflatten(new, params) if shards else new
+
+
+@pytest.mark.parametrize("shards", [0, 8], ids=["plain", "zero1"])
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])  # Decoupled decay, and L2 (add_decayed_weights).
+def test_only_matrices_decay(config, optimizer, shards):
+  config.optimizer, config.learning_rate, config.weight_decay = optimizer, LR, WD
+  new = _zero_gradient_step(config, _params(), shards)
+  assert _decayed(new) == {"fc": {"kernel": True, "bias": False}, "norm": {"scale": False, "bias": False},
+                           "embed": {"embedding": True}}
+  np.testing.assert_allclose(new["fc"]["kernel"], 1.0 - LR * WD, rtol=1e-6)
+
+
+def test_mask_all_and_regex(config):
+  config.optimizer, config.learning_rate, config.weight_decay = "adamw", LR, WD
+  config.weight_decay_mask = "all"
+  assert all(jax.tree.leaves(_decayed(_zero_gradient_step(config, _params(), 8))))
+  config.weight_decay_mask = r"fc/kernel$"  # Paths are keys joined by "/".
+  assert _decayed(_zero_gradient_step(config, _params(), 8))["embed"]["embedding"] is False
+  assert sum(jax.tree.leaves(_decayed(_zero_gradient_step(config, _params())))) == 1
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("rank>2", "weight_decay_mask 'rank>2' matches no parameter path (they look like embed/embedding, fc/bias"),
+    ("kernel(", "weight_decay_mask 'kernel(' is neither rank>=2 nor all nor a regular expression"),
+])
+def test_bad_mask_is_a_config_error(config, spec, message):
+  config.optimizer, config.weight_decay, config.weight_decay_mask = "adamw", WD, spec
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    optim.make(config, _params())
+
+
+def test_build_masks_zero1_by_the_true_shapes(config):
+  """build gives the optimizer the model's shapes: under ZeRO-1 it sees raveled leaves, yet biases and scales keep."""
+  config.model = ml_collections.ConfigDict({"name": f"{__name__}:Normed"})
+  config.optimizer, config.learning_rate, config.weight_decay = "adamw", LR, WD
+  config.parallel.shard_optimizer_state = True
+  parts = build.build(config)
+  state = parts.init()
+  assert all(x.ndim == 1 for x in jax.tree.leaves(state.opt_state) if x.ndim)  # The raveled layout.
+  seen = zero.flatten(state.params, 8)
+  updates, _ = parts.tx.update(jax.tree.map(jnp.zeros_like, seen), state.opt_state, seen)
+  moved = jax.tree.map(lambda u: bool(np.any(u != 0)), updates)
+  assert moved == {"fc": {"kernel": True, "bias": False}, "norm": {"scale": False, "bias": False},
+                   "head": {"kernel": True, "bias": False}}
