@@ -208,7 +208,7 @@ def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = 
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
   if name == "mesh":
-    return MeshBackend(devices, checked)
+    return MeshBackend(devices, checked and not shard_optimizer_state)  # A sharded state is gathered by the step.
   if shard_optimizer_state:
     raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
   return PmapBackend(devices)

@@ -5,7 +5,6 @@ job (`jaxdp.strategies`: plain data parallelism, the invariant mode, ZeRO-1), so
 textbook one. `jaxdp.parallel` maps the steps over devices (pmap or shard_map). Nothing here is jitted.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 import jax

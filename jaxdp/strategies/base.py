@@ -91,10 +91,15 @@ class Strategy(abc.ABC):
     del axis
     return optax.global_norm(grads)
 
-  @abc.abstractmethod
   def apply(self, state: Any, grads: PyTree, tx: optax.GradientTransformation,
             axis: DataAxis) -> tuple[PyTree, PyTree]:
-    """New (params, opt_state) from the reduced gradient, identical on every replica."""
+    """New (params, opt_state) from the reduced gradient, identical on every replica.
+
+    By default the same optax update of the replicated parameters on every replica.
+    """
+    del axis  # Every replica applies the same update to the same parameters.
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
     """Eval sums over the global batch from this replica's slice."""

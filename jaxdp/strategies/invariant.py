@@ -13,7 +13,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 
 from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, micro_batches
@@ -42,12 +41,6 @@ class Invariant(Strategy):
     subtree = jax.tree.map(_pairwise_sum, per_shard)
     total = jax.tree.map(_pairwise_sum, lax.all_gather(subtree, axis.name))
     return jax.tree.map(functools.partial(_mean, count=m * k), total)
-
-  def apply(self, state: PyTree, grads: PyTree, tx: optax.GradientTransformation,
-            axis: DataAxis) -> tuple[PyTree, PyTree]:
-    del axis  # The gradient is bitwise the same on every replica: so is the update.
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return optax.apply_updates(state.params, updates), opt_state
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
     m_local = self.options.invariant_shards // self.options.num_shards

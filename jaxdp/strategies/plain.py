@@ -2,7 +2,6 @@
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax import lax
 
 from jaxdp.strategies.base import DataAxis, Gradients, GradFn, PyTree, Strategy, micro_batches, pmean_floats
@@ -20,12 +19,6 @@ class DataParallel(Strategy):
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
     """The mean gradient over all replicas: the all-reduce of data parallelism."""
     return all_reduce_mean(grads, axis.name, self.options.allreduce_dtype)
-
-  def apply(self, state: PyTree, grads: PyTree, tx: optax.GradientTransformation,
-            axis: DataAxis) -> tuple[PyTree, PyTree]:
-    del axis  # Every replica applies the same update to the same parameters.
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    return optax.apply_updates(state.params, updates), opt_state
 
 
 def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis,
