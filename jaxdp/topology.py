@@ -23,6 +23,7 @@ from jaxdp import inspect as inspect_lib
 from jaxdp.config import ConfigError
 
 GiB = 2**30
+TIGHT = 0.02  # A margin under this share of HBM is flagged: libtpu keeps part of HBM for itself.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,11 +61,15 @@ def devices(name: str) -> list[jax.Device]:
   # libtpu warns about the TPU host it is not on unless these are set; they do not change the topology.
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+  # Compiling touches no chip: let several processes load libtpu at once (else its lock file refuses the second).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   from jax.experimental import topologies
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=name).devices)
   except jax.errors.JaxRuntimeError as e:
     reason = str(e).splitlines()[0]
+    if "lockfile" in reason:
+      raise ConfigError(f"another process holds libtpu ({reason})") from None
     if "libtpu" in reason.lower() or "no module" in reason.lower() or "not found" in reason.lower():
       raise ConfigError(f"--topology {name} needs libtpu: pip install -e \".[tpu]\" ({reason})") from None
     raise ConfigError(f"topology {name!r} was refused: {reason}; accepted forms: {ACCEPTED}") from None
@@ -174,11 +179,10 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
     r = report(trial, name, devs)
     return r if r["fits"] else None
 
-  best = fits(1)
-  if best is None:
-    raise ConfigError(f"even the smallest global batch ({unit}) does not fit on {name}")
-  lo, hi = 1, 2
-  while (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
+  start = max(1, config.batch_size // unit)  # Multiples of `unit`, searched from the config's batch.
+  best = fits(start)
+  lo, hi = (start, 2 * start) if best else (0, start)
+  while best and (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
     lo, best, hi = hi, r, hi * 2
   while hi - lo > 1:
     mid = (lo + hi) // 2
@@ -186,6 +190,8 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
       lo, best = mid, r
     else:
       hi = mid
+  if best is None:
+    raise ConfigError(f"even the smallest global batch ({unit}) does not fit on {name}")
   return {**best, "max_batch": lo * unit, "batch_unit": unit}
 
 
@@ -195,6 +201,8 @@ def format_report(r: dict[str, Any]) -> str:
   si = units.si
   fit = ("unknown" if r["fits"] is None else
          f"{'yes' if r['fits'] else 'NO'} ({size(abs(r['margin_bytes']))} {'to spare' if r['fits'] else 'short'})")
+  if r["fits"] and r["margin_bytes"] < TIGHT * r["device_memory_bytes"]:
+    fit += f"; tight: the runtime reserves some HBM (libtpu says 15.75 GiB of a v5e's 16 GiB are usable)"
   mem = r["memory"]
   roof = r["roofline"]
   lines = [

@@ -80,6 +80,12 @@ def test_max_batch_finds_the_largest_fitting_multiple(data_dir, monkeypatch):
   r = topology.max_batch(config, "v5e:2x2")
   assert r["batch_unit"] == 8 and r["max_batch"] == 1000 and r["global_batch"] == 1000  # 4 chips x accum 2.
   assert len(compiled) <= 2 * 8 + 2
+  compiled.clear()
+  r = topology.max_batch(runs.config_with({"dataset.data_dir": data_dir, "batch_size": 4096}), "v5e:2x2")
+  assert r["max_batch"] == 1000 and len(compiled) <= 2 * 8 + 2  # Searched down from a batch that does not fit.
+  limit = 3
+  with pytest.raises(ConfigError, match=r"even the smallest global batch \(4\) does not fit"):
+    topology.max_batch(runs.config_with({"dataset.data_dir": data_dir}), "v5e:2x2")
 
 
 @pytest.mark.parametrize("name", ["v9:2x2", "v5e", "v5litepod-16", "v5e:3x3"])
