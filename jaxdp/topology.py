@@ -99,13 +99,13 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:  # libtpu refuses a program that does not fit its HBM.
-    short = _out_of_memory(str(e))
+    arguments = inspect_lib._tree_bytes(state) + inspect_lib._tree_bytes(batch)
+    short = _out_of_memory(str(e), arguments)
     if short is None:
       raise
-    temporaries, capacity = short
-    arguments = inspect_lib._tree_bytes(state) + inspect_lib._tree_bytes(batch)
-    mem = {"argument_bytes": arguments, "temp_bytes": temporaries, "output_bytes": None, "alias_bytes": None,
-           "total_bytes": arguments + temporaries, "source": "the compiler's out-of-memory error (a lower bound)"}
+    needed, capacity = short
+    mem = {"argument_bytes": arguments, "temp_bytes": needed - arguments, "output_bytes": 0, "alias_bytes": 0,
+           "total_bytes": needed, "source": "libtpu's out-of-memory error (a lower bound)"}
     compiled = None
   else:
     mem = inspect_lib.memory(compiled) or {}
@@ -118,7 +118,8 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
       "topology": name, "device_kind": kind, "num_devices": n, "global_batch": parts.layout.global_batch,
       "per_device_batch": parts.layout.per_device_batch, "options": inspect_lib._run(config, parts),
       "per_device_bytes": needed, "memory": mem, "device_memory_bytes": capacity,
-      "fits": None if needed is None or capacity is None else needed <= capacity,
+      # XLA:TPU places every buffer at compile time and refuses a program over HBM: compiled means it fits.
+      "fits": compiled is not None,
       "margin_bytes": None if needed is None or capacity is None else capacity - needed,
       "collectives": collectives, "flops_per_step": step_flops,
       "roofline": roofline(step_flops, cost.get("bytes accessed"), collectives, n, flops.TPU_PEAK_FLOPS.get(kind),
@@ -126,17 +127,24 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   }
 
 
-_OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT])\) exceeds available HBM "
-                  r"\(([\d.]+)([KMGT])\)")
+_SIZE = r"([\d.]+)([KMGT]?)"
+# libtpu's two out-of-memory messages: temporaries alone over HBM, or the whole program (then: by how much).
+_OOM_TEMPS = re.compile(rf"total memory required for HLO temporaries \({_SIZE}\) exceeds available HBM \({_SIZE}\)")
+_OOM_TOTAL = re.compile(rf"Used {_SIZE} of {_SIZE} hbm\. Exceeded hbm capacity by {_SIZE}")
 
 
-def _out_of_memory(message: str) -> tuple[int, int] | None:
-  """(temporary bytes needed, usable HBM bytes) from libtpu's RESOURCE_EXHAUSTED message; None if it is another error."""
-  m = _OOM.search(message)
-  if m is None:
-    return None
-  scale = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-  return int(float(m.group(1)) * scale[m.group(2)]), int(float(m.group(3)) * scale[m.group(4)])
+def _bytes(number: str, unit: str) -> int:
+  return int(float(number) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit])
+
+
+def _out_of_memory(message: str, arguments: int) -> tuple[int, int] | None:
+  """(bytes needed, usable HBM bytes) from libtpu's RESOURCE_EXHAUSTED message; None if it is another error."""
+  if m := _OOM_TEMPS.search(message):
+    return arguments + _bytes(*m.group(1, 2)), _bytes(*m.group(3, 4))
+  if m := _OOM_TOTAL.search(message):
+    usable = _bytes(*m.group(3, 4))
+    return usable + _bytes(*m.group(5, 6)), usable
+  return None
 
 
 def _cost(compiled: Any) -> dict[str, float]:

@@ -111,3 +111,13 @@ def test_flag_errors():
   with pytest.raises(ConfigError, match="--max_batch searches"):
     topology.split_flags(["inspect", "--max_batch"])
   assert topology.split_flags(["x", "--topology=v5e:2x2", "--max_batch", "--json"]) == (["x", "--json"], "v5e:2x2", True)
+
+
+def test_libtpu_out_of_memory_messages_are_read():
+  temps = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (23.98G) " \
+          "exceeds available HBM (15.75G)."
+  assert topology._out_of_memory(temps, 100) == (100 + int(23.98 * 2**30), int(15.75 * 2**30))
+  total = "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory in " \
+          "memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 3.98M.\n\nTotal hbm usage >= 16.00G:"
+  assert topology._out_of_memory(total, 100) == (int(15.75 * 2**30) + int(3.98 * 2**20), int(15.75 * 2**30))
+  assert topology._out_of_memory("RESOURCE_EXHAUSTED: something else", 100) is None
