@@ -1,15 +1,39 @@
-"""Every notebook in notebooks/ runs top to bottom on fake CPU devices with a small config, offline."""
+"""Every notebook in notebooks/ runs top to bottom on fake CPU devices with a small config, offline,
+as on a first run: from a checkout, in a fresh kernel in which jaxdp is not importable.
+"""
 
 import os
 import pathlib
+import shutil
 import sys
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+REPO = pathlib.Path(__file__).parent.parent
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = 120  # Per cell; each whole notebook takes well under a minute on 2 cores.
+
+# The kernel's sitecustomize: drop the editable install's import hook (how CI and the dev venv install
+# jaxdp), so `import jaxdp` fails there until the notebook makes its checkout importable.
+HIDE_INSTALLED_JAXDP = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable___jaxdp" not in getattr(f, "__module__", "")]
+"""
+
+
+def _first_run_checkout(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+  """A copy of the checkout (elsewhere than the installed one) and a kernel environment without jaxdp."""
+  checkout = tmp_path / "checkout"
+  shutil.copytree(REPO / "jaxdp", checkout / "jaxdp", ignore=shutil.ignore_patterns("__pycache__"))
+  shutil.copytree(REPO / "notebooks", checkout / "notebooks")
+  shutil.copy(REPO / "pyproject.toml", checkout)
+  hide = tmp_path / "hide"
+  hide.mkdir()
+  (hide / "sitecustomize.py").write_text(HIDE_INSTALLED_JAXDP)
+  monkeypatch.setenv("PYTHONPATH", str(hide))
+  monkeypatch.delenv("JAXDP_REPO", raising=False)
+  return checkout
 
 
 def test_there_are_notebooks():
@@ -27,10 +51,15 @@ def test_notebook_runs(path, data_dir, tmp_path, monkeypatch):
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   # The `python3` kernel spec may run plain `python`: make that this interpreter (the test venv).
   monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-  nb = nbformat.read(path, as_version=4)
-  NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+  checkout = _first_run_checkout(tmp_path, monkeypatch)
+  nb = nbformat.read(checkout / "notebooks" / path.name, as_version=4)
+  client = NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
+                          resources={"metadata": {"path": str(checkout / "notebooks")}})  # Jupyter's working dir.
+  client.execute()
   errors = [o for cell in nb.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
   assert not errors
+  printed = "".join(o.get("text", "") for o in nb.cells[1].get("outputs", []))
+  assert f"jaxdp from {checkout}\n" in printed  # Imported from the copy: the installed jaxdp was hidden.
   if path.name == "quickstart.ipynb":
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
     assert (tmp_path / "run" / "metrics.jsonl").exists()
