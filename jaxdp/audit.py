@@ -94,6 +94,8 @@ def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int
           process_index: int, process_count: int, num_devices: int) -> Recorder:
   """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
   from jaxdp.data import _ShardOrder, sampler  # The input pipeline's own order of examples.
+  if ds.options.shard_by_process and not config.get("audit_data", False):
+    return Recorder(None, {"rows": [0, 0], "global_batch": global_batch}, None)  # Each process its own order.
   split = config.dataset.train_split
   n = ds.num_examples(split)
   rows = global_batch // process_count
