@@ -101,8 +101,9 @@ def test_imagenet_resnet50_config_builds_and_steps(jpeg_dir, tmp_path):
   runs.override(config, {"dataset.name": "varsize_jpegs", "dataset.data_dir": jpeg_dir, "dataset.eval_split": "test",
                          "dataset.image_size": SIZE, "batch_size": 16, "eval_batch_size": 16, "num_train_steps": 2,
                          "warmup_steps": 1, "log_every_steps": 1, "eval_every_steps": 2, "checkpoint_every_steps": 0,
-                         "check_replicas_every_steps": 0, "model.stage_sizes": (1, 1, 1, 1), "model.width": 4,
-                         "parallel.num_devices": 2})  # Compiles in a third of 8 devices' time; test_train covers 8.
+                         "check_replicas_every_steps": 0, "model.width": 4, "parallel.num_devices": 2,
+                         "model.stage_sizes": (1,)})  # One bottleneck block compiles in 16 s, four in 35 s (2 cores);
+  # the full ResNet-50 is checked by shape below, and 8 devices by the other tests.
   result = train.train_and_evaluate(config, str(tmp_path))
   assert int(result.backend.get(result.state.step)) == 2
   assert np.isfinite(result.eval_metrics["eval/loss"]) and result.eval_metrics["eval/num_examples"] == 20
