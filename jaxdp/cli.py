@@ -29,6 +29,7 @@ OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g.
                   "    (e.g. --config.model.dense=64).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
+DEFAULT_CACHE_DIR = "~/.cache/jaxdp/xla"  # configs/default.py's compilation_cache_dir.
 
 
 def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
@@ -78,10 +79,26 @@ def plain_pipes() -> None:
 
 
 def init_process(config: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run when one is configured; only process 0 logs progress."""
+  """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
   import jax
+  use_compilation_cache(config)
   if distributed.initialize(config) and jax.process_index() != 0:
     log.setLevel(logging.WARNING)
+
+
+def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+  """Points JAX's persistent compilation cache at `config.compilation_cache_dir` ("" or None: off).
+
+  JAX_COMPILATION_CACHE_DIR in the environment wins over the default directory (not over a directory
+  given explicitly). Every program is cached, however quickly it compiled: a restart then compiles nothing.
+  """
+  import jax
+  path = config.get("compilation_cache_dir", "")
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR") and path == DEFAULT_CACHE_DIR:
+    return
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path) if path else None)
+  if path and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def main(argv: list[str], command: Command, *, require_workdir: bool = True,

@@ -1,5 +1,11 @@
-"""Preemption: on SIGTERM or SIGINT, finish the step, checkpoint it, and exit cleanly (status 0)."""
+"""Preemption: on SIGTERM or SIGINT, finish the step, checkpoint it, and exit cleanly (status 0).
 
+Multi-process runs agree on the step to stop at through JAX's preemption service (the coordination
+service's sync point: the largest step any process had reached, plus one), not a device collective
+per step: the steps queued on the devices keep running while the hosts agree.
+"""
+
+import os
 import signal
 import types
 from typing import Any
@@ -12,15 +18,22 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Watcher:
-  """Records a stop signal; `should_stop(step)` is the same decision on every process."""
+  """Records a stop signal; `should_stop(step)` is the same decision on every process.
+
+  With several processes and JAX's preemption service on (`jax_enable_preemption_service`, the default),
+  the service owns SIGTERM (it installs its own handler at `jax.distributed.initialize`); SIGINT is
+  forwarded to it as a SIGTERM. A second SIGINT then interrupts as it would without us; a second SIGTERM
+  is absorbed by the service. Otherwise every `sync_every_steps` steps the processes all-gather their flags.
+  """
 
   def __init__(self, sync_every_steps: int = 1):
     self.requested = False
-    self.sync_every_steps = sync_every_steps
+    self.sync_every_steps = max(1, sync_every_steps)
+    self.service = jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
     self._previous: dict[int, Any] = {}
 
   def __enter__(self) -> "Watcher":
-    for sig in SIGNALS:
+    for sig in (signal.SIGINT,) if self.service else SIGNALS:
       self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
@@ -32,11 +45,15 @@ class Watcher:
     del frame
     self.requested = True
     signal.signal(signum, self._previous[signum])  # A second signal acts as it would without us.
+    if self.service:
+      os.kill(os.getpid(), signal.SIGTERM)  # The preemption service's notice; it tells the other processes.
 
   def should_stop(self, step: int) -> bool:
-    """Whether any process was signalled; all processes must stop at the same step."""
+    """Whether any process was signalled; all processes must stop at the same step. Call it every step."""
     if jax.process_count() == 1:
       return self.requested
+    if self.service:
+      return multihost_utils.reached_preemption_sync_point(step)
     if step % self.sync_every_steps:
       return False
     return bool(np.any(multihost_utils.process_allgather(np.array([self.requested]))))

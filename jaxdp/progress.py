@@ -100,6 +100,10 @@ class Reporter:
       self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
                   f"over {self._timed_steps} timed steps ({units.duration(self._timed_seconds)})")
 
+  def note(self, line: str) -> None:
+    """Prints one more line (e.g. where the run's time went), on process 0."""
+    self._print(line)
+
   def eta_seconds(self, step: int) -> float | None:
     """Seconds left for the remaining steps at the average step time so far (None before any timing)."""
     if not self._timed_steps:

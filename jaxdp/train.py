@@ -4,7 +4,6 @@
 command line itself (flags, process setup, exit statuses) is `jaxdp.cli`.
 """
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -19,8 +18,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxdp import audit, build, checkpoint, cli, data, evaluate, metrics, models, parallel, preemption, progress
-from jaxdp import replicas, summary
+from jaxdp import audit, build, checkpoint, cli, data, evaluate, goodput, metrics, models, parallel, preemption
+from jaxdp import profiling, progress, replicas, summary
 from jaxdp import config as config_lib
 from jaxdp import flops as flops_lib
 from jaxdp import step as step_lib
@@ -65,6 +64,7 @@ class _Run:
   checkpointer: checkpoint.Checkpointer
   state: step_lib.TrainState
   recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
+  clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
@@ -72,73 +72,132 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Resul
   # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
   # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
   with contextlib.ExitStack() as stack:
-    run = _setup(config, workdir, stack)
+    compiles = stack.enter_context(goodput.CompileWatch())
+    clock = goodput.Clock(workdir, compiles)
+    run = _setup(config, workdir, stack, clock)
     watcher = stack.enter_context(preemption.Watcher(config.get("preemption_sync_every_steps", 1)))
     return _train(run, watcher, stack)
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack) -> _Run:
+def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack,
+           clock: goodput.Clock) -> _Run:
   """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
-  parts = build.build(config)
-  _check_workdir(workdir)
-  summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
-  stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
-                            global_batch=parts.layout.global_batch, process_count=jax.process_count())
-  # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
-  checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
-  state = checkpointer.restore_or_init(parts.backend, parts.init)
-  recorder = stack.enter_context(contextlib.closing(audit.start(
-      workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
-      checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
-  return _Run(parts, workdir, checkpointer, state, recorder)
+  with clock.span("setup"):
+    parts = build.build(config)
+    _check_workdir(workdir)
+    profiling.parse_steps(config.get("profile_steps", ()))  # A bad value fails before anything is restored.
+    summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
+    stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
+                              global_batch=parts.layout.global_batch, process_count=jax.process_count())
+    # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
+    checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
+  with clock.span("restore"):
+    state = checkpointer.restore_or_init(parts.backend, parts.init)
+  with clock.span("setup"):
+    recorder = stack.enter_context(contextlib.closing(audit.start(
+        workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
+        checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
+  return _Run(parts, workdir, checkpointer, state, recorder, clock)
 
 
 def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
   """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
-  parts, config, state = run.parts, run.parts.config, run.state
+  parts, config, state, clock = run.parts, run.parts.config, run.state, run.clock
   backend, total = parts.backend, config.num_train_steps
   start = int(backend.get(state.step))
   if start:
     log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
              "; already at num_train_steps, nothing to train" if start >= total else "")
-  batches = parallel.prefetch(backend, data.train_batches(
-      parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
-      start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
-      config.parallel.prefetch)
-  step_flops, batches = _count_flops(parts, state, batches, start < total)
-  writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
-  reporter = stack.enter_context(contextlib.closing(progress.Reporter(
-      total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
-      peak_flops=flops_lib.peak_flops(backend.devices[0]))))
-  tracker = _StepMetrics(backend, config.parallel.max_steps_in_flight, config.get("max_consecutive_nonfinite", 5))
-  sentinel = replicas.Sentinel(backend)
-  eval_metrics: dict[str, float] = {}
-  saved = start
+  with clock.span("setup"):
+    batches = parallel.prefetch(backend, data.train_batches(
+        parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
+        start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
+        config.parallel.prefetch)
+  with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
+    step_flops, batches = _count_flops(parts, state, batches, start < total)
+  summary.report({"compile": run.clock.compiles.describe()}, title=None)
+  with clock.span("setup"):
+    writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
+    reporter = stack.enter_context(contextlib.closing(progress.Reporter(
+        total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
+        peak_flops=flops_lib.peak_flops(backend.devices[0]))))
+  tracker = _StepMetrics(backend, _steps_in_flight(config, backend), config.get("max_consecutive_nonfinite", 5))
+  profiler = profiling.Profiler(run.workdir, config.get("profile_steps", ()))
+  stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
+  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend))
   for step in range(start + 1, total + 1):
-    state, step_metrics = parts.train_step(state, next(batches))
+    with clock.span("input"):
+      batch = next(batches)
+    profiler.before(step)
+    with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
+      state, step_metrics = parts.train_step(state, batch)
+      tracker.push(step, step_metrics)
     run.recorder.record(step)
-    tracker.push(step, step_metrics)
     reporter.on_step(step)
+    loop.periodic(step, state)
+    profiler.after(step, state)
+    if watcher.should_stop(step):
+      if loop.saved != step:
+        loop.save(step, state, force=True)
+      log.info("step %d: stop requested; checkpoint saved, exiting", step)
+      loop.finish(step)
+      return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
+  reporter.done()
+  loop.finish(total)
+  return Result(state, backend, loop.eval_metrics, model=parts.model)
+
+
+@dataclasses.dataclass
+class _Loop:
+  """The loop's periodic work (log, replica check, eval, checkpoint) and what it remembers between steps."""
+  run: _Run
+  writer: metrics.MultiWriter
+  reporter: progress.Reporter
+  tracker: "_StepMetrics"
+  sentinel: replicas.Sentinel
+  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  saved: int = -1  # The last step checkpointed by this run.
+
+  def periodic(self, step: int, state: step_lib.TrainState) -> None:
+    """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
+    config, total, clock = self.run.parts.config, self.run.parts.config.num_train_steps, self.run.clock
     if _itstime(step, config.log_every_steps, total):
-      train_metrics = tracker.flush()
-      writer.write(step, {**train_metrics, **reporter.on_log(step, train_metrics), **run.recorder.metrics(step)})
+      with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
+        train_metrics = self.tracker.flush()
+      self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
+                               **self.run.recorder.metrics(step), **clock.scalars()})
+      clock.save()
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
-      sentinel.check(state.params)
+      with clock.span("train"):
+        self.sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
-      with reporter.untimed() as span:
-        eval_metrics = evaluate.run(parts, state)
-      writer.write(step, {**eval_metrics, "time/eval": span.seconds})
-      reporter.on_eval(step, eval_metrics)
+      with self.reporter.untimed() as span, clock.span("eval"):
+        self.eval_metrics = evaluate.run(self.run.parts, state)
+      self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
+      self.reporter.on_eval(step, self.eval_metrics)
     if _itstime(step, config.get("checkpoint_every_steps", 0), total):
-      saved = _save(run, step, state, writer, reporter, eval_metrics if evaluated else None)
-    if watcher.should_stop(step):
-      if saved != step:
-        _save(run, step, state, writer, reporter, force=True)
-      log.info("step %d: stop requested; checkpoint saved, exiting", step)
-      return Result(state, backend, eval_metrics, preempted=True, model=parts.model)
-  reporter.done()
-  return Result(state, backend, eval_metrics, model=parts.model)
+      self.save(step, state, self.eval_metrics if evaluated else None)
+
+  def save(self, step: int, state: step_lib.TrainState, eval_metrics: dict[str, float] | None = None,
+           force: bool = False) -> None:
+    """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
+    with self.run.clock.span("train"):
+      jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
+    with self.reporter.untimed() as span, self.run.clock.span("checkpoint"):
+      self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
+    self.run.recorder.saved(step)
+    self.writer.write(step, {"time/checkpoint": span.seconds})
+    self.run.clock.save()
+    self.saved = step
+
+  def finish(self, step: int) -> None:
+    """The run's time per category (summed over this workdir's runs): the last record and line."""
+    with self.run.clock.span("checkpoint"):
+      self.run.checkpointer.wait()  # Pending asynchronous saves are part of the run.
+    self.writer.write(step, self.run.clock.scalars())
+    self.run.clock.save()
+    self.reporter.note(self.run.clock.line())
 
 
 def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterator,
@@ -158,53 +217,61 @@ def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterat
   return step_flops, batches
 
 
-def _save(run: _Run, step: int, state: step_lib.TrainState, writer: metrics.MultiWriter,
-          reporter: progress.Reporter, eval_metrics: dict[str, float] | None = None, force: bool = False) -> int:
-  """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing. Returns `step`."""
-  jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
-  with reporter.untimed() as span:
-    run.checkpointer.save(step, state, run.parts.backend, eval_metrics, force=force)
-  run.recorder.saved(step)
-  writer.write(step, {"time/checkpoint": span.seconds})
-  return step
-
-
 class _StepMetrics:
-  """Reads each step's metrics one step late, which bounds the steps in flight, and guards NaNs."""
+  """Keeps each step's metrics on the device until a log step fetches them all at once; guards NaNs.
+
+  The host never waits for a step in order to log it. It waits only for the step `max_in_flight` steps
+  back when that bound is set (fake CPU devices deadlock without one), and copies nothing to do so.
+  A run of `max_nonfinite` consecutive NaN/Inf steps is found when the metrics are fetched: at the next
+  log step, or after FETCH_EVERY steps, whichever comes first.
+  """
+  FETCH_EVERY = 256  # Without log steps, metrics are still fetched this often (bounded memory, NaN guard).
 
   def __init__(self, backend: parallel.Backend, max_in_flight: int, max_nonfinite: int):
     self.backend, self.max_in_flight, self.max_nonfinite = backend, max_in_flight, max_nonfinite
-    self.in_flight: collections.deque = collections.deque()
-    self.history: list[dict] = []
+    self.pending: list[tuple[int, dict]] = []  # (step, device metrics), oldest first.
+    self.finished = 0  # pending[:finished] are known to have run.
+    self.history: list[dict] = []  # Host copies since the last flush.
     self.nonfinite_run: list[int] = []
     self.last_step = 0
 
   def push(self, step: int, step_metrics: dict) -> None:
-    self.in_flight.append((step, step_metrics))
-    # Many steps in flight deadlock fake CPU devices; reading an older step's metrics waits for it.
-    while len(self.in_flight) >= self.max_in_flight:
-      self._read()
+    self.pending.append((step, step_metrics))
+    while self.max_in_flight and len(self.pending) - self.finished > self.max_in_flight:
+      jax.block_until_ready(self.pending[self.finished][1]["nonfinite"])  # A tiny output; nothing copied.
+      self.finished += 1
+    if len(self.pending) >= self.FETCH_EVERY:
+      self._fetch()
 
   def flush(self) -> dict[str, float]:
     """Mean train metrics since the last flush (`train/loss`, ...), with the skipped steps counted."""
-    while self.in_flight:
-      self._read()
+    self._fetch()
     history, self.history = self.history, []
     out = metrics.mean(history, "train")
     out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
     log.debug("step %d: %s", self.last_step, out)  # The progress reporter prints the readable line.
     return out
 
-  def _read(self) -> None:
-    step, device_metrics = self.in_flight.popleft()
-    host = self.backend.get(device_metrics)
-    self.history.append(host)
-    self.last_step = step
-    self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
-    if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
-      raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
-                           f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training stopped; "
-                           "the last checkpoint is intact")
+  def _fetch(self) -> None:
+    """Copies the pending steps' metrics to the host (one sync), in step order, checking the NaN run."""
+    pending, self.pending, self.finished = self.pending, [], 0
+    for step, host in zip([s for s, _ in pending], self.backend.get([m for _, m in pending])):
+      self.history.append(host)
+      self.last_step = step
+      self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
+      if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
+        raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
+                             f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training "
+                             "stopped; the last checkpoint is intact")
+
+
+def _steps_in_flight(config: ml_collections.ConfigDict, backend: parallel.Backend) -> int:
+  """The bound on unfinished steps: `parallel.max_steps_in_flight` on CPU; none (0) on GPU/TPU.
+
+  Fake CPU devices on few cores deadlock with hundreds of steps queued; GPU and TPU runtimes bound
+  their own queue of executions.
+  """
+  return config.parallel.max_steps_in_flight if backend.devices[0].platform == "cpu" else 0
 
 
 def _itstime(step: int, every: int, total: int) -> bool:

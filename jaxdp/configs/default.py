@@ -35,6 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
   config.preemption_sync_every_steps = 1  # Multi-process: agree on a stop signal every this many steps.
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
+  config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
+  config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
 
   # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
   # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.
@@ -53,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.invariant = False  # Bitwise-identical results on any power-of-two device count (ordered gradient sum).
   config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
-  config.parallel.max_steps_in_flight = 2  # Bounds async dispatch (fake CPU devices deadlock without it).
+  config.parallel.max_steps_in_flight = 2  # CPU: unfinished steps before the host waits (fake devices deadlock unbounded); 0: none.
   config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
 
   config.model = ml_collections.ConfigDict()

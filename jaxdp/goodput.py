@@ -1,0 +1,119 @@
+"""Where a run's wall time goes (goodput): steps, compilation, input, eval, checkpoints, restore, setup.
+
+Totals are kept in WORKDIR/goodput.json and summed over every run of the same workdir, so time lost
+to preemptions and restarts (setup, restore, compilation again) shows in the shares.
+"""
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+from jax import monitoring
+
+from jaxdp import units
+
+FILE = "goodput.json"
+# In print order; "train" is the steps themselves (dispatch and waiting for the device).
+CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
+LABELS = {"train": "training", "compile": "compilation", "input": "input", "eval": "eval",
+          "checkpoint": "checkpoint saves", "restore": "restore", "setup": "setup"}
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or persistent-cache read.
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+class CompileWatch:
+  """Seconds JAX spends in XLA compilation (listened to through `jax.monitoring`), and cache hits."""
+
+  def __init__(self):
+    self.seconds = 0.0
+    self.programs = 0
+    self.cache_hits = 0
+
+  def __enter__(self) -> "CompileWatch":
+    monitoring.register_event_duration_secs_listener(self._on_duration)
+    monitoring.register_event_listener(self._on_event)
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    monitoring.unregister_event_duration_listener(self._on_duration)
+    monitoring.unregister_event_listener(self._on_event)
+
+  def _on_duration(self, event: str, seconds: float, **kwargs: object) -> None:
+    if event == _COMPILE_EVENT:
+      self.seconds += seconds
+      self.programs += 1
+
+  def _on_event(self, event: str, **kwargs: object) -> None:
+    if event == _CACHE_HIT_EVENT:
+      self.cache_hits += 1
+
+  def describe(self) -> str:
+    """`2.31 s for 3 programs (2 from the persistent cache)`."""
+    cache = jax.config.jax_compilation_cache_dir
+    source = f"{self.cache_hits} from the persistent cache" if cache else "no persistent cache"
+    return f"{self.seconds:.2f} s for {self.programs} program{'s' * (self.programs != 1)} ({source})"
+
+
+class Clock:
+  """Wall time per category for this run, plus the totals of the workdir's earlier runs."""
+
+  def __init__(self, workdir: str, compiles: CompileWatch, clock: Callable[[], float] = time.perf_counter):
+    self.path = os.path.join(workdir, FILE)
+    self.compiles = compiles
+    self._clock = clock
+    self.began = clock()
+    self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+    self.previous, self.runs = _load(self.path)
+
+  @contextlib.contextmanager
+  def span(self, category: str) -> Iterator[None]:
+    """Counts the time inside as `category`, except XLA compilation inside it, which counts as `compile`."""
+    began, compiled = self._clock(), self.compiles.seconds
+    try:
+      yield
+    finally:
+      compile_seconds = self.compiles.seconds - compiled
+      self.seconds["compile"] += compile_seconds
+      self.seconds[category] += self._clock() - began - compile_seconds
+
+  def totals(self) -> dict[str, float]:
+    """Seconds per category and `wall`, summed over this workdir's runs (this one up to now)."""
+    now = {**self.seconds, "wall": self._clock() - self.began}
+    return {k: self.previous.get(k, 0.0) + v for k, v in now.items()}
+
+  def scalars(self) -> dict[str, float]:
+    """`time/total/<category>` and `time/total/wall` in seconds, and `time/goodput` (training's share)."""
+    totals = self.totals()
+    out = {f"time/total/{k}": v for k, v in totals.items()}
+    out["time/goodput"] = totals["train"] / max(totals["wall"], 1e-9)
+    return out
+
+  def line(self) -> str:
+    """`time | 0:01:02 wall over 2 runs: 81% training, 9% compilation, ...` (categories that took any time)."""
+    totals = self.totals()
+    wall = max(totals["wall"], 1e-9)
+    shares = [f"{100 * totals[k] / wall:.0f}% {LABELS[k]}" for k in CATEGORIES if totals[k] >= 0.0005 * wall]
+    runs = self.runs + 1
+    return f"time | {units.duration(totals['wall'])} wall over {runs} run{'s' * (runs != 1)}: " + ", ".join(shares)
+
+  def save(self) -> None:
+    """Writes the totals so far (process 0; replaced atomically, so a kill leaves the previous file)."""
+    if jax.process_index() != 0:
+      return
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"runs": self.runs + 1, "seconds": self.totals()}, f)
+    os.replace(tmp, self.path)
+
+
+def _load(path: str) -> tuple[dict[str, float], int]:
+  """(seconds per category, runs) of the earlier runs; nothing for a new workdir or an unreadable file."""
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+    return {k: float(v) for k, v in saved["seconds"].items()}, int(saved["runs"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return {}, 0

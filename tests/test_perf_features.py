@@ -1,0 +1,75 @@
+"""Loop performance features: no host sync per step, goodput (time/*), profiling, the compilation cache."""
+
+import glob
+import os
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdp import cli, config as config_lib, metrics, train
+
+CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
+
+
+def test_metrics_stay_on_device_until_a_log_step_and_only_old_steps_are_waited_for(monkeypatch):
+  fetched, waited = [], []
+  backend = types.SimpleNamespace(get=lambda tree: fetched.append(len(tree)) or jax.tree.map(np.asarray, tree))
+  monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(int(x)) or x)
+  tracker = train._StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
+  for step in range(1, 6):
+    # "nonfinite" carries the step number here, so the test sees which step the host waited for.
+    tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0) + step})
+  assert fetched == [] and waited == [1, 2, 3]  # Two steps left unfinished; nothing copied to the host.
+  tracker.max_nonfinite = 0  # The fake "nonfinite" values are not skips.
+  out = tracker.flush()
+  assert fetched == [5] and out["train/loss"] == 3.0  # One fetch of five steps, their mean.
+
+
+def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsys):
+  config.num_train_steps, config.checkpoint_every_steps, config.eval_every_steps = 4, 4, 4
+  train.train_and_evaluate(config, str(tmp_path))
+  first = metrics.read(str(tmp_path))[-1]
+  config.num_train_steps = 6  # A restart of the same workdir resumes at 4.
+  train.train_and_evaluate(config, str(tmp_path))
+  last = metrics.read(str(tmp_path))[-1]
+  parts = sum(last[f"time/total/{k}"] for k in CATEGORIES)
+  assert abs(parts - last["time/total/wall"]) <= 0.05 * last["time/total/wall"], last
+  assert last["time/total/wall"] > first["time/total/wall"]  # Summed over both runs.
+  assert all(last[f"time/total/{k}"] > 0 for k in ("train", "compile", "eval", "checkpoint", "restore"))
+  assert last["time/goodput"] == pytest.approx(last["time/total/train"] / last["time/total/wall"])
+  assert "wall over 2 runs" in capsys.readouterr().out
+
+
+def test_profile_steps_write_a_trace(config, tmp_path):
+  config.profile_steps = (2, 3)
+  train.train_and_evaluate(config, str(tmp_path))
+  assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
+
+
+@pytest.mark.parametrize("steps", [(3, 2), (0, 2), (1,)])
+def test_bad_profile_steps_are_named(config, tmp_path, steps):
+  config.profile_steps = steps
+  with pytest.raises(config_lib.ConfigError, match="profile_steps"):
+    train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_compilation_cache_dir_is_set_from_the_config(config, tmp_path, monkeypatch):
+  before = jax.config.jax_compilation_cache_dir
+  try:
+    config.compilation_cache_dir = str(tmp_path)  # Explicit: wins over the environment (set by conftest).
+    cli.use_compilation_cache(config)
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
+    config.compilation_cache_dir = ""
+    cli.use_compilation_cache(config)
+    assert jax.config.jax_compilation_cache_dir is None
+    config.compilation_cache_dir = cli.DEFAULT_CACHE_DIR  # The default defers to the environment ...
+    cli.use_compilation_cache(config)
+    assert jax.config.jax_compilation_cache_dir is None
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # ... and is used without one.
+    cli.use_compilation_cache(config)
+    assert jax.config.jax_compilation_cache_dir == os.path.expanduser(cli.DEFAULT_CACHE_DIR)
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
