@@ -59,6 +59,10 @@ def run(num_train: int, steps: int, data_dir: str) -> float:
   return float(next(line.split()[1] for line in out.splitlines() if line.startswith("peak_rss_mib")))
 
 
+def _runs(values: list[float]) -> str:
+  return ", ".join(f"{x:.0f}" for x in values)
+
+
 def main(argv: list[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--large", type=int, default=4000)
@@ -89,8 +93,8 @@ def main(argv: list[str]) -> None:
       "",
       "| train split | encoded JPEGs (ArrayRecord) | peak RSS MiB (runs) |",
       "| --- | --- | --- |",
-      f"| small: {args.small} images | {sizes[args.small]:.1f} MiB | {small:.0f} ({', '.join(f'{x:.0f}' for x in peaks[args.small])}) |",
-      f"| large: {args.large} images | {sizes[args.large]:.1f} MiB | {large:.0f} ({', '.join(f'{x:.0f}' for x in peaks[args.large])}) |",
+      f"| small: {args.small} images | {sizes[args.small]:.1f} MiB | {small:.0f} ({_runs(peaks[args.small])}) |",
+      f"| large: {args.large} images | {sizes[args.large]:.1f} MiB | {large:.0f} ({_runs(peaks[args.large])}) |",
       "",
       f"The large split is {sizes[args.large] - sizes[args.small]:.0f} MiB larger; the peak RSS grew by "
       f"{large - small:.0f} MiB.",

@@ -294,7 +294,8 @@ def _imagenet_report(r: dict[str, list[float]], args: argparse.Namespace) -> str
       "",
       "| pipeline | images/s | images/s per core |",
       "| --- | --- | --- |",
-      f"| J: jaxdp (ArrayRecord by index, stateless order and crops) | {_summary(r['J'])} | {_summary(per_core['J'])} |",
+      f"| J: jaxdp (ArrayRecord by index, stateless order and crops) | {_summary(r['J'])} | "
+      f"{_summary(per_core['J'])} |",
       f"| T: tf.data as the Flax ImageNet example (TFRecord, shuffle buffer) | {_summary(r['T'])} | "
       f"{_summary(per_core['T'])} |",
       f"| ratio J / T (>= 1.0) | {_summary(ratio)} | |",

@@ -115,8 +115,18 @@ class Dataset:
       self._sources[split] = self.corpus.source(split)
     return self._sources[split]
 
+  @property
+  def streamed(self) -> bool:
+    """Read as a stream (shard_by_process on a dataset prepared as TFRecord only), not by index."""
+    return self.options.shard_by_process and self.builder is not None and not _random_access(self.builder)
+
   def num_examples(self, split: Any) -> int:
     """Examples in a split spec such as "test" or "train[:90%]"."""
+    if self.streamed:
+      try:
+        return int(self.builder.info.splits[split].num_examples)
+      except (KeyError, ValueError, AssertionError) as e:
+        raise ConfigError(f"unknown split {split!r} of dataset {self.builder.name!r}: {e}") from None
     return len(self.source(split))
 
 
@@ -210,7 +220,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   """This process's rows of global batches start_step, start_step+1, ... (forever)."""
   rows = global_batch // process_count
   first_row = process_index * rows
-  if ds.options.shard_by_process and ds.builder is not None and not _random_access(ds.builder):
+  if ds.streamed:
     return _streamed(ds, split, seed, global_batch, start_step, process_index, process_count)
   source = ds.source(split)
   if ds.options.shard_by_process:
@@ -335,6 +345,8 @@ def _prefetch(batches: tf.data.Dataset, depth: int) -> tf.data.Dataset:
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
                  process_count: int) -> Iterator[Batch]:
   """Every example of `split` exactly once, padded to full batches; `mask` marks the real ones."""
+  if ds.streamed:
+    return _streamed_eval(ds, split, global_batch, process_index, process_count)
   source = ds.source(split)
   n = len(source)
   rows = global_batch // process_count
@@ -358,6 +370,20 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   batches = _read(ds, probe, steps, read, rows, lo, crop if pre.image_size else None)
   batches = batches.map(_plain(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return iter(tfds.as_numpy(_prefetch(batches, ds.options.prefetch)))
+
+
+def _streamed_eval(ds: Dataset, split: str, global_batch: int, process_index: int,
+                   process_count: int) -> Iterator[Batch]:
+  """Eval of a TFRecord-only dataset: the split streamed in file order, padded, each process decoding its rows."""
+  n = ds.num_examples(split)
+  padded = math.ceil(n / global_batch) * global_batch
+  examples = ds.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+  examples = examples.repeat().take(padded).enumerate()
+  examples = examples.map(_plain(lambda i, ex: {"inputs": ex[0], "labels": ex[1], "mask": i < n}))
+  rows = global_batch // process_count
+  lo = process_index * rows
+  local = examples.batch(global_batch).map(_plain(lambda b: {k: v[lo:lo + rows] for k, v in b.items()}))
+  return iter(tfds.as_numpy(_prefetch(local.map(_plain(ds.options.preprocess.finish)), ds.options.prefetch)))
 
 
 def num_eval_steps(ds: Dataset, split: str, global_batch: int) -> int:

@@ -119,5 +119,6 @@ class ArrayCorpus:
 
   def source(self, split: str) -> Source:
     if split not in self._splits:
-      raise ConfigError(f"unknown split {split!r} of dataset {self.facts.name!r} (choose from {', '.join(self._splits)})")
+      choices = ", ".join(self._splits)
+      raise ConfigError(f"unknown split {split!r} of dataset {self.facts.name!r} (choose from {choices})")
     return self._splits[split]
