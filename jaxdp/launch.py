@@ -1,12 +1,14 @@
 """`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments>`.
 
 Starts P local processes of `jaxdp.train` that join one run through `jax.distributed` (coordinator on
-127.0.0.1, a free port), each with D CPU devices; prefixes each line of their output with its rank;
-exits with the first non-zero status (stopping the others), or 0 when all succeed.
+127.0.0.1, a free port), each with D CPU devices; prefixes each line of their output with its rank
+(leaving out gloo's connection lines); exits with the first non-zero status (stopping the others), or 0
+when all succeed.
 """
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +19,10 @@ import time
 from jaxdp import distributed
 
 GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
+# gloo (XLA's CPU collectives) writes one such line to stdout for every communicator it sets up, with no
+# setting to turn it off: "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of ...".
+GLOO_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
+                        r"ranks is : \d+")
 
 
 def free_port() -> int:
@@ -35,10 +41,12 @@ def _env(rank: int, args: argparse.Namespace, port: int) -> dict[str, str]:
 
 
 def _relay(rank: int, proc: subprocess.Popen) -> None:
-  """Copies a process's output to ours, each line prefixed with its rank."""
+  """Copies a process's output to ours, each line prefixed with its rank, without gloo's connection lines."""
   for line in proc.stdout:
-    sys.stdout.write(f"[{rank}] {line}")
-    sys.stdout.flush()
+    plain = GLOO_NOISE.sub("", line)  # Also where C++ wrote it into the middle of a Python line.
+    if plain == line or plain.strip():
+      sys.stdout.write(f"[{rank}] {plain}")
+      sys.stdout.flush()
 
 
 def _describe(status: int) -> str:

@@ -71,6 +71,7 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   assert "[0] step" in out and "[1] step" not in out  # Only process 0 reports progress ...
   steps = [r["step"] for r in train.metrics.read(str(workdir)) if "train/loss" in r]
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.
+  assert "[Gloo]" not in out and "connected to" not in out  # The launcher keeps gloo's connection lines out.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
 
 
