@@ -55,6 +55,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   clip = config.get("max_grad_norm", 0.0)
   if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
     raise ConfigError(f"max_grad_norm must be a number >= 0 (0: no clipping), got {clip!r}")
+  smoothing = config.get("label_smoothing", 0.0)
+  if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+    raise ConfigError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
   for key, value in (("dtype", config.get("dtype", "float32")),
                      ("parallel.allreduce_dtype", config.parallel.get("allreduce_dtype", "float32"))):
     if value not in DTYPES:

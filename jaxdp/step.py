@@ -77,6 +77,14 @@ def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
   return jax.tree.map(lambda g: lax.select(norm < max_norm, g, (g / norm.astype(g.dtype)) * max_norm), grads)
 
 
+def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+  """Per-example cross-entropy against labels smoothed by `smoothing` (Szegedy et al., 2016); 0: `cross_entropy`."""
+  if not smoothing:
+    return cross_entropy(logits, labels)
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+
+
 def _grad_fn(model: Model, options: StepOptions) -> GradFn:
   """(params, model_state, batch, rng) -> ((mean loss, (accuracy, model_state)), grads), in compute dtype."""
   dtype = jnp.dtype(options.compute_dtype)
@@ -85,7 +93,8 @@ def _grad_fn(model: Model, options: StepOptions) -> GradFn:
     logits, model_state = model.apply(_cast_floats(params, dtype), model_state, _inputs(micro, options),
                                       train=True, rng=micro_rng)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == micro["labels"])
-    return cross_entropy(logits, micro["labels"]).mean(), (accuracy, model_state)
+    loss = smoothed_cross_entropy(logits, micro["labels"], options.label_smoothing).mean()
+    return loss, (accuracy, model_state)
 
   return jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -97,3 +97,24 @@ def test_running_statistics_are_averaged_over_replicas(config):
   replicas = parts.backend.replicas(state.model_state)
   jax.tree.map(lambda r, e: np.testing.assert_allclose(r, np.broadcast_to(e, r.shape), rtol=1e-5, atol=1e-7),
                replicas, expected)
+
+
+def test_label_smoothing_trains_against_smoothed_targets(config):
+  # SGD, lr 1, 8 devices: the update is the full-batch gradient of the smoothed loss, computed here by hand.
+  config.label_smoothing = 0.2
+  model, tx, batch, init = _setup(config, "sgd")
+  state, s = init(), config.label_smoothing
+  options = step_lib.StepOptions.from_config(config, 8)
+
+  def loss(params):
+    logits, _ = model.apply(params, state.model_state, batch["inputs"], train=True)
+    logp = jax.nn.log_softmax(logits)
+    hard = -jnp.take_along_axis(logp, batch["labels"][:, None], -1)[:, 0]
+    return ((1 - s) * hard - s * logp.mean(-1)).mean()
+
+  grads = jax.grad(loss)(state.params)
+  backend = parallel.make_backend("mesh", 8)
+  train = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, options=options))
+  params1 = backend.get(train(backend.init(init), backend.put_batch(batch))[0]).params
+  got = jax.tree.map(lambda a, b: a - b, state.params, params1)
+  jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6), got, grads)

@@ -2,7 +2,7 @@
 
 Global batch 1024; SGD with Nesterov momentum 0.9; peak lr 0.1 per 256 examples scaled linearly to the
 batch (0.4), reached after 5 epochs of linear warmup, then cosine decay; weight decay 1e-4 on the
-convolution and dense kernels only (not BatchNorm, not biases); bfloat16
+convolution and dense kernels only (not BatchNorm, not biases); label smoothing 0.1; bfloat16
 compute; BatchNorm statistics over the global batch; the last BatchNorm scale of every residual block
 starts at zero. Input: the random-resized crop to 224 and a horizontal flip for training, the central
 87.5% square resized to 224 for eval (`jaxdp.data.images`), read by index from TFDS `imagenet2012`
@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 1e-4         # L2 on the weights ...
   config.weight_decay_mask = "rank>=2"  # ... of convolutions and dense layers only: not BatchNorm, not biases.
   config.lr_schedule = "cosine"
+  config.label_smoothing = 0.1       # Train loss against labels smoothed by 0.1.
   config.warmup_steps = 5 * STEPS_PER_EPOCH
   config.num_train_steps = EPOCHS * STEPS_PER_EPOCH
   config.dtype = "bfloat16"          # Mixed precision: bfloat16 compute, float32 parameters.

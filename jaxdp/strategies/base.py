@@ -52,13 +52,15 @@ class StepOptions:
   invariant_shards: int = 8            # Fixed micro-shards of the global batch in the invariant strategy.
   cast_inputs: bool = True             # Cast float inputs to compute_dtype (not token ids carried as floats).
   max_grad_norm: float = 0.0           # Clip the reduced gradient to this global norm; 0: no clipping.
+  label_smoothing: float = 0.0         # Train loss against (1 - s) one-hot + s / classes; eval loss stays plain.
 
   @classmethod
   def from_config(cls, config: Any, num_devices: int = 1, cast_inputs: bool = True) -> "StepOptions":
     return cls(accum_steps=config.get("grad_accum_steps", 1), compute_dtype=config.get("dtype", "float32"),
                allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"), num_shards=num_devices,
                invariant_shards=config.parallel.get("invariant_shards", 8), cast_inputs=cast_inputs,
-               max_grad_norm=float(config.get("max_grad_norm", 0.0) or 0.0))
+               max_grad_norm=float(config.get("max_grad_norm", 0.0) or 0.0),
+               label_smoothing=float(config.get("label_smoothing", 0.0) or 0.0))
 
 
 class Strategy(abc.ABC):
