@@ -7,6 +7,7 @@ when all succeed.
 """
 
 import argparse
+import functools
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import time
 from jaxdp import distributed
 
 GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo (XLA's CPU collectives) writes one such line to stdout for every communicator it sets up, with no
 # setting to turn it off: "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of ...".
 GLOO_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
@@ -32,12 +34,29 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def _env(rank: int, args: argparse.Namespace, port: int) -> dict[str, str]:
+def cpu_share(rank: int, num_processes: int, cores: list[int]) -> list[int]:
+  """The cores process `rank` runs on: its contiguous 1/P of `cores` (one core, shared, when P > cores)."""
+  if num_processes >= len(cores):
+    return [cores[rank % len(cores)]]
+  return cores[rank * len(cores) // num_processes:(rank + 1) * len(cores) // num_processes]
+
+
+def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None) -> dict[str, str]:
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}", distributed.ENV_NUM_PROCESSES: str(args.num_processes),
               distributed.ENV_PROCESS_ID: str(rank), "JAXDP_CPU_DEVICES": str(args.devices_per_process),
               "PYTHONUNBUFFERED": "1"})
+  for name in THREAD_VARS if share else ():  # XLA and tf.data size their pools from the affinity; BLAS needs these.
+    env.setdefault(name, str(len(share)))
   return env
+
+
+def _shares(args: argparse.Namespace) -> list[list[int] | None]:
+  """Each process's cores when pinning (Linux), else None for each."""
+  if not (args.pin_cpus and hasattr(os, "sched_setaffinity")):
+    return [None] * args.num_processes
+  cores = sorted(os.sched_getaffinity(0))
+  return [cpu_share(r, args.num_processes, cores) for r in range(args.num_processes)]
 
 
 def _relay(rank: int, proc: subprocess.Popen) -> None:
@@ -59,8 +78,10 @@ def launch(args: argparse.Namespace) -> int:
   """Runs the processes; returns the launcher's exit status."""
   port = args.port or free_port()
   cmd = [sys.executable, "-m", "jaxdp.train", *args.train_args]
-  procs = [subprocess.Popen(cmd, env=_env(r, args, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True) for r in range(args.num_processes)]
+  procs = [subprocess.Popen(cmd, env=_env(r, args, port, share), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True,
+                            preexec_fn=functools.partial(os.sched_setaffinity, 0, share) if share else None)
+           for r, share in enumerate(_shares(args))]  # No thread of ours runs yet: preexec_fn is safe here.
   relays = [threading.Thread(target=_relay, args=(r, p), daemon=True) for r, p in enumerate(procs)]
   for t in relays:
     t.start()
@@ -110,6 +131,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--num_processes", type=int, required=True, help="Local processes to start.")
   parser.add_argument("--devices_per_process", type=int, default=1, help="CPU devices each process simulates.")
   parser.add_argument("--port", type=int, default=0, help="Coordinator port on 127.0.0.1 (0: a free one).")
+  # Off by default: on a shared 2-core machine, pinning 2 processes made steps 2.2-2.7x slower (README).
+  parser.add_argument("--pin_cpus", action=argparse.BooleanOptionalAction, default=False,
+                      help="Pin each process to its own 1/P of the cores, with as many BLAS/OpenMP threads (Linux).")
   parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then jaxdp.train's arguments.")
   args = parser.parse_args(argv)
   args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args

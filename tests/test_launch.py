@@ -15,3 +15,19 @@ def test_relay_drops_gloo_lines_and_keeps_the_rest(capsys):
   proc.wait()
   # A blank line of the process stays; gloo's line goes, also where it landed in the middle of another line.
   assert capsys.readouterr().out == "[3] loss 1\n[3] \n[3] step 2\n[3] done\n"
+
+
+def test_cpu_shares_split_the_cores_without_overlap():
+  cores = [0, 1, 2, 3, 4, 5, 6, 7]
+  assert [launch.cpu_share(r, 3, cores) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+  assert [launch.cpu_share(r, 3, [4, 5]) for r in range(3)] == [[4], [5], [4]]  # More processes than cores.
+
+
+def test_pinned_processes_get_their_share_and_thread_counts(monkeypatch):
+  monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+  args = launch.parse(["--num_processes", "2", "--pin_cpus", "--", "--config", "x.py"])
+  shares = launch._shares(args)
+  cores = sorted(launch.os.sched_getaffinity(0))
+  assert sorted(c for share in shares for c in share) == (cores if len(cores) >= 2 else cores * 2)
+  assert launch._env(1, args, 1234, shares[1])["OMP_NUM_THREADS"] == str(len(shares[1]))
+  assert launch._shares(launch.parse(["--num_processes", "2", "--", "x"])) == [None, None]  # Off by default.
