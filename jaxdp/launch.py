@@ -23,8 +23,9 @@ GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo (XLA's CPU collectives) writes one such line to stdout for every communicator it sets up, with no
 # setting to turn it off: "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of ...".
-GLOO_NOISE = re.compile(r"\[Gloo\] Rank \d+ is connected to \d+ peer ranks\. Expected number of connected peer "
-                        r"ranks is : \d+")
+# Two threads of one process (one per local device) can interleave theirs: halves are matched too.
+GLOO_NOISE = re.compile(r"(\[Gloo\] Rank \d+ is connected to )?\d+ peer ranks\. Expected number of connected peer "
+                        r"ranks is : \d+|\[Gloo\] Rank \d+ is connected to ")
 
 
 def free_port() -> int:

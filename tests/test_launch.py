@@ -9,7 +9,9 @@ GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected
 
 
 def test_relay_drops_gloo_lines_and_keeps_the_rest(capsys):
-  script = f"import sys; sys.stdout.write('loss 1\\n{GLOO}\\n\\nstep 2{GLOO}\\ndone\\n')"
+  half = GLOO.index("3 peer")  # Another thread's line cut in: "[Gloo] Rank 1 is connected to [Gloo] Rank 0 ..."
+  mixed = GLOO[:half] + GLOO.replace("Rank 1", "Rank 0") + "\\n" + GLOO[half:]
+  script = f"import sys; sys.stdout.write('loss 1\\n{GLOO}\\n\\nstep 2{GLOO}\\n{mixed}\\ndone\\n')"
   proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
   launch._relay(3, proc)
   proc.wait()
