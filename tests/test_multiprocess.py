@@ -28,11 +28,15 @@ def _launch(workdir, overrides, processes=2, devices=4, **popen):
           *runs.flags(overrides), "--workdir", str(workdir)]
   return subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-                          **popen)
+                          start_new_session=True, **popen)
 
 
 def _finish(proc, timeout=150):
-  out, err = proc.communicate(timeout=timeout)
+  try:
+    out, err = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # The launcher and its processes: none outlives a failed test.
+    raise
   assert proc.returncode == 0, out[-3000:] + err[-3000:]
   return out
 
@@ -122,6 +126,22 @@ def test_killing_one_process_stops_the_launcher_naming_it(data_dir, tmp_path):
   assert proc.returncode != 0
   assert time.time() - killed < 30
   assert "error: process 1 of 2 was lost (killed by SIGKILL)" in err
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(data_dir, tmp_path, one_by_eight):
+  # The processes agree through JAX's preemption service (no per-step collective): both stop after the
+  # same step, write one checkpoint there together, and exit 0; what they trained matches 1 x 8.
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
+  os.kill(_pid_of_rank(tmp_path, 1), signal.SIGTERM)
+  out = _finish(proc, timeout=90)
+  saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(saved) == 1 and 0 < saved[0] < 100000, saved
+  assert f"step {saved[0]}: stop requested" in out
+  losses = runs.train_losses(tmp_path)
+  assert max(losses) == saved[0]  # No process trained past the agreed step.
+  common = {s: l for s, l in losses.items() if s <= 2 * K}
+  _assert_losses_close(common, {s: l for s, l in runs.train_losses(one_by_eight[0]).items() if s in common})
 
 
 def test_a_hung_process_is_declared_lost_without_the_launcher(data_dir, tmp_path):
