@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from jaxdp import data, parallel
 from jaxdp.config import ConfigError
-from jaxdp.preprocess import Preprocess
+from jaxdp.data.preprocess import Preprocess
 
 B = 32
 MOCK_EXAMPLES = 96  # Mocked cifar10: 6 global batches of 16 per epoch.

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from jaxdp import data, offline, train
+from jaxdp import data, train
+from jaxdp.data import offline
 from jaxdp.data import convert
 from jaxdp.config import ConfigError
 

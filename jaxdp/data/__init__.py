@@ -40,11 +40,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from jaxdp import offline
+from jaxdp.data import offline
 from jaxdp.config import ConfigError
 from jaxdp.data import images, sampler
 from jaxdp.data.source import ArrayCorpus, Corpus, Facts, Source, TfdsCorpus
-from jaxdp.preprocess import Preprocess
+from jaxdp.data.preprocess import Preprocess
 
 # TensorFlow only feeds the input pipeline: it must never take accelerator memory.
 tf.config.set_visible_devices([], "GPU")

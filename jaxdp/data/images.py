@@ -9,7 +9,7 @@ stateless seed of (seed, step, row): its global position, never the process or d
 
 import tensorflow as tf
 
-from jaxdp.preprocess import AUGMENT, seed_for
+from jaxdp.data.preprocess import AUGMENT, seed_for
 
 AREA = (0.08, 1.0)
 ASPECT = (3 / 4, 4 / 3)

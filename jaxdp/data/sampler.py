@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from jaxdp.config import ConfigError
-from jaxdp.preprocess import SHUFFLE, seed_for
+from jaxdp.data.preprocess import SHUFFLE, seed_for
 
 
 def steps_per_epoch(n: int, batch: int, split: str) -> int:

@@ -9,7 +9,7 @@ each split (train / validation / test, about 1 MB / 55 kB / 55 kB of ASCII) into
 
 import tensorflow_datasets as tfds
 
-from jaxdp import offline
+from jaxdp.data import offline
 from jaxdp.datasets.text_file import WindowedText
 
 SOURCE = "tiny_shakespeare"
