@@ -313,8 +313,11 @@ def _at(ids: np.ndarray, row: int) -> str:
 def main(argv: list[str]) -> int:
   """0: the audit holds; 1: it does not (one line naming the first step); 2: bad usage or no records."""
   args = argv[1:]
+  if args and args[0] in ("-h", "--help"):
+    print(f"{USAGE}\n\n{__doc__}")
+    return 0
   if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
-    print(f"error: expected one or two workdirs, got {args!r}\n{USAGE}", file=sys.stderr)
+    print(f"error: expected one or two workdirs, got {args!r} ({USAGE})", file=sys.stderr)
     return 2
   try:
     print(check(args[0]) if len(args) == 1 else compare(*args))

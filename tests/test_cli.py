@@ -1,5 +1,6 @@
 """The CLI: bad input gives one `error: ...` line naming the value, exit status 2, before training."""
 
+import importlib
 import os
 import re
 import subprocess
@@ -153,3 +154,11 @@ def test_cpu_devices_are_set_before_the_config_file_loads(tmp_path):
                         env={k: v for k, v in os.environ.items() if k != "JAXDP_CPU_DEVICES"})
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.split() == ["48", "3"]
+
+
+@pytest.mark.parametrize("module", ["jaxdp.audit", "jaxdp.data.convert"])
+def test_the_small_tools_print_help_and_one_error_line(module, capsys):
+  main = importlib.import_module(module).main
+  assert main([module, "--help"]) == 0 and "usage:" in capsys.readouterr().out
+  assert main([module]) == 2
+  assert len(capsys.readouterr().err.strip().splitlines()) == 1

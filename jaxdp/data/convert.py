@@ -46,8 +46,13 @@ def convert(version_dir: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+  """0: converted; 2: bad usage or not a TFRecord-prepared dataset (one `error:` line)."""
+  usage = __doc__.strip().splitlines()[2].strip()
+  if len(argv) == 2 and argv[1] in ("-h", "--help"):
+    print(f"usage: {usage}\n\n{__doc__}")
+    return 0
   if len(argv) != 2:
-    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    print(f"error: expected one dataset directory (usage: {usage})", file=sys.stderr)
     return 2
   try:
     shards = convert(argv[1])
