@@ -58,6 +58,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   smoothing = config.get("label_smoothing", 0.0)
   if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
     raise ConfigError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
+  flat = config.parallel.get("flat_allreduce", "auto")
+  if str(flat).lower() not in ("auto", "true", "false"):
+    raise ConfigError(f"parallel.flat_allreduce must be auto, true or false, got {flat!r}")
+  bucket = config.parallel.get("bucket_bytes", 25 * 2**20)
+  if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
+    raise ConfigError(f"parallel.bucket_bytes must be a positive integer, got {bucket!r}")
   for key, value in (("dtype", config.get("dtype", "float32")),
                      ("parallel.allreduce_dtype", config.parallel.get("allreduce_dtype", "float32"))):
     if value not in DTYPES:

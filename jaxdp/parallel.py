@@ -153,8 +153,9 @@ class MeshBackend(Backend):
 
   def __init__(self, devices: list[jax.Device], checked: bool = True):
     super().__init__(devices)
-    self.checked = checked
-    self.axis = DataAxis(AXIS, mark_varying=checked)
+    # One device: unchecked, so the strategy can skip the all-reduce (a replica's values are the means).
+    self.checked = checked and len(devices) > 1
+    self.axis = DataAxis(AXIS, mark_varying=self.checked)
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.state_specs: PyTree = P()  # A prefix: the whole state replicated, until bind_state.
 

@@ -53,6 +53,8 @@ class StepOptions:
   cast_inputs: bool = True             # Cast float inputs to compute_dtype (not token ids carried as floats).
   max_grad_norm: float = 0.0           # Clip the reduced gradient to this global norm; 0: no clipping.
   label_smoothing: float = 0.0         # Train loss against (1 - s) one-hot + s / classes; eval loss stays plain.
+  flat_allreduce: bool = False         # All-reduce one flat buffer (per bucket), not one operand per leaf.
+  bucket_bytes: int = 25 << 20         # Flat all-reduce: at most this many bytes per collective (DDP's 25 MB).
 
   @classmethod
   def from_config(cls, config: Any, num_devices: int = 1, cast_inputs: bool = True) -> "StepOptions":
@@ -60,7 +62,19 @@ class StepOptions:
                allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"), num_shards=num_devices,
                invariant_shards=config.parallel.get("invariant_shards", 8), cast_inputs=cast_inputs,
                max_grad_norm=float(config.get("max_grad_norm", 0.0) or 0.0),
-               label_smoothing=float(config.get("label_smoothing", 0.0) or 0.0))
+               label_smoothing=float(config.get("label_smoothing", 0.0) or 0.0),
+               flat_allreduce=flat_allreduce(config.parallel.get("flat_allreduce", "auto")),
+               bucket_bytes=int(config.parallel.get("bucket_bytes", 25 << 20)))
+
+
+def flat_allreduce(setting: Any) -> bool:
+  """`parallel.flat_allreduce`: "auto" flattens on CPU, where XLA's gloo collectives run once per operand.
+
+  On GPU and TPU XLA combines per-leaf all-reduces into few collectives itself, so "auto" keeps them.
+  """
+  if str(setting).lower() == "auto":
+    return jax.devices()[0].platform == "cpu"
+  return str(setting).lower() == "true"
 
 
 class Strategy(abc.ABC):
@@ -105,7 +119,18 @@ class Strategy(abc.ABC):
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
     """Eval sums over the global batch from this replica's slice."""
-    return {k: lax.psum(v.sum(), axis.name) for k, v in per_example(batch).items()}
+    return {k: _global_rows(v, axis.name).sum() for k, v in per_example(batch).items()}
+
+
+def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
+  """[rows] on each replica -> the [N * rows] of the global batch on every replica, bit for bit.
+
+  A psum of zeros and one replica's values is exact, so the result (and a sum over it) does not depend on
+  the device count, unlike a psum of per-device sums, whose rounding does.
+  """
+  n, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
+  placed = lax.dynamic_update_slice(jnp.zeros((n * rows.shape[0],), rows.dtype), rows, (i * rows.shape[0],))
+  return lax.psum(placed, axis_name)
 
 
 def all_finite(tree: PyTree) -> jax.Array:

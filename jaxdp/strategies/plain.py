@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxdp.strategies.base import DataAxis, Gradients, GradFn, PyTree, Strategy, micro_batches, pmean_floats
@@ -12,9 +13,29 @@ class DataParallel(Strategy):
 
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
     loss, accuracy, model_state, grads = local_gradients(grad_fn, state, batch, rng, axis, self.options.accum_steps)
-    grads = self.reduce(grads, axis)
+    if lax.axis_size(axis.name) == 1:  # One replica: its values are the means; no collective at all.
+      return loss, accuracy, model_state, grads
     # Model state (e.g. BatchNorm running statistics) is averaged too, so the replicas stay identical.
-    return lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name), pmean_floats(model_state, axis.name), grads
+    model_state = pmean_floats(model_state, axis.name)
+    # Flat only where `reduce` is this class's all-reduce (ZeRO-1 overrides it with a reduce-scatter).
+    if self.options.flat_allreduce and type(self).reduce is DataParallel.reduce:
+      loss, accuracy, grads = self._flat_reduce(loss, accuracy, grads, axis)
+      return loss, accuracy, model_state, grads
+    grads = self.reduce(grads, axis)
+    return lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name), model_state, grads
+
+  def _flat_reduce(self, loss: jax.Array, accuracy: jax.Array, grads: PyTree, axis: DataAxis) -> tuple:
+    """Loss, accuracy and gradients averaged in as few buffers as `bucket_bytes` allows.
+
+    XLA:CPU runs each operand of a combined all-reduce as its own gloo call with a fixed cost; one
+    buffer (or one per bucket, as DDP) pays it once. The scalars ride along only in float32, so a
+    bfloat16 all-reduce does not round the reported loss.
+    """
+    dtype, bucket = self.options.allreduce_dtype, self.options.bucket_bytes
+    if jnp.dtype(dtype) != jnp.float32:
+      return lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name), flat_all_reduce_mean(
+          grads, axis.name, dtype, bucket)
+    return flat_all_reduce_mean((loss, accuracy, grads), axis.name, dtype, bucket)
 
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
     """The mean gradient over all replicas: the all-reduce of data parallelism."""
@@ -49,3 +70,14 @@ def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array,
 def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyTree:
   """`lax.pmean` over the axis, communicated in `dtype` (results back in their own dtype)."""
   return jax.tree.map(lambda g: lax.pmean(g.astype(dtype), axis_name).astype(g.dtype), tree)
+
+
+def flat_all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32", bucket_bytes: int = 25 << 20) -> PyTree:
+  """`all_reduce_mean` of one flat `dtype` buffer holding every leaf, cut in buckets of at most `bucket_bytes`."""
+  leaves, treedef = jax.tree.flatten(tree)
+  flat = jnp.concatenate([x.astype(dtype).ravel() for x in leaves])
+  chunk = max(1, bucket_bytes // jnp.dtype(dtype).itemsize)
+  pieces = [lax.pmean(flat[i:i + chunk], axis_name) for i in range(0, flat.size, chunk)]
+  flat = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces)
+  starts = np.cumsum([0] + [x.size for x in leaves])
+  return treedef.unflatten([flat[a:b].reshape(x.shape).astype(x.dtype) for x, a, b in zip(leaves, starts, starts[1:])])

@@ -1,0 +1,92 @@
+"""The plain strategy's gradient all-reduce on CPU: one flat buffer (or one per bucket) holding the gradients,
+loss and accuracy; none on one device; the same results as the per-leaf pmean."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from jaxdp import build, data, inspect
+from jaxdp.config import ConfigError
+from jaxdp.configs import mlp_digits
+
+SCALARS = 8  # Loss and accuracy, two float32 scalars, ride in the gradient buffer.
+
+
+def _config(data_dir, **parallel):
+  config = mlp_digits.get_config()
+  config.dataset.data_dir = data_dir
+  config.model.hidden = (64,)
+  config.batch_size = 64
+  config.parallel.update(parallel)
+  return config
+
+
+@pytest.fixture(scope="module")
+def analyzed(data_dir):
+  cache = {}
+
+  def run(**parallel):
+    key = tuple(sorted(parallel.items()))
+    if key not in cache:
+      cache[key] = inspect.analyze(_config(data_dir, **parallel))
+    return cache[key]
+
+  return run
+
+
+def test_cpu_step_all_reduces_one_buffer_of_the_parameters_and_scalars(analyzed):
+  r = analyzed()
+  p = r["params"]["bytes"]
+  for program in ("compiled", "lowered"):
+    ops = r["collectives"][program]
+    assert (ops["all-reduce"]["count"], ops["all-reduce"]["bytes"]) == (1, p + SCALARS), (program, ops)
+    assert all(ops[k]["count"] == 0 for k in inspect.KINDS if k != "all-reduce"), ops
+
+
+def test_per_leaf_all_reduce_when_flat_is_off(analyzed):
+  lowered = analyzed(flat_allreduce="false")["collectives"]["lowered"]["all-reduce"]
+  assert lowered["count"] == 2 + 4  # Loss, accuracy and one per leaf (two kernels, two biases).
+  assert (lowered["tensor_bytes"], lowered["scalar_bytes"]) == (analyzed()["params"]["bytes"], SCALARS)
+
+
+def test_small_buckets_cut_the_buffer_into_ceil_bytes_over_bucket_all_reduces(analyzed):
+  r = analyzed(bucket_bytes=4000)
+  lowered, p = r["collectives"]["lowered"]["all-reduce"], r["params"]["bytes"]
+  assert (lowered["count"], lowered["bytes"]) == (math.ceil((p + SCALARS) / 4000), p + SCALARS), lowered
+
+
+def test_one_device_has_no_collective(analyzed):
+  r = analyzed(num_devices=1)
+  for program in ("compiled", "lowered"):
+    assert all(r["collectives"][program][k]["count"] == 0 for k in inspect.KINDS), r["collectives"][program]
+
+
+def _two_steps(config):
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  batches = data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                               process_index=0, process_count=1)
+  metrics = []
+  for _ in range(2):
+    state, m = parts.train_step(state, parts.backend.put_batch(next(batches)))
+    metrics.append(parts.backend.get(m))
+  return parts.backend.get(state.params), metrics
+
+
+@pytest.mark.parametrize("parallel", [{"flat_allreduce": "false"}, {"num_devices": 1}])
+def test_flat_buffers_give_the_per_leaf_and_one_device_results(data_dir, parallel):
+  flat, flat_metrics = _two_steps(_config(data_dir, bucket_bytes=4000))
+  other, other_metrics = _two_steps(_config(data_dir, **parallel))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), flat, other)
+  for a, b in zip(flat_metrics, other_metrics):
+    np.testing.assert_allclose([a["loss"], a["accuracy"]], [b["loss"], b["accuracy"]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("key,value", [("flat_allreduce", "maybe"), ("bucket_bytes", 0)])
+def test_bad_settings_are_config_errors(data_dir, key, value):
+  config = _config(data_dir)
+  config.parallel[key] = value
+  with pytest.raises(ConfigError, match=f"parallel.{key}"):
+    build.build(config)
