@@ -23,7 +23,7 @@ from jaxdp import build, cli, flops, parallel, units
 from jaxdp import config as config_lib
 
 USAGE = ("python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N] "
-         "[--topology NAME [--max_batch]]")
+         "[--topology NAME [--max_batch]] [--project 8,64,512 [--interconnect NAME]]")
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 BYTES_NOTE = ("bytes = the full buffer of each collective (the all-reduced tensor, the reduce-scatter input, the "
               "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (loss, accuracy, "
@@ -297,18 +297,23 @@ def format_report(r: dict) -> str:
 
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
-  from jaxdp import topology  # It builds on this module's parsers: imported here, no import cycle.
+  from jaxdp import projection, topology  # They build on this module's parsers: imported here, no import cycle.
   as_json = "--json" in argv[1:]
   cli.plain_pipes()
   try:
     argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
+    argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.
     config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
                           extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
                           "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
-                          "largest global batch that fits.")
+                          "largest global batch that fits.\n  --project 8,64,512: project step time and scaling "
+                          "efficiency to those device counts (alpha-beta model, compute measured here).\n  "
+                          f"--interconnect NAME: with --project, one of {', '.join(projection.INTERCONNECTS)}.")
     with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
       report = topology.run(config, target, search) if target else None
       text = topology.format_report if report else format_report
+      if counts and not report:
+        report, text = projection.project(config, counts, link), projection.format_report
       report = report or analyze(config)
   except config_lib.ConfigError as e:
     print(f"error: {e}", file=sys.stderr)
