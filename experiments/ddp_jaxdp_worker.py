@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_common  # noqa: E402
 import step_variants  # noqa: E402
 
-from jaxdp import distributed, models, optim, parallel  # noqa: E402
+from jaxdp import distributed, models, optim, parallel, strategies  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 from jaxdp.strategies import plain  # noqa: E402
@@ -68,9 +68,12 @@ class Worker:
       config, model = self._model(name)
       config.batch_size = batch
       tx = optim.make(config)
-      init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx)
+      # As jaxdp.build: the config's step options (on CPU one flat gradient all-reduce, parallel.flat_allreduce).
+      strategy = strategies.DataParallel(step_lib.StepOptions.from_config(config, jax.device_count()))
+      init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
       self.backend.bind_state(jax.eval_shape(init))
-      step = step_lib.train_step if variant == "jaxdp" else functools.partial(step_variants.train_step, **PROPOSED)
+      step = (functools.partial(step_lib.train_step, strategy=strategy) if variant == "jaxdp"
+              else functools.partial(step_variants.train_step, **PROPOSED))
       train = self.backend.map_train(functools.partial(step, model=model, tx=tx))
       x, y = ddp_common.local_batch(name, batch, self.rank, self.world)
       device_batch = self.backend.put_batch({"inputs": x, "labels": y})

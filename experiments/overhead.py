@@ -15,7 +15,9 @@ step_variants.py) show where a difference comes from:
   cond_guard  the guard as one `lax.cond(finite, update, keep)`, the update computed inside the cond
               (jaxdp's step does the same since this study found its guard copying the whole state);
   cond_flat   cond_guard, and one all-reduce of one flat buffer (gradients, loss, accuracy) instead of one
-              per leaf (it pays on gloo across processes, not on fake devices in one process).
+              per leaf (it pays on gloo across processes, not on fake devices in one process);
+  per_leaf    jaxdp's step with `parallel.flat_allreduce=false`: one pmean per leaf (jaxdp's step before the
+              flat buffer became the CPU default; `jaxdp` itself runs the default config's options).
 Contenders alternate every round (A B C D A B C D ...); each round yields one median step time per
 contender; the ratios jaxdp / baseline are taken per round and reported as median [interquartile range].
 """
@@ -28,6 +30,7 @@ if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
   cpu_devices.simulate(2)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import os  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -43,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 import step_variants  # noqa: E402
 
-from jaxdp import models, optim, parallel  # noqa: E402
+from jaxdp import models, optim, parallel, strategies  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 
@@ -58,6 +61,7 @@ NUM_CLASSES = 10
 # Ablations: jaxdp's step rebuilt from its own pieces with one thing changed (experiments/step_variants.py).
 ABLATIONS: dict[str, dict] = {"no_guard": {"guard": "none"}, "cond_guard": {"guard": "cond"},
                               "cond_flat": {"guard": "cond", "flat": True}}
+COLUMNS = [*ABLATIONS, "per_leaf"]  # Ratio columns of the report.
 
 
 def setup(workload: str, num_devices: int) -> dict[str, Any]:
@@ -72,7 +76,8 @@ def setup(workload: str, num_devices: int) -> dict[str, Any]:
   rng = np.random.default_rng(0)
   host = {"inputs": rng.standard_normal((batch, *shape)).astype(np.float32),
           "labels": rng.integers(0, NUM_CLASSES, batch).astype(np.int32)}
-  return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host)}
+  options = step_lib.StepOptions.from_config(config, num_devices)  # As jaxdp.build: flat all-reduce on CPU.
+  return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host), "options": options}
 
 
 class Stepper:
@@ -89,9 +94,13 @@ class Stepper:
     return abrun.time_steps(self._call, n, jax.block_until_ready)
 
 
-def jaxdp_contender(env: dict[str, Any], step_fn: Callable = step_lib.train_step) -> Stepper:
-  """jaxdp's own pieces: backend.init, backend.map_train(step), the device batch."""
+def jaxdp_contender(env: dict[str, Any], step_fn: Callable | None = None, flat: bool | None = None) -> Stepper:
+  """jaxdp's own pieces: backend.init, backend.map_train(step), the device batch; `step_fn` None: jaxdp's step
+  with the config's options (`flat` overrides parallel.flat_allreduce)."""
   model, tx, backend = env["model"], env["tx"], env["backend"]
+  if step_fn is None:
+    options = env["options"] if flat is None else dataclasses.replace(env["options"], flat_allreduce=flat)
+    step_fn = functools.partial(step_lib.train_step, strategy=strategies.DataParallel(options))
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx)
   backend.bind_state(jax.eval_shape(init))
   state = backend.init(init)
@@ -136,6 +145,7 @@ def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[st
       "baseline": baseline_contender(env),
       **{name: jaxdp_contender(env, functools.partial(step_variants.train_step, **kw))
          for name, kw in ABLATIONS.items()},
+      "per_leaf": jaxdp_contender(env, flat=False),
   }
   return abrun.alternate(contenders, rounds, steps)
 
@@ -152,15 +162,15 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
             "as median [interquartile range] over rounds. Target: jaxdp / baseline <= "
             f"{TARGET}.", "",
             "| workload | devices | jaxdp ms | baseline ms | **jaxdp / baseline** | target met | "
-            + " | ".join(f"{a} / baseline" for a in ABLATIONS) + " |",
-            "| --- " * (6 + len(ABLATIONS)) + "|"]
+            + " | ".join(f"{a} / baseline" for a in COLUMNS) + " |",
+            "| --- " * (6 + len(COLUMNS)) + "|"]
   for (workload, n), r in results.items():
     fields, shape, batch = WORKLOADS[workload]
     main = abrun.ratios(r["jaxdp"], r["baseline"])
     met = "yes" if abrun.spread(main)["median"] <= TARGET else "**no**"
     lines.append(f"| {workload} {shape}, batch {batch} | {n} | {abrun.fmt_ms(r['jaxdp'])} | "
                  f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt_iqr(main)}** | {met} | "
-                 + " | ".join(abrun.fmt_iqr(abrun.ratios(r[a], r["baseline"])) for a in ABLATIONS) + " |")
+                 + " | ".join(abrun.fmt_iqr(abrun.ratios(r[a], r["baseline"])) for a in COLUMNS) + " |")
   return lines
 
 

@@ -1,5 +1,5 @@
-"""The plain strategy's gradient all-reduce on CPU: one flat buffer (or one per bucket) holding the gradients,
-loss and accuracy; none on one device; the same results as the per-leaf pmean."""
+"""The plain strategy's gradient all-reduce with parallel.flat_allreduce: one flat buffer (or one per bucket)
+holding the gradients, loss and accuracy; none on one device; the same results as the per-leaf pmean."""
 
 import math
 
@@ -9,12 +9,14 @@ import pytest
 
 from jaxdp import build, data, inspect
 from jaxdp.config import ConfigError
+from jaxdp.strategies import base
 from jaxdp.configs import mlp_digits
 
 SCALARS = 8  # Loss and accuracy, two float32 scalars, ride in the gradient buffer.
 
 
 def _config(data_dir, **parallel):
+  parallel = {"flat_allreduce": "true", **parallel}  # "auto" flattens only across processes (gloo).
   config = mlp_digits.get_config()
   config.dataset.data_dir = data_dir
   config.model.hidden = (64,)
@@ -90,3 +92,9 @@ def test_bad_settings_are_config_errors(data_dir, key, value):
   config.parallel[key] = value
   with pytest.raises(ConfigError, match=f"parallel.{key}"):
     build.build(config)
+
+
+def test_auto_flattens_only_across_cpu_processes(monkeypatch):
+  assert (base.flat_allreduce("auto"), base.flat_allreduce("true"), base.flat_allreduce(False)) == (False, True, False)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  assert base.flat_allreduce("auto")
