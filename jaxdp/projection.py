@@ -221,7 +221,7 @@ def format_report(r: dict[str, Any]) -> str:
                  f"{w['zero1']['efficiency']:>12.1%}")
   lines += ["", "  efficiency = compute / step (1 device = 100%); comm = the all-reduce's share of the step; what-ifs:",
             "  bf16 all-reduce (half the bytes), gradient accumulation (one all-reduce per k micro-batches),",
-            "  ZeRO-1 (reduce-scatter + all-gather: the same bytes as a ring all-reduce, twice the latency rounds)."]
+            "  ZeRO-1 (ring reduce-scatter + all-gather: a ring all-reduce's bytes and latency rounds, never a tree)."]
   return "\n".join(lines)
 
 
