@@ -43,7 +43,9 @@ class Interconnect:
 # Data sheets and published NCCL/TPU figures; latencies are typical small-message figures, an assumption.
 # gloo-localhost was MEASURED on this machine (experiments/gloo_alpha_beta.py, 2 processes x 1 CPU device,
 # psum of 4 KiB..4 MiB float32, least-squares fit of t = 2 alpha + bytes / bandwidth, the ring model at N = 2).
-# Re-measure with `python experiments/gloo_alpha_beta.py` and paste its fitted values here.
+# Re-measure with `python experiments/gloo_alpha_beta.py` and paste its fitted values here. Two fits the same day
+# (2026-11-30, 4 KiB..4 MiB): 220 us and 1.25 GB/s (load 1.2, kept below), 196 us and 0.57 GB/s (load 2.9): the
+# other jobs on the 2 shared cores move the bandwidth most; for a few hundred KiB in a few calls the latency rules.
 INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink4": Interconnect(450e9, 3e-6, "H100 NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction"),
     "ib-ndr": Interconnect(50e9, 5e-6, "InfiniBand NDR: 400 Gb/s per GPU's port = 50 GB/s per direction"),
