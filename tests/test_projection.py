@@ -76,3 +76,15 @@ def test_bad_flags_are_one_error_line(data_dir, args, capsys):
   assert status == 2 and len(err) == 1 and err[0].startswith("error: ")
   if "carrier-pigeon" in args:
     assert "'carrier-pigeon'" in err[0] and all(name in err[0] for name in projection.INTERCONNECTS)
+
+
+def test_text_report_has_a_row_per_count():
+  rows = projection.model([1, 64], 10e-3, 32, 4e6, 8, LINK)
+  r = {"interconnect": "test", "bytes_per_s": 1e9, "latency_s": 1e-5, "per_device_batch": 32, "compute_s": 10e-3,
+       "compute_per_example_s": 10e-3 / 32, "device_kind": "cpu", "gradient_bytes": 4e6, "allreduce_calls": 8,
+       "gradient_source": "fixed", "grad_accum_what_if": projection.ACCUM, "rows": rows}
+  lines = projection.format_report(r).splitlines()
+  one = next(line for line in lines if line.split()[:1] == ["1"])
+  many = next(line for line in lines if line.split()[:1] == ["64"])
+  assert one.split()[1:4] == ["10", "3,200", "100.0%"]
+  assert many.split()[3] == f"{rows[1]['efficiency']:.1%}" and many.split()[5] == rows[1]["algorithm"]
