@@ -141,24 +141,31 @@ def model(counts: list[int], compute_s: float, batch: int, grad_bytes: float, ca
 
 # --- Measurements on this machine -------------------------------------------------------------------
 
-def gradient_bytes(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What one step all-reduces: tensor bytes, tensors (gradient leaves), all-reduce instructions, and the source.
+def gradient_bytes(config: ml_collections.ConfigDict, link: Interconnect | None = None) -> dict[str, Any]:
+  """What one step all-reduces: tensor bytes, tensor operands, all-reduce instructions, and the source.
 
-  From the step compiled for 2 devices where this machine has them; on 1 device XLA drops the all-reduce, and the
-  gradients are the parameters' size (at the all-reduce dtype)."""
+  From the step compiled for 2 devices where this machine has them; on 1 device XLA drops the all-reduce: the
+  gradients are then the parameters' leaves. On a gloo link `parallel.flat_allreduce=auto` compiles as CPU
+  processes compile it (one flat buffer), not as this process's devices would (per leaf)."""
   trial = config.copy_and_resolve_references()
+  if link is not None and link.per_operand and str(trial.parallel.get("flat_allreduce", "auto")).lower() == "auto":
+    trial.parallel.flat_allreduce = "true"
   two = jax.device_count() >= 2
   trial.parallel.num_devices = 2 if two else 1
   trial.batch_size = trial.eval_batch_size = trial.batch_size * trial.parallel.num_devices
-  report = inspect_lib.analyze(trial)
   parts = build.build(trial)
-  tensors = len(jax.tree.leaves(jax.eval_shape(parts.init).params))
-  entry = report["collectives"]["compiled"]["all-reduce"]
-  if two and entry["tensor_bytes"]:
-    return {"bytes": entry["tensor_bytes"], "tensors": tensors, "instructions": entry["count"],
-            "source": "compiled HLO on 2 devices"}
+  abstract = jax.eval_shape(parts.init)
+  ops = []
+  if two:
+    compiled = parts.train_step.lower(*inspect_lib.abstract_inputs(parts, abstract)).compile()
+    ops = [op for op in inspect_lib.parse_compiled(compiled.as_text() or "", 2)[0] if op["kind"] == "all-reduce"]
+  tensors = [dims for op in ops for _, dims in op["shapes"] if dims]
+  if tensors:
+    return {"bytes": inspect_lib.tally(ops)["all-reduce"]["tensor_bytes"], "tensors": len(tensors),
+            "instructions": len(ops), "source": "compiled HLO on 2 devices"}
+  leaves = jax.tree.leaves(abstract.params)
   scale = 0.5 if config.parallel.get("allreduce_dtype", "float32") == "bfloat16" else 1.0
-  return {"bytes": int(report["params"]["bytes"] * scale), "tensors": tensors, "instructions": 1,
+  return {"bytes": int(inspect_lib._tree_bytes(abstract.params) * scale), "tensors": len(leaves), "instructions": 1,
           "source": "parameter bytes (1 device: no all-reduce in the compiled step)"}
 
 
@@ -187,8 +194,9 @@ def project(config: ml_collections.ConfigDict, counts: list[int], name: str = DE
             compute_s: float | None = None) -> dict[str, Any]:
   """The projection for `counts` devices on interconnect `name` (compute measured here unless given)."""
   link = interconnect(name)
-  grads = gradient_bytes(config)
-  # gloo (XLA:CPU) runs every operand of an all-reduce as its own call; NCCL and TPU run each instruction as one.
+  grads = gradient_bytes(config, link)
+  # gloo (XLA:CPU) runs every tensor operand of an all-reduce as its own call (a flat buffer: one);
+  # NCCL and TPU run each instruction as one.
   calls = grads["tensors"] if link.per_operand else grads["instructions"]
   if compute_s is None:
     compute_s = compute_seconds(config)
