@@ -9,7 +9,18 @@ option) is prepared anew instead of a stale copy being reused.
 import hashlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+from jaxdp.config import ConfigError
+
+
+def checked_source(path: str, test_fraction: float, kind: str, exists: Callable[[str], bool]) -> str:
+  """The source's absolute path, once it exists and its held-out `test_fraction` is in (0, 1)."""
+  if not exists(path):
+    raise ConfigError(f"{kind} {path!r} not found")
+  if isinstance(test_fraction, bool) or not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+    raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
+  return os.path.abspath(path)
 
 
 def file_stats(paths: Iterable[str]) -> list[tuple[str, int, int]]:

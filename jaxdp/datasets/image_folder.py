@@ -100,11 +100,7 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split."}
 
   def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
-    if not os.path.isdir(path):
-      raise ConfigError(f"image folder {path!r} not found")
-    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
-    path = os.path.abspath(path)
+    path = fingerprint.checked_source(path, test_fraction, "image folder", os.path.isdir)
     self._classes, self._splits = list_files(path, test_fraction)
     paths = sorted(p for files in self._splits.values() for p, _ in files)
     name = fingerprint.config_name(path, fingerprint.file_stats(paths), {"test_fraction": test_fraction})

@@ -84,11 +84,7 @@ class NpzFile(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   RELEASE_NOTES = {"1.0.0": "x_train/y_train/x_test/y_test, or x/y | inputs/labels split with seed 0."}
 
   def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
-    if not os.path.isfile(path):
-      raise ConfigError(f".npz file {path!r} not found")
-    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
-    path = os.path.abspath(path)
+    path = fingerprint.checked_source(path, test_fraction, ".npz file", os.path.isfile)
     self._names = array_names(path)
     self._num_classes = self._check(path, test_fraction)
     name = fingerprint.config_name(path, fingerprint.file_stats([path]), {"test_fraction": test_fraction})
