@@ -6,6 +6,7 @@ Shared by the training loop (jaxdp.train) and the compiler inspection (jaxdp.ins
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable
 
 import jax
@@ -15,15 +16,15 @@ import optax
 from jaxdp import config as config_lib
 from jaxdp import data, models, optim, parallel, strategies
 from jaxdp import step as step_lib
-from jaxdp.strategies import invariant, zero1
 
 # How gradients are reduced and applied: the first strategy whose `config.parallel` flag is set, else
-# plain data parallelism. A new strategy is one module in jaxdp/strategies/ and one line here (and its
-# name in the import above).
-STRATEGIES: tuple[tuple[str, type[strategies.Strategy]], ...] = (
-    ("invariant", invariant.Invariant),
-    ("shard_optimizer_state", zero1.ZeRO1),
+# plain data parallelism; "module.Class" under jaxdp/strategies/. A new strategy is one module there
+# and one line here.
+STRATEGIES: tuple[tuple[str, str], ...] = (
+    ("invariant", "invariant.Invariant"),
+    ("shard_optimizer_state", "zero1.ZeRO1"),
 )
+DEFAULT_STRATEGY = "plain.DataParallel"
 
 
 @dataclasses.dataclass
@@ -44,7 +45,9 @@ class Parts:
 
 def strategy_class(config: ml_collections.ConfigDict) -> type[strategies.Strategy]:
   """The gradient strategy the config asks for (`config.parallel.<flag>`, see STRATEGIES)."""
-  return next((cls for flag, cls in STRATEGIES if config.parallel.get(flag, False)), strategies.DataParallel)
+  path = next((path for flag, path in STRATEGIES if config.parallel.get(flag, False)), DEFAULT_STRATEGY)
+  module, name = path.rsplit(".", 1)
+  return getattr(importlib.import_module(f"jaxdp.strategies.{module}"), name)
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None) -> Parts:

@@ -70,3 +70,12 @@ def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(co
   after = parts.backend.replicas(state.params)
   jax.tree.map(np.testing.assert_array_equal, before, after)  # No replica moved, not even partly.
   assert int(parts.backend.get(state.step)) == 1
+
+
+@pytest.mark.parametrize("flag, expected", [(None, strategies.DataParallel), ("invariant", strategies.Invariant),
+                                            ("shard_optimizer_state", strategies.ZeRO1)])
+def test_each_parallel_flag_picks_its_strategy(config, flag, expected):
+  """`build.STRATEGIES` names each strategy by module and class; the config's flag picks it, none picks plain DDP."""
+  if flag is not None:
+    config.parallel[flag] = True
+  assert build.strategy_class(config) is expected
