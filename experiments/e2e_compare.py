@@ -45,7 +45,7 @@ JAXDP_LINE = re.compile(r"^\[0\] step\s+(\d+)/\d+\s+\d+% \|")  # A train line of
 def jaxdp_command(steps: int, log_every: int, workdir: str, launch_args: list[str], jaxdp_args: list[str]) -> list[str]:
   """jaxdp's CLI through its launcher, defaults but for the step count and where eval/checkpoints fall."""
   return [sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", *launch_args, "--",
-          "--config", os.path.join(REPO, "jaxdp/configs/default.py"), "--workdir", workdir,
+          "--config", "jaxdp/configs/default.py", "--workdir", workdir,
           f"--config.num_train_steps={steps}", f"--config.log_every_steps={log_every}",
           f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}", *jaxdp_args]
 
@@ -62,12 +62,29 @@ def shown(cmd: list[str]) -> str:
   return " ".join(shlex.quote(c) for c in plain)
 
 
-def run(cmd: list[str], log_path: str) -> tuple[list[tuple[float, str]], float, int]:
-  """Runs `cmd`; returns its output lines with their arrival (seconds after the start), the wall time, the status."""
+def snapshot(commit: str, into: str) -> tuple[str, str]:
+  """(directory, description) of the jaxdp to run: `commit` extracted into `into`, or the working tree for ""."""
+  git = ["git", "-C", REPO]
+  if not commit:
+    dirty = subprocess.run(git + ["status", "--porcelain", "--", "jaxdp"], capture_output=True, text=True).stdout
+    head = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return REPO, f"working tree at {head}" + (" with uncommitted changes in jaxdp/" if dirty.strip() else "")
+  sha = subprocess.run(git + ["rev-parse", "--short", commit], capture_output=True, text=True, check=True)
+  sha = sha.stdout.strip()
+  os.makedirs(into)
+  archive = subprocess.run(git + ["archive", sha, "jaxdp"], capture_output=True, check=True).stdout
+  subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+  return into, f"commit {sha} (extracted: others' uncommitted edits in the shared checkout do not leak in)"
+
+
+def run(cmd: list[str], log_path: str, cwd: str = REPO) -> tuple[list[tuple[float, str]], float, int]:
+  """Runs `cmd` in `cwd`; returns its output lines with their arrival (seconds after the start), the wall time,
+  the status. `cwd` goes first on PYTHONPATH: the launcher's processes import jaxdp from there."""
   lines = []
   start = time.perf_counter()
-  with open(log_path, "w") as log, subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}) as proc:
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")])}
+  with open(log_path, "w") as log, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                     text=True, env=env) as proc:
     for line in proc.stdout:
       lines.append((time.perf_counter() - start, line.rstrip("\n")))
       log.write(f"{lines[-1][0]:9.3f} {line}")
@@ -124,13 +141,13 @@ def extras(framework: str, lines: list[tuple[float, str]], workdir: str) -> dict
   return out
 
 
-def measure(framework: str, args: argparse.Namespace, tmp: str, index: int) -> dict:
+def measure(framework: str, args: argparse.Namespace, tmp: str, index: int, tree: str) -> dict:
   """One run of one side: steady samples/s (driver's stamps and own clock), time to the first step, load."""
   workdir = os.path.join(tmp, f"jaxdp_{index}")
   cmd = (jaxdp_command(args.steps, args.log_every, workdir, shlex.split(args.launch_args), shlex.split(args.jaxdp_args))
          if framework == "jaxdp" else torch_command(args.steps, args.log_every))
   load = abrun.load()
-  lines, wall, status = run(cmd, os.path.join(tmp, f"{framework}_{index}.log"))
+  lines, wall, status = run(cmd, os.path.join(tmp, f"{framework}_{index}.log"), tree if framework == "jaxdp" else REPO)
   if status:
     tail = "\n".join(line for _, line in lines[-20:])
     raise RuntimeError(f"{framework} run {index} exited with status {status}; its last lines:\n{tail}")
@@ -138,7 +155,7 @@ def measure(framework: str, args: argparse.Namespace, tmp: str, index: int) -> d
   first, last = window(stamps, args.warmup)
   steady = rate(stamps, first, last)
   first_log = min(s for s in stamps if s >= args.log_every)
-  return {"framework": framework, "cmd": shown(cmd), "load_before": load,
+  return {"framework": framework, "cmd": shown(cmd).replace(tmp, "FRESH_TMP"), "load_before": load,
           "load_after": abrun.load(), "wall_s": wall, "window": [first, last], "samples_per_s": steady,
           "samples_per_s_own_clock": self_reported(framework, lines, workdir, first, last),
           "first_log_step": first_log, "first_log_s": stamps[first_log],
@@ -146,22 +163,24 @@ def measure(framework: str, args: argparse.Namespace, tmp: str, index: int) -> d
           "log_stamps": {str(s): t for s, t in sorted(stamps.items())}, **extras(framework, lines, workdir)}
 
 
-def study(args: argparse.Namespace) -> list[dict]:
-  """`--rounds` rounds of jaxdp then torch (A B A B ...); every run's figures."""
+def study(args: argparse.Namespace) -> tuple[list[dict], str]:
+  """`--rounds` rounds of jaxdp then torch (A B A B ...); every run's figures, and which jaxdp ran."""
   runs = []
   with tempfile.TemporaryDirectory(prefix="e2e_compare_") as tmp:
+    tree, revision = snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
+    print(f"jaxdp: {revision}", flush=True)
     for r in range(args.rounds):
       for framework in ("jaxdp", "torch"):
-        result = measure(framework, args, tmp, r)
+        result = measure(framework, args, tmp, r, tree)
         result["round"] = r
         runs.append(result)
         print(f"round {r} {framework:5}: {result['samples_per_s']:,.0f} samples/s (own clock "
               f"{result['samples_per_s_own_clock']:,.0f}), first step at {result['time_to_first_step_s']:.1f} s, "
               f"load {result['load_before']:.1f}", flush=True)
-  return runs
+  return runs, revision
 
 
-def report(runs: list[dict], args: argparse.Namespace, load_before: float) -> list[str]:
+def report(runs: list[dict], revision: str, load_before: float) -> list[str]:
   """The markdown: header, per-round table, medians with spread."""
   side = {f: [r for r in runs if r["framework"] == f] for f in ("jaxdp", "torch")}
   ratio = abrun.ratios([r["samples_per_s"] for r in side["jaxdp"]], [r["samples_per_s"] for r in side["torch"]])
@@ -169,7 +188,8 @@ def report(runs: list[dict], args: argparse.Namespace, load_before: float) -> li
                      [r["samples_per_s_own_clock"] for r in side["torch"]])
   lines = abrun.header("jaxdp CLI (jaxdp.launch) vs torchrun DDP, end to end, 2 processes", load_before,
                        "2 processes x 1 CPU device each (gloo), both sides")
-  lines += [f"- jaxdp (A): `{side['jaxdp'][0]['cmd']}`", f"- torch (B): `{side['torch'][0]['cmd']}`",
+  lines += [f"- jaxdp: {revision}; torch {torch_version()}",
+            f"- jaxdp (A): `{side['jaxdp'][0]['cmd']}`", f"- torch (B): `{side['torch'][0]['cmd']}`",
             f"- steady-state window: log steps {side['jaxdp'][0]['window'][0]}..{side['jaxdp'][0]['window'][1]} "
             f"(global batch {GLOBAL_BATCH})", "",
             "| round | jaxdp samples/s | torch samples/s | jaxdp/torch | same, own clocks | jaxdp first step (s) "
@@ -189,6 +209,12 @@ def report(runs: list[dict], args: argparse.Namespace, load_before: float) -> li
   return lines
 
 
+def torch_version() -> str:
+  """PyTorch's version, as the torch side imports it."""
+  return subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                        text=True).stdout.strip()
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3, help="Rounds of A (jaxdp) then B (torch).")
@@ -197,6 +223,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--log_every", type=int, default=50, help="Log (and stamp) every this many steps.")
   parser.add_argument("--launch_args", default="", help="Extra jaxdp.launch flags (diagnosis), e.g. --pin_cpus.")
   parser.add_argument("--jaxdp_args", default="", help="Extra jaxdp.train flags (diagnosis).")
+  parser.add_argument("--commit", default="HEAD", help="jaxdp commit to run (extracted); '': the working tree.")
   parser.add_argument("--out", default=os.path.join(HERE, "e2e_compare.md"), help="Markdown table; raw runs in .json.")
   args = parser.parse_args(argv)
   if args.steps <= args.warmup + args.log_every:
@@ -207,11 +234,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> None:
   args = parse(argv)
   load_before = abrun.load()
-  runs = study(args)
-  lines = report(runs, args, load_before)
+  runs, revision = study(args)
+  lines = report(runs, revision, load_before)
   abrun.write(args.out, lines)
   with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-    json.dump({"args": vars(args), "load_before": load_before, "load_after": abrun.load(), "runs": runs}, f, indent=1)
+    json.dump({"args": vars(args), "jaxdp": revision, "load_before": load_before, "load_after": abrun.load(),
+               "runs": runs}, f, indent=1)
 
 
 if __name__ == "__main__":
