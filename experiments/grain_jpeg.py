@@ -2,8 +2,8 @@
 
     python experiments/grain_jpeg.py [--data_dir DIR] [--images 512] [--rounds 3]
 
-Reads the same ArrayRecord data source as jaxdp (`experiments/bench_jpegs.py`), shuffles, and decodes +
-crops each image in NumPy/Pillow inside a `grain.transforms.RandomMap` (random-resized crop, 8%..100% of
+Reads the same ArrayRecord data source as jaxdp (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py), shuffles,
+and decodes + crops each image in NumPy/Pillow inside a `grain.transforms.RandomMap` (random-resized crop, 8%..100% of
 the area, aspect 3/4..4/3, bicubic to 224, flip, normalization), batch 64, for 2 and 8 threads.
 """
 
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
   p.add_argument("--images", type=int, default=512)
   p.add_argument("--rounds", type=int, default=3)
   args = p.parse_args(argv)
-  ds = data.load(ml_collections.ConfigDict({"name": "experiments.bench_jpegs:BenchJpegs", "data_dir": args.data_dir,
+  ds = data.load(ml_collections.ConfigDict({"name": "synthetic_jpegs", "data_dir": args.data_dir,
                                             "image_size": 224, "builder_kwargs": {"num_train": args.images,
                                                                                   "num_test": 16}}))
   records = ds.builder.as_data_source("train", decoders={"image": tfds.decode.SkipDecoding()})

@@ -3,8 +3,8 @@
     python experiments/input_memory.py [--large 4000] [--small 64] [--rounds 2] [--data_dir DIR] \
         [--out experiments/input_memory.md]
 
-Two splits of generated ImageNet-like JPEGs (`experiments/bench_jpegs.py`, about 100 KB each): `small`
-and `large` images, prepared once as ArrayRecord. Each run is a fresh process (`--child N`) training a
+Two splits of generated ImageNet-like JPEGs (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py, about 80 KB each):
+`small` and `large` images, prepared once as ArrayRecord. Each run is a fresh process (`--child N`) training a
 small MLP on 64 x 64 random-resized crops, 1 CPU device, batch 64, for one epoch of the large split
 (the same number of steps for both, so the small split is read many times over); it reports its own peak
 RSS (`ru_maxrss`). Runs alternate small, large, small, large, ...; medians.
@@ -31,7 +31,7 @@ def child(num_train: int, steps: int, data_dir: str) -> None:
   from jaxdp import train
   from jaxdp.configs import default
   config = default.get_config()
-  config.dataset.name = "experiments.bench_jpegs:BenchJpegs"
+  config.dataset.name = "synthetic_jpegs"
   config.dataset.data_dir = data_dir
   config.dataset.builder_kwargs = {"num_train": num_train, "num_test": 16}
   config.dataset.image_size, config.dataset.flip = 64, True
@@ -47,7 +47,7 @@ def child(num_train: int, steps: int, data_dir: str) -> None:
 def split_mib(data_dir: str, num_train: int) -> float:
   """Bytes of the prepared train shards, MiB."""
   total = 0
-  for folder, _, files in os.walk(os.path.join(data_dir, "bench_jpegs")):
+  for folder, _, files in os.walk(os.path.join(data_dir, "synthetic_jpegs")):
     if f"n{num_train}-16" in folder:
       total += sum(os.path.getsize(os.path.join(folder, f)) for f in files if "-train." in f)
   return total / 2**20

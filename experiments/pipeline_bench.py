@@ -15,12 +15,12 @@ taken within each round; their median and spread (min..max) over rounds are repo
 headroom = A / B (target >= 2), fed = C / B (target >= 0.95).
 
 `imagenet` (in --datasets) is the ImageNet-like case: generated variable-size JPEGs of about 400 x 350
-pixels (`experiments/bench_jpegs.py`, about 100 KB each) cropped to 224 x 224 for training (random-resized
-crop, flip, normalization to float32). It compares images/s of jaxdp's pipeline (random access by index
-from ArrayRecord, `data.train_batches`) with a plain tf.data pipeline doing the same decode + crop as the
-Flax ImageNet example (`as_dataset` of a TFRecord copy, shuffle buffer, parallel map, batch, prefetch),
-alternating J T, T J, ... rounds, each phase on a fresh pipeline (dropped after it, so an idle one never
-works in the background); per core = images/s / the machine's cores (both use all of them).
+pixels (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py, about 80 KB each) cropped to 224 x 224 for
+training (random-resized crop, flip, normalization to float32). It compares images/s of jaxdp's pipeline
+(random access by index from ArrayRecord, `data.train_batches`) with a plain tf.data pipeline doing the same
+decode + crop as the Flax ImageNet example (`as_dataset` of a TFRecord copy, shuffle buffer, parallel map, batch,
+prefetch), alternating J T, T J, ... rounds, each phase on a fresh pipeline (dropped after it, so an idle one
+never works in the background); per core = images/s / the machine's cores (both use all of them).
 """
 
 import sys
@@ -51,6 +51,7 @@ from jaxdp import config as config_lib  # noqa: E402
 from jaxdp import data, models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import cifar10, default  # noqa: E402
+from jaxdp.datasets import synthetic_images  # noqa: E402
 
 CONFIGS = {"digits": default.get_config, "cifar10": cifar10.get_config}
 MOCK_EXAMPLES = 10_000  # Mocked cifar10 train split: 78 batches of 128 per epoch (epoch boundaries included).
@@ -144,9 +145,8 @@ def measure(config, rounds: int, seconds: float, warmup: int) -> dict[str, list[
 
 def measure_imagenet(data_dir: str, rounds: int, seconds: float, images: int, batch: int) -> dict[str, list[float]]:
   """Images/s of jaxdp's pipeline (J) and of a Flax-example tf.data pipeline (T), alternating J T, T J, ..."""
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # `experiments.bench_jpegs`.
   kwargs = {"num_train": images, "num_test": 16}
-  config = ml_collections.ConfigDict({"name": "experiments.bench_jpegs:BenchJpegs", "data_dir": data_dir,
+  config = ml_collections.ConfigDict({"name": "synthetic_jpegs", "data_dir": data_dir,
                                       "builder_kwargs": kwargs, "image_size": 224, "flip": True,
                                       "mean": MEAN, "std": STD, "prefetch": 4})
   ds = data.load(config)
@@ -183,8 +183,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int, seed: int) -> Iterator:
   """The Flax ImageNet example's train input: TFRecord, shuffle, decode + random crop + flip, batch."""
-  from experiments.bench_jpegs import BenchJpegs
-  builder = BenchJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
+  builder = synthetic_images.SyntheticJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
   builder.download_and_prepare()
   mean, std = tf.constant(MEAN) * 255, tf.constant(STD) * 255
 
@@ -287,8 +286,8 @@ def _imagenet_report(r: dict[str, list[float]], args: argparse.Namespace) -> str
       "",
       "## ImageNet-like: variable-size JPEGs -> 224 x 224 train crops",
       "",
-      f"{args.images} generated JPEGs of 250..450 x 300..500 pixels (about 100 KB each, "
-      f"`experiments/bench_jpegs.py`), batch {args.batch}, random-resized crop + flip + normalization to float32; "
+      f"{args.images} generated JPEGs of 250..450 x 300..500 pixels (about 80 KB each, "
+      f"`synthetic_jpegs`), batch {args.batch}, random-resized crop + flip + normalization to float32; "
       f"{args.rounds} rounds alternating J T / T J; images/s as median (min..max); per core = images/s / "
       f"{cores} cores.",
       "",
