@@ -5,7 +5,7 @@ for testing without network.
     --config.dataset.builder_kwargs='{"num_train": 3000}'
 
 The defaults are ImageNet-like: 250..450 x 300..500 pixels, smooth random colour fields with noise at JPEG
-quality 90, about 90 KB each (ImageNet's average is about 110 KB), so decoding one costs what a photo does.
+quality 90, about 80 KB each (ImageNet's average is about 110 KB), so decoding one costs what a photo does.
 Each image is a function of its index alone. Labels cycle through the classes and carry no signal (as
 torchvision's FakeData): the data is for the pipeline's speed and the training plumbing, not for accuracy.
 """
