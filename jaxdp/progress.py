@@ -1,21 +1,22 @@
-"""What a run shows while it trains (process 0 only): a live progress bar on a terminal, plain
+"""What a run shows while it trains (process 0 only): a tqdm progress bar on a terminal, plain
 periodic lines otherwise (so logs stay readable), with loss, throughput, step time, MFU and ETA."""
 
 import contextlib
 import dataclasses
-import math
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TextIO
 
 import jax
+import tqdm
+from tqdm.contrib import logging as tqdm_logging
 
 from jaxdp import units
 from jaxdp import flops as flops_lib
 
-BAR_WIDTH = 20  # The whole bar line stays under 80 columns: a wrapped line breaks the redraw.
-REDRAW_SECONDS = 0.1  # A bar redrawn every step would cost more than a tiny step.
+REDRAW_SECONDS = 0.1  # tqdm's `mininterval`: a bar redrawn every step would cost more than a tiny step.
 
 
 @dataclasses.dataclass
@@ -36,7 +37,7 @@ class Reporter:
   def __init__(self, total_steps: int, start_step: int, global_batch: int, num_devices: int, *,
                flops_per_step: float | None = None, peak_flops: float | None = None,
                stream: TextIO | None = None, interactive: bool | None = None, enabled: bool | None = None,
-               clock: Callable[[], float] = time.perf_counter):
+               clock: Callable[[], float] = time.perf_counter, redraw_seconds: float = REDRAW_SECONDS):
     self.total_steps = total_steps
     self.start_step = start_step
     self.global_batch = global_batch
@@ -51,22 +52,25 @@ class Reporter:
     self._timed_steps = 0
     self._timed_seconds = 0.0
     self._loss: float | None = None
-    self._last_draw = -math.inf
+    self._redraw_seconds = redraw_seconds
+    self._bar: tqdm.tqdm | None = None  # Opened at the first step on a terminal, closed by `close`.
+    self._bar_context = contextlib.ExitStack()  # Log records go through tqdm while the bar is open.
 
   def on_step(self, step: int) -> None:
     """Called after step `step` was dispatched; redraws the bar on a terminal."""
     now = self._clock()
     if self._window is None:  # The first step's dispatch (and any compile) is not timed.
       self._window = (step, now)
-    if self.enabled and self.interactive and (now - self._last_draw >= REDRAW_SECONDS or step == self.total_steps):
-      self._last_draw = now
-      self.stream.write("\r" + self._bar(step, now) + "\x1b[K")
-      self.stream.flush()
+    if self.enabled and self.interactive:
+      bar = self._bar or self._open_bar()
+      self._describe(step, now)
+      bar.update(step - bar.n)  # tqdm redraws at most every `mininterval`.
 
   def on_log(self, step: int, scalars: Mapping[str, float]) -> dict[str, float]:
     """At a sync point after `step`: prints the train line; returns the `perf/...` scalars to write."""
     perf = self._close_window(step)
     self._loss = scalars.get("train/loss", self._loss)
+    self._describe(step, self._clock())  # The bar redrawn under the line shows the new loss.
     self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step)))
     return perf
 
@@ -88,10 +92,10 @@ class Reporter:
 
   def close(self) -> None:
     """Ends the display: clears a bar left on the terminal (also when the run stops early)."""
-    if self.enabled and self.interactive and self._last_draw > -math.inf:
-      self.stream.write("\r\x1b[K")
-      self.stream.flush()
-      self._last_draw = -math.inf
+    if self._bar is not None:
+      self._bar.close()  # leave=False: the bar's line is blanked, the cursor back at its start.
+      self._bar = None
+      self._bar_context.close()
 
   def done(self) -> None:
     """Prints the average throughput of the timed steps (at the end of a run that finished)."""
@@ -122,16 +126,29 @@ class Reporter:
     self._timed_seconds += seconds
     return perf_scalars(seconds / steps, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops)
 
-  def _bar(self, step: int, now: float) -> str:
-    done = (step - self.start_step) / max(self.total_steps - self.start_step, 1)
-    filled = int(BAR_WIDTH * done)
-    parts = [f"{step:>{len(str(self.total_steps))}}/{self.total_steps} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}]"
-             f" {100 * step / self.total_steps:3.0f}%"]
-    if self._loss is not None:
-      parts.append(f"loss {self._loss:.4f}")
-    live = self._window_step_time(step, now)
+  def _open_bar(self) -> tqdm.tqdm:
+    """The terminal's bar: jaxdp's figures in its description, not tqdm's own rate and remaining time."""
+    width = len(str(self.total_steps))
+    self._bar = tqdm.tqdm(total=self.total_steps, initial=self.start_step, file=self.stream, leave=False,
+                          mininterval=self._redraw_seconds, dynamic_ncols=True,  # A wrapped line breaks the redraw.
+                          bar_format=f"step {{n:>{width}}}/{{total}} {{percentage:3.0f}}% |{{bar}}| {{desc}}")
+    self._bar_context.enter_context(_console_logs_through_tqdm())
+    return self._bar
+
+  def _describe(self, step: int, now: float) -> None:
+    """Puts the figures in the bar's description, for its next redraw."""
+    if self._bar is not None:
+      self._bar.set_description_str(self._figures(step, now), refresh=False)
+
+  def _figures(self, step: int, now: float) -> str:
+    """`loss 0.4123 | 5,234 ex/s | 24.5 ms/step | MFU 31.0% | ETA 0:00:07`, from the timing so far."""
+    parts = [] if self._loss is None else [f"loss {self._loss:.4f}"]
+    # The current window's step time; just after a sync point, the average of the timed steps.
+    live = self._window_step_time(step, now) or (self._timed_seconds / self._timed_steps if self._timed_steps else None)
     if live:
-      parts.append(f"{self.global_batch / live:,.0f} ex/s")
+      parts += [f"{self.global_batch / live:,.0f} ex/s", f"{1000 * live:.1f} ms/step"]
+      if (mfu := flops_lib.mfu(self.flops_per_step, live, self.peak_flops)) is not None:
+        parts.append(f"MFU {100 * mfu:.1f}%")
     eta = self.eta_seconds(step) if self._timed_steps else ((self.total_steps - step) * live if live else None)
     if eta is not None:
       parts.append(f"ETA {units.duration(eta)}")
@@ -146,8 +163,10 @@ class Reporter:
   def _print(self, line: str) -> None:
     if not self.enabled:
       return
-    prefix = "\r\x1b[K" if self.interactive else ""  # Clears the bar; it is redrawn on the next step.
-    self.stream.write(prefix + line + "\n")
+    if self._bar is not None:
+      self._bar.write(line, file=self.stream)  # Clears the bar, prints the line, redraws the bar below it.
+    else:
+      self.stream.write(line + "\n")
     self.stream.flush()
 
 
@@ -192,6 +211,17 @@ def eval_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
   if "eval/num_examples" in scalars:
     parts.append(f"{int(scalars['eval/num_examples']):,} examples")
   return " | ".join(parts)
+
+
+def _console_logs_through_tqdm() -> contextlib.AbstractContextManager:
+  """Log records for the console printed through `tqdm.write`, so they don't break the bar.
+
+  Only when the root logger has a console handler (the CLI's): tqdm would otherwise add one.
+  """
+  consoles = (sys.stdout, sys.stderr)
+  if any(isinstance(h, logging.StreamHandler) and h.stream in consoles for h in logging.root.handlers):
+    return tqdm_logging.logging_redirect_tqdm()
+  return contextlib.nullcontext()
 
 
 def is_terminal(stream: object) -> bool:

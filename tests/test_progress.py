@@ -3,6 +3,7 @@ the start summary; the CLI's output when it is piped."""
 
 import functools
 import io
+import logging
 import os
 import re
 import subprocess
@@ -34,6 +35,29 @@ class Clock:
 def _reporter(clock, stream, interactive=False, **kw):
   return progress.Reporter(10, 0, 64, 8, flops_per_step=1e9, peak_flops=1e12, stream=stream,
                            interactive=interactive, enabled=True, clock=clock, **kw)
+
+
+def _bar_reporter(clock, stream, start_step=0):
+  """A reporter on a terminal whose bar is redrawn at every step (no rate limit), so a test sees each draw."""
+  return progress.Reporter(10, start_step, 64, 8, flops_per_step=1e9, peak_flops=1e12, stream=stream,
+                           interactive=True, enabled=True, clock=clock, redraw_seconds=0)
+
+
+def _screen(text):
+  """What a terminal shows after `text`: a carriage return goes back to the line's start, and what follows overwrites."""
+  assert "\x1b" not in text  # The bar on one line needs no cursor movement.
+  lines, col = [[]], 0
+  for char in text:
+    if char == "\n":
+      lines.append([])
+      col = 0
+    elif char == "\r":
+      col = 0
+    else:
+      line = lines[-1]
+      line[col:col + 1] = [char]
+      col += 1
+  return ["".join(line).rstrip() for line in lines]
 
 
 def test_throughput_mfu_and_eta_from_the_clock_with_eval_excluded():
@@ -71,16 +95,49 @@ def test_first_log_at_the_first_step_has_no_throughput_yet():
   assert out.getvalue() == "step  1/10  10% | loss 1.0000\n"
 
 
-def test_terminal_gets_a_redrawn_bar():
+def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures():
   clock, out = Clock(), io.StringIO()
-  reporter = _reporter(clock, out, interactive=True)
-  for step in range(1, 4):
+  reporter = _bar_reporter(clock, out)
+  for step in range(1, 4):  # Step 1 starts the clock; steps 2 and 3 take 1 s each.
     reporter.on_step(step)
     clock.now += 1.0
   text = out.getvalue()
-  assert text.count("\r") == 3 and "[" in text and "ETA" in text
+  assert "\n" not in text and text.count("\r") >= 3  # Each draw goes back to the start of the same line.
+  bar = _screen(text)
+  assert len(bar) == 1 and bar[0].startswith("step  3/10  30% |###"), bar
+  # jaxdp's own figures from its clock (1 s per step so far), not tqdm's rate: MFU 1e9 / 1 s / 1e12 FLOP/s.
+  assert bar[0].endswith("| 64 ex/s | 1000.0 ms/step | MFU 0.1% | ETA 0:00:07"), bar
+  clock.now -= 1.0  # The metrics of step 3 arrive as it ends.
   reporter.on_log(3, {"train/loss": 0.5})
-  assert out.getvalue()[len(text):].startswith("\r\x1b[K")  # The line replaces the bar.
+  reporter.on_step(4)
+  reporter.on_eval(4, {"eval/loss": 0.25, "eval/accuracy": 0.875, "eval/num_examples": 360})
+  screen = _screen(out.getvalue())
+  assert screen[0] == "step  3/10  30% | loss 0.5000 | 64 ex/s (8/device) | 1000.0 ms/step | MFU 0.1% | ETA 0:00:07"
+  assert screen[1] == "step  4/10 eval | loss 0.2500 | acc 87.5% | 360 examples"
+  # Below them the bar, with the new loss; no time has passed since the eval: the average step time so far.
+  assert screen[2:] == ["step  4/10  40% |####      | loss 0.5000 | 64 ex/s | 1000.0 ms/step | MFU 0.1% | ETA 0:00:06"]
+  reporter.close()
+
+
+def test_a_resumed_run_s_bar_starts_at_its_first_step():
+  clock, out = Clock(), io.StringIO()
+  reporter = _bar_reporter(clock, out, start_step=6)
+  reporter.on_step(7)
+  assert _screen(out.getvalue()) == ["step  7/10  70% |#######   |"]
+  reporter.close()
+
+
+def test_log_records_on_the_console_do_not_break_the_bar(monkeypatch):
+  clock, out = Clock(), io.StringIO()
+  monkeypatch.setattr(sys, "stdout", out)  # The CLI logs to stdout, where the bar is.
+  handler = logging.StreamHandler(out)
+  monkeypatch.setattr(logging.root, "handlers", [handler])
+  reporter = _bar_reporter(clock, out)
+  reporter.on_step(1)
+  logging.getLogger("jaxdp").warning("step 1: stop requested")
+  assert _screen(out.getvalue()) == ["step 1: stop requested", "step  1/10  10% |#         |"]
+  reporter.close()
+  assert logging.root.handlers == [handler]  # The console handler is back once the bar is gone.
 
 
 def test_only_process_0_prints(monkeypatch):
@@ -155,12 +212,28 @@ def test_untimed_work_is_left_out_of_the_step_time_and_the_eta():
 
 def test_close_clears_a_bar_left_on_the_terminal_and_done_prints_the_average():
   clock, out = Clock(), io.StringIO()
-  reporter = _reporter(clock, out, interactive=True)
+  reporter = _bar_reporter(clock, out)
   reporter.on_step(1)
   clock.now += 2.0
   reporter.on_step(2)
+  assert _screen(out.getvalue())[-1].startswith("step  2/10")
   reporter.close()  # An exception after step 2: no bar left behind.
-  assert out.getvalue().endswith("\r\x1b[K")
+  assert out.getvalue().endswith("\r") and _screen(out.getvalue()) == [""]
   reporter.on_log(2, {"train/loss": 0.5})
   reporter.done()
-  assert out.getvalue().endswith("\r\x1b[Kdone | 32 ex/s on average | 2000.0 ms/step over 1 timed steps (0:00:02)\n")
+  assert _screen(out.getvalue())[-2:] == ["done | 32 ex/s on average | 2000.0 ms/step over 1 timed steps (0:00:02)", ""]
+
+
+def test_a_finished_run_leaves_its_lines_and_no_bar():
+  clock, out = Clock(), io.StringIO()
+  reporter = _bar_reporter(clock, out)
+  for step in range(1, 11):
+    clock.now += 0.5
+    reporter.on_step(step)
+  reporter.on_log(10, {"train/loss": 0.25})
+  reporter.done()
+  reporter.note("time | 0:00:05 wall")
+  reporter.close()
+  assert _screen(out.getvalue()) == [
+      "step 10/10 100% | loss 0.2500 | 128 ex/s (16/device) | 500.0 ms/step | MFU 0.2% | ETA 0:00:00",
+      "done | 128 ex/s on average | 500.0 ms/step over 9 timed steps (0:00:04)", "time | 0:00:05 wall", ""]
