@@ -162,3 +162,13 @@ def test_the_small_tools_print_help_and_one_error_line(module, capsys):
   assert main([module, "--help"]) == 0 and "usage:" in capsys.readouterr().out
   assert main([module]) == 2
   assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_tensorflow_loads_without_keras_and_keras_still_imports_after():
+  """jaxdp's input imports TensorFlow without its eager Keras import (1.2 s of every start); Keras stays usable."""
+  code = ("import sys, jaxdp.data; print('keras' in sys.modules); import keras, tensorflow as tf; "
+          "print(tf.keras.layers.Dense.__module__.split('.')[0])")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == ["False", "keras"]
