@@ -18,7 +18,7 @@ PROBE_TIMEOUT_S = 10.0  # Per check, DNS included: an offline machine fails well
 
 def check_can_prepare(builder: tfds.core.DatasetBuilder) -> None:
   """Raises ConfigError if `builder` must download (not prepared, has download URLs) and cannot reach them."""
-  if builder.is_prepared() or _mocked(builder):
+  if builder.is_prepared() or mocked(builder):
     return
   urls = sorted(type(builder).url_infos or {})  # The URLs whose checksums tfds registered for this dataset.
   if not urls:
@@ -61,6 +61,6 @@ def _host_port(url: str) -> tuple[str, int]:
   return parts.hostname or url, parts.port or (80 if parts.scheme == "http" else 443)
 
 
-def _mocked(builder: tfds.core.DatasetBuilder) -> bool:
+def mocked(builder: tfds.core.DatasetBuilder) -> bool:
   """Under `tfds.testing.mock_data` preparing is a no-op: nothing will be downloaded."""
   return type(builder).download_and_prepare.__module__.startswith("tensorflow_datasets.testing")

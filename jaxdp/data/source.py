@@ -31,6 +31,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import offline
 
 Rows = dict[str, np.ndarray]
 
@@ -71,7 +72,7 @@ class TfdsSource:
     except (KeyError, ValueError, AssertionError) as e:
       raise ConfigError(f"unknown split {split!r} of dataset {builder.name!r}: {e}") from None
     # tfds.testing.mock_data's batched read is broken (an unbound `__getitems__`); its single reads work.
-    self._one_by_one = type(builder).download_and_prepare.__module__.startswith("tensorflow_datasets.testing")
+    self._one_by_one = offline.mocked(builder)
 
   def __len__(self) -> int:
     return len(self._records)

@@ -1,0 +1,72 @@
+"""A TFDS builder by name, prepared once as ArrayRecord (one process prepares, the others wait), so that its
+splits read by index; a dataset prepared as TFRecord only gets one line saying how to convert it."""
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Callable
+
+import tensorflow_datasets as tfds
+
+from jaxdp.config import ConfigError
+from jaxdp.data import offline
+
+RANDOM_ACCESS = tfds.core.file_adapters.FileFormat.ARRAY_RECORD
+
+
+def make_builder(name: str, data_dir: str | None, kwargs: dict, **extra) -> tfds.core.DatasetBuilder:
+  """A user's builder (`module:Class`, an image folder, an .npz file), else the TFDS builder of that name."""
+  from jaxdp.datasets import user
+  builder = user.builder_for(name, data_dir, {**kwargs, **extra})
+  if builder is not None:
+    return builder
+  try:
+    return tfds.builder(name, data_dir=data_dir, **kwargs, **extra)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise ConfigError(f"unknown dataset {name!r}: no TFDS builder of that name is registered") from None
+
+
+def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
+  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet.
+
+  Every process that found the dataset unprepared reopens it afterwards: a builder made before the
+  dataset was prepared (by this process or another) keeps empty splits.
+  """
+  builder = make()
+  if builder.is_prepared() or offline.mocked(builder):
+    if offline.mocked(builder):
+      builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
+    return builder
+  offline.check_can_prepare(builder)  # Fails in seconds, not after minutes of download retries.
+  _prepare(make, builder)
+  return make()
+
+
+def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.DatasetBuilder) -> None:
+  """Prepares the dataset as ArrayRecord under a file lock: one process prepares, the others wait."""
+  root = os.fspath(builder.data_dir_root)
+  os.makedirs(root, exist_ok=True)
+  lock_path = os.path.join(root, f".{builder.name}.prepare.lock")
+  with open(lock_path, "w") as lock, contextlib.ExitStack() as stack:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+    fresh = make(file_format=RANDOM_ACCESS.value)  # Another process may have prepared it meanwhile.
+    if not fresh.is_prepared():
+      fresh.download_and_prepare()
+
+
+def random_access(builder: tfds.core.DatasetBuilder) -> bool:
+  """Whether the builder's splits read by index (prepared as ArrayRecord, or mocked)."""
+  return offline.mocked(builder) or RANDOM_ACCESS in builder.info.available_file_formats()
+
+
+def require_random_access(builder: tfds.core.DatasetBuilder) -> None:
+  """A dataset prepared as TFRecord only: one line saying how to convert it (or to stream it)."""
+  if random_access(builder):
+    return
+  formats = ", ".join(sorted(f.value for f in builder.info.available_file_formats())) or "unknown"
+  raise ConfigError(
+      f"dataset {builder.name!r} is prepared in {str(builder.data_dir)!r} as {formats} only; jaxdp reads "
+      f"examples by index from ArrayRecord. Convert it once with `python -m jaxdp.data.convert "
+      f"{builder.data_dir}` (or stream it with dataset.shard_by_process=True: batches then depend on the "
+      f"process count)")

@@ -1,0 +1,66 @@
+"""step -> this process's rows of that batch, read by index and decoded in parallel tf.data workers (in order);
+shared by the train and eval streams, as is the last hop: prefetch, then numpy."""
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from jaxdp.data.dataset import Batch, Dataset
+
+
+def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
+               read: Callable[[np.ndarray], dict], rows: int, first_row: int,
+               per_example: Callable[[dict], dict] | None) -> tf.data.Dataset:
+  """step -> this process's `rows` examples, read by index, decoded (and `per_example`'d) in parallel workers.
+
+  `probe`: one row as `read` returns it (its keys, dtypes and shapes). Each element carries "step" and
+  "row" (its row in the global batch) for keyed augmentation.
+  """
+  keys = sorted(probe)
+  dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
+
+  def read_step(step: tf.Tensor) -> dict:
+    arrays = tf.numpy_function(lambda s: [read(s)[k] for k in keys] if len(keys) > 1 else read(s)[keys[0]],
+                               [step], dtypes if len(keys) > 1 else dtypes[0], stateful=False)
+    arrays = arrays if len(keys) > 1 else [arrays]
+    example = {k: tf.ensure_shape(a, [rows, *probe[k].shape[1:]]) for k, a in zip(keys, arrays)}
+    return {**example, "step": tf.fill([rows], step), "row": first_row + tf.range(rows, dtype=tf.int64)}
+
+  def decode(example: dict) -> dict:
+    decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
+    out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
+           "row": example["row"], **({"mask": example["mask"]} if "mask" in example else {})}
+    return per_example(out) if per_example is not None else out
+
+  batches = steps.map(no_autograph(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if ds.corpus.decode is None and per_example is None:
+    return batches.map(no_autograph(decode))
+  if per_example is None:  # Fixed shapes: decode each step's rows with map_fn (measured 1.5x unbatch + map).
+    spec = _decoded_spec(probe, decode)
+    return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
+                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  examples = batches.unbatch().map(no_autograph(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return examples.batch(rows, drop_remainder=True)
+
+
+def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:
+  """The type of one decoded row, found by tracing `decode` on the probe's row."""
+  one = {k: tf.constant(v[0], tf.string if v.dtype == object else None) for k, v in probe.items()}
+  one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
+  outputs = tf.function(decode).get_concrete_function(one).structured_outputs
+  return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
+
+
+def to_numpy(batches: tf.data.Dataset, prefetch: int) -> Iterator[Batch]:
+  """The batches as numpy, `prefetch` deep (0: none; -1: autotuned)."""
+  if prefetch:
+    batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
+  return iter(tfds.as_numpy(batches))
+
+
+def no_autograph(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """`fn` traced as written: it has no Python control flow on tensors, so autograph would only cost time."""
+  return tf.autograph.experimental.do_not_convert(fn)

@@ -1,0 +1,65 @@
+"""`dataset.shard_by_process` on a dataset prepared as TFRecord only (no reads by index): the streaming fallback.
+
+Train: each process streams its own file shards (`tfds.split_for_jax_process`) through a shuffle buffer,
+reshuffled per epoch; deterministic for a given seed and process count, but the global batches then change
+with the process count. Eval: the split in file order, padded, each process keeping its rows.
+"""
+
+import itertools
+import math
+from collections.abc import Iterator
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from jaxdp.config import ConfigError
+from jaxdp.data import sampler
+from jaxdp.data.dataset import Batch, Dataset
+from jaxdp.data.reader import no_autograph, to_numpy
+
+
+def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_step: int, process_index: int,
+                  process_count: int) -> Iterator[Batch]:
+  """This process's own file shards streamed through a shuffle buffer, shuffled per epoch; depends on the
+  process count."""
+  rows = global_batch // process_count
+  first_row = process_index * rows
+  shard = tfds.split_for_jax_process(split, process_index=process_index, process_count=process_count,
+                                     drop_remainder=True)  # Equal shards: the same batches per epoch everywhere.
+  n = ds.builder.info.splits[shard].num_examples
+  steps_per_epoch = sampler.steps_per_epoch(n, rows, f"{split} (this process's shard)")
+  first_epoch, skip = divmod(start_step, steps_per_epoch)
+  pre = ds.options.preprocess
+  if pre.image_size:
+    raise ConfigError("dataset.shard_by_process does not crop images of varying size; read by index instead")
+
+  def finish(batch: dict, step: tf.Tensor) -> dict:
+    return pre.train(batch, step, seed=seed, global_batch=global_batch, first_row=first_row)
+
+  def epoch(e: int) -> Iterator[Batch]:
+    epoch_seed = (seed * 1_000_003 + e * 7_919 + process_index) % 2**31
+    examples = ds.builder.as_dataset(split=shard, as_supervised=True, shuffle_files=True,
+                                     read_config=tfds.ReadConfig(shuffle_seed=epoch_seed))
+    examples = examples.map(no_autograph(lambda x, y: {"inputs": x, "labels": y}))
+    examples = examples.shuffle(ds.options.shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+    batches = examples.batch(rows, drop_remainder=True).take(steps_per_epoch)
+    batches = batches.enumerate(start=e * steps_per_epoch).map(no_autograph(lambda step, b: (b, step)))
+    batches = batches.skip(skip if e == first_epoch else 0)
+    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return to_numpy(batches, ds.options.prefetch)
+
+  return itertools.chain.from_iterable(map(epoch, itertools.count(first_epoch)))
+
+
+def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,
+                 process_count: int) -> Iterator[Batch]:
+  """The split streamed in file order, padded, each process decoding its rows."""
+  n = ds.num_examples(split)
+  padded = math.ceil(n / global_batch) * global_batch
+  examples = ds.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+  examples = examples.repeat().take(padded).enumerate()
+  examples = examples.map(no_autograph(lambda i, ex: {"inputs": ex[0], "labels": ex[1], "mask": i < n}))
+  rows = global_batch // process_count
+  lo = process_index * rows
+  local = examples.batch(global_batch).map(no_autograph(lambda b: {k: v[lo:lo + rows] for k, v in b.items()}))
+  return to_numpy(local.map(no_autograph(ds.options.preprocess.finish)), ds.options.prefetch)

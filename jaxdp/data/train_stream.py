@@ -1,0 +1,59 @@
+"""The train stream: this process's rows of global batches start_step, start_step + 1, ... read by index.
+
+Global batch `step` holds the examples at positions [k * B, (k + 1) * B) of epoch `step // steps_per_epoch`'s
+permutation (`jaxdp.data.sampler`), k = step % steps_per_epoch. Every process computes the same global
+batch, reads rows [p * B / P, (p + 1) * B / P) by index and decodes only those. Nothing proportional to
+the split is held in memory but the permutation of its indices. So the sequence of global batches depends
+only on the seed and the step, never on how many processes or devices share it, every process gets the
+same number of batches per epoch, and the stream is a pure function of the step: **the position to
+checkpoint is the train state's step**, and `train_batches(start_step=step)` continues exactly there.
+Save the state's step, never a count of batches pulled from the iterator: prefetching reads ahead of the step.
+
+`dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
+epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
+"""
+
+from collections.abc import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from jaxdp.data import images, sampler, streamed
+from jaxdp.data.dataset import Batch, Dataset
+from jaxdp.data.reader import no_autograph, read_steps, to_numpy
+
+_FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
+
+
+def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,
+                  process_index: int, process_count: int) -> Iterator[Batch]:
+  """This process's rows of global batches start_step, start_step+1, ... (forever)."""
+  rows = global_batch // process_count
+  first_row = process_index * rows
+  if ds.streamed:
+    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count)
+  source = ds.source(split)
+  if ds.options.shard_by_process:
+    order = sampler.ShardOrder(len(source), rows, seed, split, process_index, process_count)
+  else:
+    order = sampler.GlobalOrder(len(source), global_batch, seed, split)
+  pre = ds.options.preprocess
+
+  def read(step: np.ndarray) -> dict[str, np.ndarray]:
+    return source.read(order.rows(step, first_row, first_row + rows))
+
+  def crop(example: dict) -> dict:
+    key = images.example_seed(seed, example["step"], example["row"])
+    x = images.train_crop(example["inputs"], key, pre.image_size, ds.input_shape[-1], pre.flip)
+    return {**example, "inputs": x}
+
+  def finish(batch: dict) -> dict:
+    batch = pre.train(batch, batch.pop("step")[0], seed=seed, global_batch=global_batch, first_row=first_row)
+    del batch["row"]
+    return batch
+
+  steps = tf.data.Dataset.range(start_step, _FOREVER)
+  probe = source.read(np.zeros([1], np.int64))
+  batches = read_steps(ds, probe, steps, read, rows, first_row, crop if pre.image_size else None)
+  batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return to_numpy(batches, ds.options.prefetch)
