@@ -39,7 +39,7 @@ import abrun  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 GLOBAL_BATCH = 128  # jaxdp/configs/default.py's batch_size; the torch script's default --batch_size.
-JAXDP_LINE = re.compile(r"^\[0\] step\s+(\d+)/\d+\s+\d+% \|")  # A train line of process 0 (not an eval line).
+JAXDP_LINE = re.compile(r"^\[0\] step\s+(\d+)/\d+\s+\d+%")  # A train line of process 0 (an eval line has no %).
 
 
 def jaxdp_command(steps: int, log_every: int, workdir: str, launch_args: list[str], jaxdp_args: list[str]) -> list[str]:

@@ -61,6 +61,13 @@ def cnn(input_shape: tuple[int, int, int] = (8, 8, 1), features: tuple[int, ...]
                        nn.ReLU(), nn.Linear(dense, num_classes))
 
 
+def batches(train_set: TensorDataset, global_batch: int, rank: int, world: int,
+            seed: int) -> tuple[DistributedSampler, DataLoader]:
+  """This rank's sampler (call `set_epoch`) and loader of global_batch / world full rows per step."""
+  sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=seed)
+  return sampler, DataLoader(train_set, batch_size=global_batch // world, sampler=sampler, drop_last=True)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(prog="e2e_torch.py", description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=400, help="Optimizer steps (jaxdp: num_train_steps).")
@@ -89,9 +96,7 @@ def train(args: argparse.Namespace) -> float:
   model = nn.parallel.DistributedDataParallel(cnn())
   optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
   loss_fn = nn.CrossEntropyLoss()
-  train_set = TensorDataset(*data["train"])
-  sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-  loader = DataLoader(train_set, batch_size=args.batch_size // world, sampler=sampler, drop_last=True)
+  sampler, loader = batches(TensorDataset(*data["train"]), args.batch_size, rank, world, args.seed)
   step, epoch = 0, 0
   while step < args.steps:
     sampler.set_epoch(epoch)

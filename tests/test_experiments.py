@@ -15,12 +15,13 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "experiments"))
 import abrun  # noqa: E402
 import ddp_common  # noqa: E402
+import e2e_compare  # noqa: E402
 import equivalence  # noqa: E402
 import gpu_check  # noqa: E402
 import overhead  # noqa: E402
 import step_variants  # noqa: E402
 
-from jaxdp import models  # noqa: E402
+from jaxdp import launch, models  # noqa: E402
 from jaxdp.config import ConfigError  # noqa: E402
 
 
@@ -116,3 +117,80 @@ def test_gpu_check_runs_at_a_tiny_size_on_cpu(tmp_path):
   assert 0.5 < gpt["flops_per_step_per_device_analytic"] / gpt["flops_per_step_per_device_xla"] < 2
   assert gpt["mfu_xla"] is None  # No peak FLOP/s for CPUs.
   assert results["gpt"]["num_params"] == gpt["num_params"]
+
+
+def test_e2e_compare_reads_both_sides_log_lines_the_same_way(tmp_path):
+  """The end-to-end study's instrument: log-line arrival per step, the steady window, samples/s (both sides)."""
+  jaxdp_lines = [(1.0, "[0]   compile   5.58 s for 6 programs"), (3.0, "[0] step  50/400  12% | loss 0.5372"),
+                 (3.5, "[1] step  50/400  12% | loss 0.5"), (5.0, "[0] step 100/400  25% | loss 0.06"),
+                 (7.0, "[0] step 150/400  38% | loss 0.02"), (8.0, "[0] step 150/400 eval | loss 0.07")]
+  torch_lines = [(0.5, "Setting OMP_NUM_THREADS"), (1.5, '{"step": 1, "time": 10.0, "loss": 2.3}'),
+                 (3.0, '{"step": 50, "time": 11.0, "loss": 0.2}'), (4.0, '{"step": 100, "time": 13.0, "loss": 0.1}'),
+                 (6.0, '{"step": 150, "time": 15.0, "loss": 0.1}'), (6.5, '{"step": 150, "eval/accuracy": 0.98}')]
+  stamps = e2e_compare.log_steps("jaxdp", jaxdp_lines)
+  assert stamps == {50: 3.0, 100: 5.0, 150: 7.0}  # Process 0's train lines only.
+  assert e2e_compare.log_steps("torch", torch_lines) == {1: 1.5, 50: 3.0, 100: 4.0, 150: 6.0}
+  assert e2e_compare.window(stamps, warmup=60) == (100, 150)
+  assert e2e_compare.rate(stamps, 50, 150) == 128 * 100 / 4.0
+  with pytest.raises(ValueError, match="no log step after warm-up"):
+    e2e_compare.window(stamps, warmup=150)
+  assert e2e_compare.self_reported("torch", torch_lines, "", 50, 150) == 128 * 100 / 4.0
+  # jaxdp's own clock: perf/step_time of each log step weighted by the steps since the previous one.
+  records = [{"step": 50, "perf/step_time": 9.0}, {"step": 120, "perf/step_time": 0.02},
+             {"step": 120, "eval/accuracy": 0.9}, {"step": 150, "perf/step_time": 0.06}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert e2e_compare.self_reported("jaxdp", [], str(tmp_path), 50, 150) == pytest.approx(128 * 100 / 3.2)
+
+
+def test_e2e_torch_trains_jaxdp_default_data_and_model(data_dir, capsys, monkeypatch):
+  """The torch side of the end-to-end study: jaxdp's digits split and scaling, its default CNN, full batches."""
+  torch = pytest.importorskip("torch", reason="the `bench` extra (torch) is not installed")
+  import e2e_torch
+  from jaxdp import data
+  from jaxdp.configs import default
+  data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))  # Registers and prepares it.
+  tfds = pytest.importorskip("tensorflow_datasets")
+  splits = e2e_torch.digits()
+  for split, (x, y) in splits.items():  # The same examples (TFDS stores them in its own order), scaled to [0, 1].
+    source = tfds.builder("digits", data_dir=data_dir).as_data_source(split)
+    examples = [source[i] for i in range(len(source))]
+    assert x.shape == (len(examples), 1, 8, 8) and x.dtype == torch.float32
+    images = np.round(x.numpy() * 255).astype(np.uint8)
+    ours = sorted(zip(y.tolist(), (image.tobytes() for image in images)))
+    theirs = sorted((e["label"], e["image"].transpose(2, 0, 1).tobytes()) for e in examples)
+    assert ours == theirs
+    np.testing.assert_allclose(x.numpy() * 255, np.round(x.numpy() * 255), atol=1e-4)  # uint8 / 255, no more.
+  # The same function: jaxdp's default CNN's parameters loaded into the torch CNN give the same logits.
+  config = default.get_config()
+  model = models.get_model(config.model, (8, 8, 1), 10)
+  params, model_state = model.init(jax.random.PRNGKey(0))
+  p = jax.tree.map(np.asarray, params)
+  dense = p["dense"]["kernel"].reshape(4, 4, 64, 128).transpose(2, 0, 1, 3).reshape(1024, 128)  # NHWC -> NCHW rows.
+  weights = [p["convs"][0]["kernel"].transpose(3, 2, 0, 1), p["convs"][0]["bias"],
+             p["convs"][1]["kernel"].transpose(3, 2, 0, 1), p["convs"][1]["bias"],
+             dense.T, p["dense"]["bias"], p["head"]["kernel"].T, p["head"]["bias"]]
+  net = e2e_torch.cnn()
+  assert [tuple(w.shape) for w in weights] == [tuple(t.shape) for t in net.parameters()]
+  with torch.no_grad():
+    for t, w in zip(net.parameters(), weights):
+      t.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+  x = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
+  expected, _ = model.apply(params, model_state, x, train=False)
+  np.testing.assert_allclose(net(torch.from_numpy(x.transpose(0, 3, 1, 2))).detach().numpy(), expected, rtol=1e-4,
+                             atol=1e-5)
+  # Each rank's loader gives full batches of global / world rows, config.batch_size's steps per epoch.
+  rows = []
+  for rank in range(2):
+    sampler, loader = e2e_torch.batches(torch.utils.data.TensorDataset(*splits["train"]), config.batch_size, rank, 2, 0)
+    sizes = [len(y) for _, y in loader]
+    assert sizes == [config.batch_size // 2] * (len(splits["train"][1]) // config.batch_size)
+    rows.append(list(sampler)[:sum(sizes)])
+  assert len(set(rows[0]) | set(rows[1])) == sum(map(len, rows))  # The ranks read different examples.
+  monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+  monkeypatch.setenv("MASTER_PORT", str(launch.free_port()))
+  monkeypatch.setenv("RANK", "0")
+  monkeypatch.setenv("WORLD_SIZE", "1")
+  assert e2e_torch.main(["--steps", "30", "--log_every", "15"]) == 0
+  records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+  assert [r["step"] for r in records] == [1, 15, 30, 30]
+  assert records[-1]["eval/accuracy"] > 0.5 and records[2]["loss"] < records[0]["loss"] / 2  # It learns.
