@@ -6,10 +6,14 @@ that change the prepared examples. So two sources never share a prepared copy, a
 option) is prepared anew instead of a stale copy being reused.
 """
 
+import dataclasses
 import hashlib
 import os
 import re
 from collections.abc import Callable, Iterable
+from typing import ClassVar
+
+import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
 
@@ -41,3 +45,32 @@ def config_name(source: str, stats: list[tuple[str, int, int]], options: dict) -
   base = os.path.basename(os.path.normpath(source))
   stem = re.sub(r"[^\w\-]", "_", os.path.splitext(base)[0])[:40] or "data"
   return f"{stem}-{h.hexdigest()[:12]}"
+
+
+@dataclasses.dataclass
+class SourceConfig(tfds.core.BuilderConfig):
+  """Which source, and how much of it is held out for `test`."""
+  path: str = ""
+  test_fraction: float = 0.1
+
+
+class SourceBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A TFDS builder of one local source; its config is named by the source's identity (`config_name`)."""
+
+  KIND: ClassVar[str] = "source"  # How errors and descriptions name it: "image folder", ".npz file".
+
+  def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
+    path = checked_source(path, test_fraction, self.KIND, self._exists)
+    files = self._open(path, test_fraction)
+    name = config_name(path, file_stats(files), {"test_fraction": test_fraction})
+    kwargs["config"] = SourceConfig(name=name, path=path, test_fraction=test_fraction, description=f"{self.KIND} {path}")
+    super().__init__(**kwargs)
+
+  @staticmethod
+  def _exists(path: str) -> bool:
+    """Whether the source is there (a folder or a file, as the builder reads)."""
+    raise NotImplementedError
+
+  def _open(self, path: str, test_fraction: float) -> list[str]:
+    """Reads and checks what the builder needs from the source; returns the files its identity covers."""
+    raise NotImplementedError

@@ -14,7 +14,6 @@ Every image header is read once to decide; the result is cached next to the prep
     config.dataset.name = "/data/photos"   # builder_kwargs: test_fraction
 """
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -29,13 +28,6 @@ from jaxdp.datasets import fingerprint
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLIT_DIRS = ("train", "test", "validation")
 KEEP_BYTES = {"JPEG", "PNG"}  # Formats stored as they are (when their mode is the stored one).
-
-
-@dataclasses.dataclass
-class FolderConfig(tfds.core.BuilderConfig):
-  """Which folder, and how it is split."""
-  path: str = ""
-  test_fraction: float = 0.1
 
 
 def list_files(root: str, test_fraction: float) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
@@ -92,20 +84,18 @@ def image_shape(paths: list[str]) -> tuple[int | None, int | None, int]:
   return h, w, 1 if gray else 3
 
 
-class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
   """The images of one folder; its prepared copy is named by the folder's identity (see fingerprint)."""
 
   name = "image_folder"
+  KIND = "image folder"
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split."}
+  _exists = staticmethod(os.path.isdir)
 
-  def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
-    path = fingerprint.checked_source(path, test_fraction, "image folder", os.path.isdir)
+  def _open(self, path: str, test_fraction: float) -> list[str]:
     self._classes, self._splits = list_files(path, test_fraction)
-    paths = sorted(p for files in self._splits.values() for p, _ in files)
-    name = fingerprint.config_name(path, fingerprint.file_stats(paths), {"test_fraction": test_fraction})
-    kwargs["config"] = FolderConfig(name=name, path=path, test_fraction=test_fraction, description=f"Images in {path}.")
-    super().__init__(**kwargs)
+    return sorted(p for files in self._splits.values() for p, _ in files)
 
   def _shape(self) -> tuple[int | None, int | None, int]:
     """image_shape of every file, cached beside the prepared copy (the name already covers every file)."""

@@ -11,7 +11,6 @@ integers >= 0; the number of classes is the largest label + 1.
     config.dataset.name = "/data/iris.npz"   # builder_kwargs: test_fraction
 """
 
-import dataclasses
 import os
 import zipfile
 from collections.abc import Iterator
@@ -24,13 +23,6 @@ from jaxdp.datasets import fingerprint
 
 SPLIT_SEED = 0  # The deterministic split's permutation; changing it must bump VERSION.
 NAME_SETS = (("x_train", "y_train", "x_test", "y_test"), ("x", "y"), ("inputs", "labels"))
-
-
-@dataclasses.dataclass
-class NpzConfig(tfds.core.BuilderConfig):
-  """Which file, and how it is split."""
-  path: str = ""
-  test_fraction: float = 0.1
 
 
 def array_names(path: str) -> tuple[str, ...]:
@@ -76,20 +68,19 @@ def input_feature(shape: tuple[int, ...], dtype: np.dtype) -> tfds.features.Feat
   return tfds.features.Tensor(shape=tuple(shape[1:]), dtype=np.float32 if dtype == np.float64 else dtype)
 
 
-class NpzFile(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class NpzFile(fingerprint.SourceBuilder, skip_registration=True):
   """The arrays of one `.npz` file; its prepared copy is named by the file's identity (see fingerprint)."""
 
   name = "npz_file"
+  KIND = ".npz file"
   VERSION = tfds.core.Version("1.0.0")
   RELEASE_NOTES = {"1.0.0": "x_train/y_train/x_test/y_test, or x/y | inputs/labels split with seed 0."}
+  _exists = staticmethod(os.path.isfile)
 
-  def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
-    path = fingerprint.checked_source(path, test_fraction, ".npz file", os.path.isfile)
+  def _open(self, path: str, test_fraction: float) -> list[str]:
     self._names = array_names(path)
     self._num_classes = self._check(path, test_fraction)
-    name = fingerprint.config_name(path, fingerprint.file_stats([path]), {"test_fraction": test_fraction})
-    kwargs["config"] = NpzConfig(name=name, path=path, test_fraction=test_fraction, description=f"Arrays of {path}.")
-    super().__init__(**kwargs)
+    return [path]
 
   def _check(self, path: str, test_fraction: float) -> int:
     """Checks shapes and labels (labels are read, inputs only by header); returns the number of classes."""
