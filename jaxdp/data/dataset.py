@@ -49,7 +49,6 @@ class Dataset:
   options: Options = Options()
   builder: tfds.core.DatasetBuilder | None = None  # The TFDS builder, when the corpus is one.
   kind: str = "tfds-array_record"                   # The source's kind (part of the stream spec).
-  _sources: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)  # split -> Source
 
   @property
   def name(self) -> str:
@@ -75,10 +74,8 @@ class Dataset:
     return self.corpus.facts.integer_inputs
 
   def source(self, split: str) -> Source:
-    """The split's random-access source (opened once)."""
-    if split not in self._sources:
-      self._sources[split] = self.corpus.source(split)
-    return self._sources[split]
+    """The split's random-access source (the corpus opens each split once)."""
+    return self.corpus.source(split)
 
   @property
   def streamed(self) -> bool:

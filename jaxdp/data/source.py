@@ -60,7 +60,9 @@ class Corpus(Protocol):
   facts: Facts
   decode: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]] | None
 
-  def source(self, split: str) -> Source: ...
+  def source(self, split: str) -> Source:
+    """The split's source; called once per stream and per count, so open it once."""
+    ...
 
 
 class TfdsSource:
@@ -97,9 +99,13 @@ class TfdsCorpus:
     integer = not image and np.issubdtype(np.dtype(inputs.np_dtype), np.integer)
     classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
     self.facts = Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image)
+    self._sources: dict[str, TfdsSource] = {}
 
   def source(self, split: str) -> TfdsSource:
-    return TfdsSource(self.builder, split)
+    """The split's source, opened once."""
+    if split not in self._sources:
+      self._sources[split] = TfdsSource(self.builder, split)
+    return self._sources[split]
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One serialized record -> {"inputs", "labels"}, decoded by the features' own TF code (as `as_dataset`).
