@@ -125,7 +125,7 @@ TRAIN = {
     "torch 1w": ("torchx1", {}),
     "jaxdp 1w XLA defaults": ("jaxdp_plainx1", {}),
 }
-ALLREDUCE = {"jaxdp": ("jaxdpx2", {}), "DDP": ("torchx2", {}), "jaxdp flat": ("jaxdpx2", {"flat": True})}
+ALLREDUCE = {"jaxdp": ("jaxdpx2", {}), "DDP": ("torchx2", {}), "jaxdp per leaf": ("jaxdpx2", {"per_leaf": True})}
 # Ratios, PyTorch time / jaxdp time per round (> 1: jaxdp faster): name -> (PyTorch label, jaxdp label).
 RATIOS = {
     "2 workers": ("DDP 2w", "jaxdp 2w"),
@@ -133,7 +133,7 @@ RATIOS = {
     "all-reduce": ("DDP", "jaxdp"),
     "2 workers, proposed step": ("DDP 2w", "jaxdp 2w proposed"),
     "compute, XLA defaults": ("torch 1w", "jaxdp 1w XLA defaults"),
-    "all-reduce, one flat buffer": ("DDP", "jaxdp flat"),
+    "all-reduce, one per leaf": ("DDP", "jaxdp per leaf"),
 }
 
 
@@ -194,9 +194,10 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
     q = ratios(r, model, batch)
     lines.append(f"| {model} | {batch} | " + " | ".join(
         f"**{abrun.fmt_iqr(q[n])}**" if i < 3 else abrun.fmt_iqr(q[n]) for i, n in enumerate(RATIOS)) + " |")
-  lines += ["", "All-reduce of the model's gradient bytes alone, 2 workers (jaxdp: `step.all_reduce_mean` of the "
-            "gradient tree, one collective per leaf, as in its step; jaxdp flat: one buffer; DDP: "
-            "`dist.all_reduce` of one flat buffer, as one DDP bucket), ms:", "",
+  lines += ["", "All-reduce of the model's gradient bytes alone, 2 workers (jaxdp: the gradient tree as its step "
+            "reduces it across processes, one flat buffer, `strategies.plain.flat_all_reduce_mean`; jaxdp per "
+            "leaf: one collective per leaf, as its step did before; DDP: `dist.all_reduce` of one flat buffer, as "
+            "one DDP bucket), ms:", "",
             "| model | bytes | " + " | ".join(ALLREDUCE) + " |", "| --- " * (2 + len(ALLREDUCE)) + "|"]
   for model in sorted({mm for mm, _ in configs}):
     lines.append(f"| {model} | {r['bytes'][model]:,} | " + " | ".join(

@@ -56,7 +56,7 @@ class Worker:
 
   def handle(self, command: dict) -> dict:
     if command["op"] == "allreduce":
-      return self.allreduce(command["model"], command["steps"], command.get("flat", False))
+      return self.allreduce(command["model"], command["steps"], command.get("per_leaf", False))
     return {"times": self.train(command["model"], command["batch"], command["steps"], command.get("variant", "jaxdp"))}
 
   def _model(self, name: str):
@@ -92,18 +92,17 @@ class Worker:
     entry[1] = state  # The old state was donated.
     return times
 
-  def allreduce(self, name: str, steps: int, flat: bool = False) -> dict:
-    """The gradient all-reduce of jaxdp's step alone: `strategies.plain.all_reduce_mean` of a gradient-shaped tree
-    (or, with `flat`, of one buffer with as many elements)."""
+  def allreduce(self, name: str, steps: int, per_leaf: bool = False) -> dict:
+    """The gradient all-reduce of jaxdp's step alone, on a gradient-shaped tree: one flat buffer as the step
+    does across processes (`plain.flat_all_reduce_mean`), or with `per_leaf` one collective per leaf."""
     _, model = self._model(name)
     params = jax.eval_shape(model.init, jax.random.PRNGKey(0))[0]
-    if flat:
-      params = {"flat": jax.ShapeDtypeStruct((sum(x.size for x in jax.tree.leaves(params)),), np.float32)}
     mesh = self.backend.mesh
     local = jax.tree.map(lambda p: np.ones((1, *p.shape), p.dtype), params)  # This process's gradients.
     sharding = NamedSharding(mesh, P(parallel.AXIS))
     grads = jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), local)
-    reduce = jax.jit(jax.shard_map(lambda t: plain.all_reduce_mean(jax.tree.map(lambda x: x[0], t), parallel.AXIS),
+    mean = plain.all_reduce_mean if per_leaf else plain.flat_all_reduce_mean
+    reduce = jax.jit(jax.shard_map(lambda t: mean(jax.tree.map(lambda x: x[0], t), parallel.AXIS),
                                    mesh=mesh, in_specs=P(parallel.AXIS), out_specs=P()))
     jax.block_until_ready(reduce(grads))  # Compile.
     times = []
