@@ -37,10 +37,22 @@ def _reporter(clock, stream, interactive=False, **kw):
                            interactive=interactive, enabled=True, clock=clock, **kw)
 
 
-def _bar_reporter(clock, stream, start_step=0):
-  """A reporter on a terminal whose bar is redrawn at every step (no rate limit), so a test sees each draw."""
-  return progress.Reporter(10, start_step, 64, 8, flops_per_step=1e9, peak_flops=1e12, stream=stream,
-                           interactive=True, enabled=True, clock=clock, redraw_seconds=0)
+@pytest.fixture
+def bar_reporter():
+  """Makes reporters on a terminal whose bar is redrawn at every step (no rate limit), so a test sees each draw.
+
+  Each is closed after the test, also a failed one: an open tqdm bar would move the next test's bar to line 2.
+  """
+  made = []
+
+  def make(clock, stream, start_step=0):
+    made.append(progress.Reporter(10, start_step, 64, 8, flops_per_step=1e9, peak_flops=1e12, stream=stream,
+                                  interactive=True, enabled=True, clock=clock, redraw_seconds=0))
+    return made[-1]
+
+  yield make
+  for reporter in made:
+    reporter.close()
 
 
 def _screen(text):
@@ -95,9 +107,9 @@ def test_first_log_at_the_first_step_has_no_throughput_yet():
   assert out.getvalue() == "step  1/10  10% | loss 1.0000\n"
 
 
-def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures():
+def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures(bar_reporter):
   clock, out = Clock(), io.StringIO()
-  reporter = _bar_reporter(clock, out)
+  reporter = bar_reporter(clock, out)
   for step in range(1, 4):  # Step 1 starts the clock; steps 2 and 3 take 1 s each.
     reporter.on_step(step)
     clock.now += 1.0
@@ -109,6 +121,7 @@ def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures():
   assert bar[0].endswith("| 64 ex/s | 1000.0 ms/step | MFU 0.1% | ETA 0:00:07"), bar
   clock.now -= 1.0  # The metrics of step 3 arrive as it ends.
   reporter.on_log(3, {"train/loss": 0.5})
+  assert _screen(out.getvalue())[-1].startswith("step  3/10  30% |###       | loss 0.5000 | ")  # The new loss.
   reporter.on_step(4)
   reporter.on_eval(4, {"eval/loss": 0.25, "eval/accuracy": 0.875, "eval/num_examples": 360})
   screen = _screen(out.getvalue())
@@ -116,23 +129,22 @@ def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures():
   assert screen[1] == "step  4/10 eval | loss 0.2500 | acc 87.5% | 360 examples"
   # Below them the bar, with the new loss; no time has passed since the eval: the average step time so far.
   assert screen[2:] == ["step  4/10  40% |####      | loss 0.5000 | 64 ex/s | 1000.0 ms/step | MFU 0.1% | ETA 0:00:06"]
-  reporter.close()
 
 
-def test_a_resumed_run_s_bar_starts_at_its_first_step():
+def test_a_resumed_run_s_bar_starts_at_its_first_step(bar_reporter):
   clock, out = Clock(), io.StringIO()
-  reporter = _bar_reporter(clock, out, start_step=6)
+  reporter = bar_reporter(clock, out, start_step=6)
   reporter.on_step(7)
   assert _screen(out.getvalue()) == ["step  7/10  70% |#######   |"]
-  reporter.close()
+  assert "step  0/10" not in out.getvalue()  # Not even a first draw from step 0.
 
 
-def test_log_records_on_the_console_do_not_break_the_bar(monkeypatch):
+def test_log_records_on_the_console_do_not_break_the_bar(monkeypatch, bar_reporter):
   clock, out = Clock(), io.StringIO()
   monkeypatch.setattr(sys, "stdout", out)  # The CLI logs to stdout, where the bar is.
   handler = logging.StreamHandler(out)
   monkeypatch.setattr(logging.root, "handlers", [handler])
-  reporter = _bar_reporter(clock, out)
+  reporter = bar_reporter(clock, out)
   reporter.on_step(1)
   logging.getLogger("jaxdp").warning("step 1: stop requested")
   assert _screen(out.getvalue()) == ["step 1: stop requested", "step  1/10  10% |#         |"]
@@ -210,9 +222,9 @@ def test_untimed_work_is_left_out_of_the_step_time_and_the_eta():
   assert reporter.eta_seconds(3) == pytest.approx(7 * 1.0)
 
 
-def test_close_clears_a_bar_left_on_the_terminal_and_done_prints_the_average():
+def test_close_clears_a_bar_left_on_the_terminal_and_done_prints_the_average(bar_reporter):
   clock, out = Clock(), io.StringIO()
-  reporter = _bar_reporter(clock, out)
+  reporter = bar_reporter(clock, out)
   reporter.on_step(1)
   clock.now += 2.0
   reporter.on_step(2)
@@ -224,9 +236,9 @@ def test_close_clears_a_bar_left_on_the_terminal_and_done_prints_the_average():
   assert _screen(out.getvalue())[-2:] == ["done | 32 ex/s on average | 2000.0 ms/step over 1 timed steps (0:00:02)", ""]
 
 
-def test_a_finished_run_leaves_its_lines_and_no_bar():
+def test_a_finished_run_leaves_its_lines_and_no_bar(bar_reporter):
   clock, out = Clock(), io.StringIO()
-  reporter = _bar_reporter(clock, out)
+  reporter = bar_reporter(clock, out)
   for step in range(1, 11):
     clock.now += 0.5
     reporter.on_step(step)
