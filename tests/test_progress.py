@@ -56,7 +56,7 @@ def bar_reporter():
 
 
 def _screen(text):
-  """What a terminal shows after `text`: a carriage return goes back to the line's start, and what follows overwrites."""
+  """What a terminal shows after `text`: a carriage return goes back to the line's start, what follows overwrites."""
   assert "\x1b" not in text  # The bar on one line needs no cursor movement.
   lines, col = [[]], 0
   for char in text:
@@ -155,9 +155,10 @@ def test_log_records_on_the_console_do_not_break_the_bar(monkeypatch, bar_report
 def test_only_process_0_prints(monkeypatch):
   monkeypatch.setattr(jax, "process_index", lambda: 1)
   out = io.StringIO()
-  reporter = progress.Reporter(10, 0, 64, 8, stream=out)
+  reporter = progress.Reporter(10, 0, 64, 8, stream=out, interactive=True)  # Not even a bar on a terminal.
   reporter.on_step(1)
   reporter.on_log(2, {"train/loss": 1.0})
+  reporter.close()
   summary.report({"devices": "x"}, stream=out)
   assert out.getvalue() == ""
 
