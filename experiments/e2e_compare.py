@@ -1,14 +1,14 @@
 """End to end: jaxdp's CLI through `jaxdp.launch` against a standard torchrun DDP script, 2 processes on CPU.
 
     python experiments/e2e_compare.py [--rounds 3] [--steps 1500] [--warmup 200] [--log_every 50] \
-        [--out experiments/e2e_compare.md] [--launch_args "--pin_cpus"] [--jaxdp_args "--config.x=y"]
+        [--out experiments/e2e_compare.md] [--variant 'NAME=LAUNCH_FLAGS [-- TRAIN_FLAGS]' ...]
 
 Each round runs, one after the other (A B A B ...), as separate commands from a cold process:
   A  python -m jaxdp.launch --num_processes 2 -- --config jaxdp/configs/default.py --workdir FRESH_TMP
        --config.num_train_steps=STEPS --config.log_every_steps=LOG --config.eval_every_steps=STEPS
        --config.checkpoint_every_steps=STEPS
      jaxdp's defaults otherwise: tfds `digits` read by index, its launcher's defaults (1 device per process, no
-     pinning), the persistent compilation cache, the replica check and the per-step preemption agreement.
+     pinning), the persistent compilation cache, the replica check, JAX's preemption service.
      Eval and checkpoint happen once, at the last step (after the last timed window), as the torch script
      evaluates once at the end and saves nothing: both sides do the same work inside the window.
   B  python -m torch.distributed.run --nproc_per_node 2 experiments/e2e_torch.py --steps STEPS --log_every LOG
@@ -20,9 +20,14 @@ between the first log step >= --warmup and the last one / the seconds between th
 clock gives a second figure (jaxdp: metrics.jsonl `perf/step_time` of those log steps; torch: the `time` of its
 lines). Time to the first step (information only): the first log line's arrival minus LOG steady steps.
 Writes the table to --out and every run's raw figures to the same path with .json.
+
+Diagnosis: each `--variant NAME='[VAR=VALUE ...] LAUNCH_FLAGS [-- TRAIN_FLAGS]'` adds one jaxdp run
+per round with that environment and those flags (e.g. `pin=--pin_cpus`), reported against torch and against
+jaxdp's defaults of the same rounds.
 """
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -36,9 +41,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
+from jaxdp.launch import free_port  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 GLOBAL_BATCH = 128  # jaxdp/configs/default.py's batch_size; the torch script's default --batch_size.
+ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # A variant's leading VAR=VALUE words set its environment.
 JAXDP_LINE = re.compile(r"^\[0\] step\s+(\d+)/\d+\s+\d+%")  # A train line of process 0 (an eval line has no %).
 
 
@@ -52,7 +60,8 @@ def jaxdp_command(steps: int, log_every: int, workdir: str, launch_args: list[st
 
 def torch_command(steps: int, log_every: int) -> list[str]:
   """The standard torchrun DDP script (experiments/e2e_torch.py), torchrun's defaults."""
-  return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+  # A free port, not torchrun's default 29500, which another job on a shared machine may hold.
+  return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
           os.path.join(HERE, "e2e_torch.py"), "--steps", str(steps), "--log_every", str(log_every)]
 
 
@@ -77,12 +86,15 @@ def snapshot(commit: str, into: str) -> tuple[str, str]:
   return into, f"commit {sha} (extracted: others' uncommitted edits in the shared checkout do not leak in)"
 
 
-def run(cmd: list[str], log_path: str, cwd: str = REPO) -> tuple[list[tuple[float, str]], float, int]:
+def run(cmd: list[str], log_path: str, cwd: str = REPO,
+        extra_env: dict[str, str] | None = None) -> tuple[list[tuple[float, str]], float, int]:
   """Runs `cmd` in `cwd`; returns its output lines with their arrival (seconds after the start), the wall time,
   the status. `cwd` goes first on PYTHONPATH: the launcher's processes import jaxdp from there."""
   lines = []
   start = time.perf_counter()
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join([cwd, os.environ.get("PYTHONPATH", "")])}
+  extra_env = dict(extra_env or {})
+  path = [cwd, extra_env.pop("PYTHONPATH", ""), os.environ.get("PYTHONPATH", "")]
+  env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(filter(None, path))}
   with open(log_path, "w") as log, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                      text=True, env=env) as proc:
     for line in proc.stdout:
@@ -134,29 +146,54 @@ def extras(framework: str, lines: list[tuple[float, str]], workdir: str) -> dict
   if framework == "torch":
     final = [json.loads(l) for _, l in lines if l.startswith("{") and "eval/accuracy" in l]
     return {"eval/accuracy": final[-1]["eval/accuracy"]} if final else {}
-  out = {}
+  out, steps = {}, 1
   for line in open(os.path.join(workdir, "metrics.jsonl")):
     record = json.loads(line)
+    steps = max(steps, record["step"])
     out.update({k: v for k, v in record.items() if k == "eval/accuracy" or k.startswith("time/total/")})
+  out["input_ms_per_step"] = 1e3 * out.get("time/total/input", float("nan")) / steps
   return out
 
 
-def measure(framework: str, args: argparse.Namespace, tmp: str, index: int, tree: str) -> dict:
-  """One run of one side: steady samples/s (driver's stamps and own clock), time to the first step, load."""
-  workdir = os.path.join(tmp, f"jaxdp_{index}")
-  cmd = (jaxdp_command(args.steps, args.log_every, workdir, shlex.split(args.launch_args), shlex.split(args.jaxdp_args))
-         if framework == "jaxdp" else torch_command(args.steps, args.log_every))
+def variant(spec: str) -> tuple[str, list[str], list[str], dict[str, str]]:
+  """`NAME=[VAR=VALUE ...] LAUNCH_FLAGS [-- TRAIN_FLAGS]` -> (name, launcher flags, jaxdp.train flags, environment)."""
+  name, _, flags = spec.partition("=")
+  words = shlex.split(flags)
+  env = dict(w.split("=", 1) for w in itertools.takewhile(lambda w: ENV_WORD.match(w), words))
+  words = words[len(env):]
+  cut = words.index("--") if "--" in words else len(words)
+  if not name or name in ("jaxdp", "torch"):
+    raise argparse.ArgumentTypeError(f"a variant needs a new NAME=FLAGS, got {spec!r}")
+  return name, words[:cut], words[cut + 1:], env
+
+
+def measure(contender: str, args: argparse.Namespace, tmp: str, index: int, tree: str) -> dict:
+  """One run of one contender: steady samples/s (driver's stamps and own clock), time to the first step, load."""
+  framework = "torch" if contender == "torch" else "jaxdp"
+  workdir = os.path.join(tmp, f"{contender}_{index}")
+  flags = {"jaxdp": ([], [], {})} | {name: rest for name, *rest in args.variant}
+  launch_flags, train_flags, env = flags.get(contender, ([], [], {}))
+  cmd = (torch_command(args.steps, args.log_every) if framework == "torch"
+         else jaxdp_command(args.steps, args.log_every, workdir, launch_flags, train_flags))
   load = abrun.load()
-  lines, wall, status = run(cmd, os.path.join(tmp, f"{framework}_{index}.log"), tree if framework == "jaxdp" else REPO)
-  if status:
-    tail = "\n".join(line for _, line in lines[-20:])
-    raise RuntimeError(f"{framework} run {index} exited with status {status}; its last lines:\n{tail}")
+  for attempt in range(2):  # One retry: a shared machine's port clash must not end a 10-minute study.
+    lines, wall, status = run(cmd, os.path.join(tmp, f"{contender}_{index}.log"),
+                              tree if framework == "jaxdp" else REPO, env)
+    if not status:
+      break
+    tail = "\n".join(line for _, line in lines[-40:])
+    print(f"{contender} run {index} (attempt {attempt + 1}) exited with status {status}:\n{tail}", flush=True)
+  else:
+    raise RuntimeError(f"{contender} run {index} failed twice (output above)")
   stamps = log_steps(framework, lines)
   first, last = window(stamps, args.warmup)
   steady = rate(stamps, first, last)
   first_log = min(s for s in stamps if s >= args.log_every)
-  return {"framework": framework, "cmd": shown(cmd).replace(tmp, "FRESH_TMP"), "load_before": load,
-          "load_after": abrun.load(), "wall_s": wall, "window": [first, last], "samples_per_s": steady,
+  shown_flags = [f"{k}={v}" for k, v in env.items()] + launch_flags + (["--"] if train_flags else []) + train_flags
+  return {"contender": contender, "framework": framework, "flags": shlex.join(shown_flags), "attempts": attempt + 1,
+          "cmd": shown(cmd).replace(tmp, "FRESH_TMP"), "load_before": load,
+          "load_after": abrun.load(), "wall_s": wall, "exit_after_last_line_s": wall - lines[-1][0],
+          "window": [first, last], "samples_per_s": steady,
           "samples_per_s_own_clock": self_reported(framework, lines, workdir, first, last),
           "first_log_step": first_log, "first_log_s": stamps[first_log],
           "time_to_first_step_s": stamps[first_log] - first_log * GLOBAL_BATCH / steady,
@@ -164,17 +201,17 @@ def measure(framework: str, args: argparse.Namespace, tmp: str, index: int, tree
 
 
 def study(args: argparse.Namespace) -> tuple[list[dict], str]:
-  """`--rounds` rounds of jaxdp then torch (A B A B ...); every run's figures, and which jaxdp ran."""
+  """`--rounds` rounds of jaxdp, torch, then each variant (A B A B ...); every run's figures, which jaxdp ran."""
   runs = []
   with tempfile.TemporaryDirectory(prefix="e2e_compare_") as tmp:
     tree, revision = snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
     print(f"jaxdp: {revision}", flush=True)
     for r in range(args.rounds):
-      for framework in ("jaxdp", "torch"):
-        result = measure(framework, args, tmp, r, tree)
+      for contender in ("jaxdp", "torch", *(name for name, *_ in args.variant)):
+        result = measure(contender, args, tmp, r, tree)
         result["round"] = r
         runs.append(result)
-        print(f"round {r} {framework:5}: {result['samples_per_s']:,.0f} samples/s (own clock "
+        print(f"round {r} {contender:5}: {result['samples_per_s']:,.0f} samples/s (own clock "
               f"{result['samples_per_s_own_clock']:,.0f}), first step at {result['time_to_first_step_s']:.1f} s, "
               f"load {result['load_before']:.1f}", flush=True)
   return runs, revision
@@ -182,7 +219,9 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
 
 def report(runs: list[dict], revision: str, load_before: float) -> list[str]:
   """The markdown: header, per-round table, medians with spread."""
-  side = {f: [r for r in runs if r["framework"] == f] for f in ("jaxdp", "torch")}
+  side: dict[str, list[dict]] = {}
+  for run_ in runs:
+    side.setdefault(run_.get("contender", run_["framework"]), []).append(run_)
   ratio = abrun.ratios([r["samples_per_s"] for r in side["jaxdp"]], [r["samples_per_s"] for r in side["torch"]])
   own = abrun.ratios([r["samples_per_s_own_clock"] for r in side["jaxdp"]],
                      [r["samples_per_s_own_clock"] for r in side["torch"]])
@@ -204,9 +243,37 @@ def report(runs: list[dict], revision: str, load_before: float) -> list[str]:
             f"own clocks {abrun.fmt(own)}). Time to the first step (median): jaxdp "
             f"{med('time_to_first_step_s', 'jaxdp'):.1f} s, torch {med('time_to_first_step_s', 'torch'):.1f} s. "
             f"Test accuracy (median): jaxdp {med('eval/accuracy', 'jaxdp'):.3f}, "
-            f"torch {med('eval/accuracy', 'torch'):.3f}.",
-            ""]
-  return lines
+            f"torch {med('eval/accuracy', 'torch'):.3f}. jaxdp waited {med('input_ms_per_step', 'jaxdp'):.1f} ms "
+            "per step for its input (goodput's time/input over all steps, median).", *exits(side), ""]
+  return lines + variants(side)
+
+
+def exits(side: dict[str, list[dict]]) -> list[str]:
+  """How long each side's command ran on after its last output line (process exit), when recorded."""
+  if not all("exit_after_last_line_s" in r for f in ("jaxdp", "torch") for r in side[f]):
+    return []
+  seconds = {f: ", ".join(f"{r['exit_after_last_line_s']:.1f}" for r in side[f]) for f in ("jaxdp", "torch")}
+  return [f"Seconds from the last output line to the command's exit, per round: jaxdp {seconds['jaxdp']}; "
+          f"torch {seconds['torch']}."]
+
+
+def variants(side: dict[str, list[dict]]) -> list[str]:
+  """Diagnosis: each variant's samples/s against torch and against jaxdp's defaults, in the same rounds."""
+  names = [n for n in side if n not in ("jaxdp", "torch")]
+  if not names:
+    return []
+  lines = ["## Variants (diagnosis: jaxdp with changed flags, run in the same rounds)", "",
+           "| variant | command | samples/s | /torch | /jaxdp defaults | first step (s) | input wait (ms/step) |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+  for name in ["jaxdp", *names]:
+    rates = [r["samples_per_s"] for r in side[name]]
+    vs = {other: abrun.fmt(abrun.ratios(rates, [r["samples_per_s"] for r in side[other]]))
+          for other in ("torch", "jaxdp")}
+    lines.append(f"| {name} | `{side[name][0].get('flags') or '(defaults)'}` | {statistics.median(rates):,.0f} "
+                 f"| {vs['torch']} | {vs['jaxdp']} "
+                 f"| {statistics.median(r['time_to_first_step_s'] for r in side[name]):.1f} "
+                 f"| {statistics.median(r['input_ms_per_step'] for r in side[name]):.1f} |")
+  return lines + [""]
 
 
 def torch_version() -> str:
@@ -221,8 +288,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--steps", type=int, default=1500, help="Training steps of every run.")
   parser.add_argument("--warmup", type=int, default=200, help="Steps left out of the steady-state window.")
   parser.add_argument("--log_every", type=int, default=50, help="Log (and stamp) every this many steps.")
-  parser.add_argument("--launch_args", default="", help="Extra jaxdp.launch flags (diagnosis), e.g. --pin_cpus.")
-  parser.add_argument("--jaxdp_args", default="", help="Extra jaxdp.train flags (diagnosis).")
+  parser.add_argument("--variant", type=variant, action="append", default=[],
+                      help="NAME='[VAR=VALUE ...] LAUNCH_FLAGS [-- TRAIN_FLAGS]': one more jaxdp run a round.")
   parser.add_argument("--commit", default="HEAD", help="jaxdp commit to run (extracted); '': the working tree.")
   parser.add_argument("--out", default=os.path.join(HERE, "e2e_compare.md"), help="Markdown table; raw runs in .json.")
   args = parser.parse_args(argv)

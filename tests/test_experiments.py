@@ -140,6 +140,8 @@ def test_e2e_compare_reads_both_sides_log_lines_the_same_way(tmp_path):
              {"step": 120, "eval/accuracy": 0.9}, {"step": 150, "perf/step_time": 0.06}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   assert e2e_compare.self_reported("jaxdp", [], str(tmp_path), 50, 150) == pytest.approx(128 * 100 / 3.2)
+  assert e2e_compare.variant("pin=--pin_cpus -- --config.seed=1") == ("pin", ["--pin_cpus"], ["--config.seed=1"], {})
+  assert e2e_compare.variant("s=A_B=1 -- --config.seed=1") == ("s", [], ["--config.seed=1"], {"A_B": "1"})
 
 
 def test_e2e_torch_trains_jaxdp_default_data_and_model(data_dir, capsys, monkeypatch):
@@ -173,7 +175,7 @@ def test_e2e_torch_trains_jaxdp_default_data_and_model(data_dir, capsys, monkeyp
   assert [tuple(w.shape) for w in weights] == [tuple(t.shape) for t in net.parameters()]
   with torch.no_grad():
     for t, w in zip(net.parameters(), weights):
-      t.copy_(torch.from_numpy(np.ascontiguousarray(w)))
+      t.copy_(torch.tensor(np.array(w)))
   x = np.random.default_rng(0).random((4, 8, 8, 1), dtype=np.float32)
   expected, _ = model.apply(params, model_state, x, train=False)
   np.testing.assert_allclose(net(torch.from_numpy(x.transpose(0, 3, 1, 2))).detach().numpy(), expected, rtol=1e-4,
