@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 
 from jaxdp import data, parallel
 from jaxdp.config import ConfigError
+from jaxdp.data import cache
 from jaxdp.data.preprocess import Preprocess
 
 B = 32
@@ -21,7 +22,8 @@ CIFAR = {"name": "cifar10", "crop_padding": 4, "flip": True, "mean": (0.5, 0.4, 
 
 @pytest.fixture(scope="module")
 def digits(data_dir):
-  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))
+  """digits read by index (its small decoded copy in memory off: the path any dataset size takes)."""
+  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": 0}))
 
 
 def _train(ds, steps, *, seed=0, start=0, process_index=0, process_count=1, batch=B, split="train"):
@@ -48,6 +50,7 @@ def _assert_same(a, b):
   for x, y in zip(a, b):
     assert x.keys() == y.keys()
     for k in x:
+      assert x[k].dtype == y[k].dtype, k
       np.testing.assert_array_equal(x[k], y[k])
 
 
@@ -217,6 +220,7 @@ def test_stream_spec_guards_resume(digits):
     ({"prefetch": -2}, "dataset.prefetch"),
     ({"image_size": -1}, "dataset.image_size"),
     ({"crop_ratio": 1.5}, "dataset.crop_ratio"),
+    ({"cache_mb": -1}, "dataset.cache_mb"),
 ])
 def test_bad_fields_are_config_errors(data_dir, fields, message):
   with pytest.raises(ConfigError, match=message):
@@ -228,3 +232,18 @@ def test_max_memory_gb_no_longer_limits_the_default_mode(digits, data_dir):
   """Random access holds no split in memory: the key is accepted (old configs) and limits nothing."""
   tiny = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "max_memory_gb": 1e-9}))
   _assert_same(_train(tiny, 2), _train(digits, 2))
+
+
+def test_a_small_dataset_decoded_in_memory_gives_the_same_batches(digits, data_dir):
+  """Under `cache_mb` the splits are decoded once; train (any process, resumed) and eval batches keep every bit."""
+  cached = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))  # Default cache_mb.
+  assert isinstance(cached.corpus, cache.CachedCorpus) and not isinstance(digits.corpus, cache.CachedCorpus)
+  too_big = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": 0.1}))
+  assert not isinstance(too_big.corpus, cache.CachedCorpus)  # 1,797 decoded 8x8 images: 0.12 MiB.
+  steps = 60  # Past an epoch (44 batches of 32): the second epoch's order too.
+  _assert_same(_train(cached, steps, start=3, process_index=1, process_count=2),
+               _train(digits, steps, start=3, process_index=1, process_count=2))
+  _assert_same(list(data.eval_batches(cached, "test", global_batch=B, process_index=0, process_count=1)),
+               list(data.eval_batches(digits, "test", global_batch=B, process_index=0, process_count=1)))
+  assert data.stream_spec(cached, "train", seed=0, global_batch=B, process_count=1) == data.stream_spec(
+      digits, "train", seed=0, global_batch=B, process_count=1)

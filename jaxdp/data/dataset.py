@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import prepare
+from jaxdp.data import cache, prepare
 from jaxdp.data.preprocess import Preprocess
 from jaxdp.data.source import ArrayCorpus, Corpus, Facts, Source, TfdsCorpus
 
@@ -27,6 +27,7 @@ class Options:
   shuffle_buffer: int = 16_384
   prefetch: int = 2
   max_memory_gb: float = 16.0  # Accepted for old configs; random access holds no split in memory.
+  cache_mb: float = 64.0       # Splits decoded at most this big (all together) are decoded once, in memory.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int | None, ...]) -> "Options":
@@ -34,9 +35,11 @@ class Options:
     d = cls()
     options = cls(Preprocess.from_config(config, input_shape), bool(config.get("shard_by_process", False)),
                   config.get("shuffle_buffer", d.shuffle_buffer), config.get("prefetch", d.prefetch),
-                  config.get("max_memory_gb", d.max_memory_gb))
+                  config.get("max_memory_gb", d.max_memory_gb), config.get("cache_mb", d.cache_mb))
     if not isinstance(options.shuffle_buffer, int) or options.shuffle_buffer < 1:
       raise ConfigError(f"dataset.shuffle_buffer must be a positive integer, got {options.shuffle_buffer!r}")
+    if isinstance(options.cache_mb, bool) or not isinstance(options.cache_mb, (int, float)) or options.cache_mb < 0:
+      raise ConfigError(f"dataset.cache_mb must be a number of MiB >= 0 (0: never), got {options.cache_mb!r}")
     if not isinstance(options.prefetch, int) or options.prefetch < -1:
       raise ConfigError(f"dataset.prefetch must be an integer >= 0 (or -1: autotune), got {options.prefetch!r}")
     return options
@@ -106,6 +109,9 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
   if not options.shard_by_process:
     prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
+  if prepare.random_access(builder):
+    splits = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
+    corpus = cache.maybe_cached(corpus, splits, options.cache_mb)
   return Dataset(corpus, options, builder)
 
 
