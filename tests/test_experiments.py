@@ -137,9 +137,10 @@ def test_e2e_compare_reads_both_sides_log_lines_the_same_way(tmp_path):
   assert e2e_compare.self_reported("torch", torch_lines, "", 50, 150) == 128 * 100 / 4.0
   # jaxdp's own clock: perf/step_time of each log step weighted by the steps since the previous one.
   records = [{"step": 50, "perf/step_time": 9.0}, {"step": 120, "perf/step_time": 0.02},
-             {"step": 120, "eval/accuracy": 0.9}, {"step": 150, "perf/step_time": 0.06}]
+             {"step": 120, "eval/accuracy": 0.9}, {"step": 150, "perf/step_time": 0.06, "time/total/input": 0.3}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
   assert e2e_compare.self_reported("jaxdp", [], str(tmp_path), 50, 150) == pytest.approx(128 * 100 / 3.2)
+  assert e2e_compare.extras("jaxdp", [], str(tmp_path))["input_ms_per_step"] == pytest.approx(2.0)  # 0.3 s / 150.
   assert e2e_compare.variant("pin=--pin_cpus -- --config.seed=1") == ("pin", ["--pin_cpus"], ["--config.seed=1"], {})
   assert e2e_compare.variant("s=A_B=1 -- --config.seed=1") == ("s", [], ["--config.seed=1"], {"A_B": "1"})
 
