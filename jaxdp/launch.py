@@ -20,6 +20,7 @@ import time
 from jaxdp import distributed
 
 GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo (XLA's CPU collectives) writes one such line to stdout for every communicator it sets up, with no
 # setting to turn it off: "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of ...".
@@ -43,7 +44,9 @@ def cpu_share(rank: int, num_processes: int, cores: list[int]) -> list[int]:
 
 
 def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None) -> dict[str, str]:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ)
+  if "XLA_FLAGS" in env:  # The user's flags reach every process; the device count is --devices_per_process.
+    env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(DEVICE_COUNT_FLAG))
   env.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}", distributed.ENV_NUM_PROCESSES: str(args.num_processes),
               distributed.ENV_PROCESS_ID: str(rank), "JAXDP_CPU_DEVICES": str(args.devices_per_process),
               "PYTHONUNBUFFERED": "1"})

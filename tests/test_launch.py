@@ -33,3 +33,9 @@ def test_pinned_processes_get_their_share_and_thread_counts(monkeypatch):
   assert sorted(c for share in shares for c in share) == (cores if len(cores) >= 2 else cores * 2)
   assert launch._env(1, args, 1234, shares[1])["OMP_NUM_THREADS"] == str(len(shares[1]))
   assert launch._shares(launch.parse(["--num_processes", "2", "--", "x"])) == [None, None]  # Off by default.
+
+
+def test_the_users_xla_flags_reach_every_process_without_a_device_count(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false")
+  env = launch._env(0, launch.parse(["--num_processes", "2", "--devices_per_process", "2", "--", "x"]), 1234, None)
+  assert env["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false" and env["JAXDP_CPU_DEVICES"] == "2"
