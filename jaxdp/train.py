@@ -111,7 +111,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   with clock.span("setup"):
     batches = parallel.prefetch(backend, data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
-        start_step=start, process_index=jax.process_index(), process_count=jax.process_count()),
+        start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total),
         config.parallel.prefetch)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
     step_flops, batches = _count_flops(parts, state, batches, start < total)

@@ -247,3 +247,10 @@ def test_a_small_dataset_decoded_in_memory_gives_the_same_batches(digits, data_d
                list(data.eval_batches(digits, "test", global_batch=B, process_index=0, process_count=1)))
   assert data.stream_spec(cached, "train", seed=0, global_batch=B, process_count=1) == data.stream_spec(
       digits, "train", seed=0, global_batch=B, process_count=1)
+
+
+def test_a_stream_with_a_stop_step_ends_there_with_the_same_batches(digits):
+  """`stop_step` (the loop passes num_train_steps) ends the stream: the same batches as the endless one, then none."""
+  it = data.train_batches(digits, "train", seed=0, global_batch=B, start_step=3, process_index=0, process_count=1,
+                          stop_step=7)
+  _assert_same(list(it), _train(digits, 4, start=3))
