@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from jaxdp.data.source import Rows, Source, TfdsCorpus
+from jaxdp.data.source import Rows, Source, TfdsCorpus, tf_read
 
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
 
@@ -58,13 +58,7 @@ def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> 
 def decode_all(source: Source, decode: Callable[[dict], dict], indices: np.ndarray | None = None) -> Rows:
   """{"inputs", "labels"} of the split's rows at `indices` (all of them by default), decoded in parallel, in order."""
   indices = np.arange(len(source)) if indices is None else indices
-  probe = source.read(indices[:1])
-  keys = sorted(probe)
-  dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
-
-  def read(chunk: tf.Tensor) -> dict[str, tf.Tensor]:
-    arrays = tf.numpy_function(lambda i: [source.read(i)[k] for k in keys], [chunk], dtypes, stateful=False)
-    return dict(zip(keys, arrays))
+  read = tf_read(source.read(indices[:1]), source.read)
 
   def one(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     decoded = decode(example)

@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.data.dataset import Batch, Dataset
+from jaxdp.data.source import tf_read
 
 
 def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
@@ -19,14 +20,10 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   `probe`: one row as `read` returns it (its keys, dtypes and shapes). Each element carries "step" and
   "row" (its row in the global batch) for keyed augmentation.
   """
-  keys = sorted(probe)
-  dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
+  read_tf = tf_read(probe, read)
 
   def read_step(step: tf.Tensor) -> dict:
-    arrays = tf.numpy_function(lambda s: [read(s)[k] for k in keys] if len(keys) > 1 else read(s)[keys[0]],
-                               [step], dtypes if len(keys) > 1 else dtypes[0], stateful=False)
-    arrays = arrays if len(keys) > 1 else [arrays]
-    example = {k: tf.ensure_shape(a, [rows, *probe[k].shape[1:]]) for k, a in zip(keys, arrays)}
+    example = {k: tf.ensure_shape(a, [rows, *probe[k].shape[1:]]) for k, a in read_tf(step).items()}
     return {**example, "step": tf.fill([rows], step), "row": first_row + tf.range(rows, dtype=tf.int64)}
 
   def decode(example: dict) -> dict:

@@ -129,3 +129,15 @@ class ArrayCorpus:
       choices = ", ".join(self._splits)
       raise ConfigError(f"unknown split {split!r} of dataset {self.facts.name!r} (choose from {choices})")
     return self._splits[split]
+
+
+def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
+  """`read` (numpy indices -> numpy rows) as a tf.data function, its outputs typed after `probe` (rows it returned)."""
+  keys = sorted(probe)
+  dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
+
+  def call(x: tf.Tensor) -> dict[str, tf.Tensor]:
+    arrays = tf.numpy_function(lambda a: [read(a)[k] for k in keys], [x], dtypes, stateful=False)
+    return dict(zip(keys, arrays))
+
+  return call
