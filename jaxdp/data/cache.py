@@ -48,16 +48,17 @@ class CachedCorpus:
 
 def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> TfdsCorpus | CachedCorpus:
   """`corpus` decoded in memory when all its `splits` (name -> examples) fit in `max_mib` MiB decoded."""
-  if max_mib <= 0 or corpus.keep_encoded or None in corpus.facts.input_shape or not splits:
+  features = corpus.builder.info.features
+  inputs, labels = features[corpus.input_key], features[corpus.label_key]
+  if max_mib <= 0 or corpus.keep_encoded or None in (*inputs.shape, *labels.shape):
     return corpus
-  row = decode_all(corpus.source(next(iter(splits))), corpus.decode, np.zeros([1], np.int64))
-  row_bytes = sum(v.nbytes for v in row.values())
+  row_bytes = sum(int(np.prod(f.shape)) * np.dtype(f.np_dtype).itemsize for f in (inputs, labels))
   return CachedCorpus(corpus) if row_bytes * sum(splits.values()) <= max_mib * 2**20 else corpus
 
 
-def decode_all(source: Source, decode: Callable[[dict], dict], indices: np.ndarray | None = None) -> Rows:
-  """{"inputs", "labels"} of the split's rows at `indices` (all of them by default), decoded in parallel, in order."""
-  indices = np.arange(len(source)) if indices is None else indices
+def decode_all(source: Source, decode: Callable[[dict], dict]) -> Rows:
+  """{"inputs", "labels"} of every row of the split, decoded in parallel, in index order."""
+  indices = np.arange(len(source))
   read = tf_read(source.read(indices[:1]), source.read)
 
   def one(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
