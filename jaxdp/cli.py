@@ -66,6 +66,8 @@ def help_text(usage: str, extra_help: str = "") -> str:
 
 def setup_logging() -> None:
   """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING; no progress escape codes in pipes."""
+  if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
+    sys.stdout = sys.stderr
   logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
   log.setLevel(logging.INFO)
   plain_pipes()

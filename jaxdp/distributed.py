@@ -13,6 +13,8 @@ from jaxdp.config import ConfigError
 ENV_COORDINATOR = "JAXDP_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAXDP_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXDP_PROCESS_ID"
+# Set by the launcher: Python's prints go to stderr, so native code's stdout (gloo's lines) stays apart.
+ENV_PRINT_TO_STDERR = "JAXDP_PRINT_TO_STDERR"
 
 # Markers of clusters where `jax.distributed.initialize()` finds every argument by itself.
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")

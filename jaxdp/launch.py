@@ -12,21 +12,25 @@ import os
 import re
 import signal
 import socket
+import string
 import subprocess
 import sys
 import threading
 import time
+import typing
 
 from jaxdp import distributed
 
 GRACE_S = 10.0  # How long stopped processes get to exit before they are killed.
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
-# gloo (XLA's CPU collectives) writes one such line to stdout for every communicator it sets up, with no
-# setting to turn it off: "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of ...".
-# Two threads of one process (one per local device) can interleave theirs: halves are matched too.
-GLOO_NOISE = re.compile(r"(\[Gloo\] Rank \d+ is connected to )?\d+ peer ranks\. Expected number of connected peer "
-                        r"ranks is : \d+|\[Gloo\] Rank \d+ is connected to ")
+# gloo (XLA's CPU collectives) writes "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
+# connected peer ranks is : 3" to stdout for every communicator it sets up, with no setting to turn it off,
+# piece by piece, from one thread per local device: the pieces of two threads interleave in any order (CI saw
+# "[Gloo] Rank 1 peer ranks. 0 is connected to"). So a launched process prints Python's lines to its stderr
+# (distributed.ENV_PRINT_TO_STDERR), where gloo cannot cut into them, and its native stdout is relayed without
+# gloo's pieces and the numbers left between them.
+GLOO_PIECES = re.compile(r"\[Gloo\] Rank |is connected to |peer ranks\. |Expected number of connected peer ranks is : ")
 
 
 def free_port() -> int:
@@ -49,7 +53,7 @@ def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None
     env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(DEVICE_COUNT_FLAG))
   env.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}", distributed.ENV_NUM_PROCESSES: str(args.num_processes),
               distributed.ENV_PROCESS_ID: str(rank), "JAXDP_CPU_DEVICES": str(args.devices_per_process),
-              "PYTHONUNBUFFERED": "1"})
+              "PYTHONUNBUFFERED": "1", distributed.ENV_PRINT_TO_STDERR: "1"})
   for name in THREAD_VARS if share else ():  # XLA and tf.data size their pools from the affinity; BLAS needs these.
     env.setdefault(name, str(len(share)))
   return env
@@ -63,13 +67,15 @@ def _shares(args: argparse.Namespace) -> list[list[int] | None]:
   return [cpu_share(r, args.num_processes, cores) for r in range(args.num_processes)]
 
 
-def _relay(rank: int, proc: subprocess.Popen) -> None:
-  """Copies a process's output to ours, each line prefixed with its rank, without gloo's connection lines."""
-  for line in proc.stdout:
-    plain = GLOO_NOISE.sub("", line)  # Also where C++ wrote it into the middle of a Python line.
-    if plain == line or plain.strip():
-      sys.stdout.write(f"[{rank}] {plain}")
-      sys.stdout.flush()
+def _relay(rank: int, stream: typing.TextIO, native: bool = False) -> None:
+  """Copies a process's output to ours, each line prefixed with its rank; from `native` stdout, without gloo's."""
+  for line in stream:
+    if native:
+      line = GLOO_PIECES.sub("", line)
+      if not line.strip(string.whitespace + string.digits):
+        continue
+    sys.stdout.write(f"[{rank}] {line}")
+    sys.stdout.flush()
 
 
 def _describe(status: int) -> str:
@@ -82,11 +88,12 @@ def launch(args: argparse.Namespace) -> int:
   """Runs the processes; returns the launcher's exit status."""
   port = args.port or free_port()
   cmd = [sys.executable, "-m", "jaxdp.train", *args.train_args]
-  procs = [subprocess.Popen(cmd, env=_env(r, args, port, share), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+  procs = [subprocess.Popen(cmd, env=_env(r, args, port, share), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
                             preexec_fn=functools.partial(os.sched_setaffinity, 0, share) if share else None)
            for r, share in enumerate(_shares(args))]  # No thread of ours runs yet: preexec_fn is safe here.
-  relays = [threading.Thread(target=_relay, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+  relays = [threading.Thread(target=_relay, args=(r, p.stderr), daemon=True) for r, p in enumerate(procs)]
+  relays += [threading.Thread(target=_relay, args=(r, p.stdout, True), daemon=True) for r, p in enumerate(procs)]
   for t in relays:
     t.start()
   try:

@@ -8,15 +8,32 @@ from jaxdp import launch
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
 
-def test_relay_drops_gloo_lines_and_keeps_the_rest(capsys):
-  half = GLOO.index("3 peer")  # Another thread's line cut in: "[Gloo] Rank 1 is connected to [Gloo] Rank 0 ..."
-  mixed = GLOO[:half] + GLOO.replace("Rank 1", "Rank 0") + "\\n" + GLOO[half:]
-  script = f"import sys; sys.stdout.write('loss 1\\n{GLOO}\\n\\nstep 2{GLOO}\\n{mixed}\\ndone\\n')"
-  proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-  launch._relay(3, proc)
+def _relayed(text: str, native: bool, capsys) -> str:
+  proc = subprocess.Popen([sys.executable, "-c", f"import sys; sys.stdout.write({text!r})"], stdout=subprocess.PIPE,
+                          text=True)
+  launch._relay(3, proc.stdout, native)
   proc.wait()
-  # A blank line of the process stays; gloo's line goes, also where it landed in the middle of another line.
-  assert capsys.readouterr().out == "[3] loss 1\n[3] \n[3] step 2\n[3] done\n"
+  return capsys.readouterr().out
+
+
+def test_relay_drops_gloo_pieces_from_native_output_in_any_order(capsys):
+  half = GLOO.index("3 peer")  # Another thread's line cut in: "[Gloo] Rank 1 is connected to [Gloo] Rank 0 ..."
+  mixed = GLOO[:half] + GLOO.replace("Rank 1", "Rank 0") + "\n" + GLOO[half:]
+  seen_in_ci = "[Gloo] Rank 1 peer ranks. 0 is connected to \nExpected number of connected peer ranks is : 1\n1\n"
+  text = f"{GLOO}\n\n{mixed}\n{seen_in_ci}native line 2\n"
+  assert _relayed(text, True, capsys) == "[3] native line 2\n"
+
+
+def test_relay_keeps_python_output_as_it_is(capsys):
+  text = "loss 1\n\nstep 2\n7\ndone\n"  # A blank line and a bare number of the process stay.
+  assert _relayed(text, False, capsys) == "[3] loss 1\n[3] \n[3] step 2\n[3] 7\n[3] done\n"
+
+
+def test_launched_processes_print_apart_from_native_stdout(monkeypatch):
+  script = "from jaxdp import cli; cli.setup_logging(); print('python'); cli.log.info('log')"
+  env = {**launch._env(0, launch.parse(["--num_processes", "2", "--", "x"]), 1234, None)}
+  out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+  assert (out.stdout, out.stderr) == ("", "python\nlog\n")  # Python's lines never meet gloo's on stdout.
 
 
 def test_cpu_shares_split_the_cores_without_overlap():
