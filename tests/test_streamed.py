@@ -18,16 +18,23 @@ def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
                                             "shuffle_buffer": 64}))
   assert ds.streamed
 
-  def stream(start: int, steps: int) -> list[dict]:
+  def stream(start: int, steps: int, stop: int | None = None) -> list[dict]:
     # 1437 examples, 2 processes: 718 in this process's shard, 5 batches of 128 per epoch.
     it = data.train_batches(ds, "train", seed=3, global_batch=256, start_step=start, process_index=1,
-                            process_count=2)
+                            process_count=2, stop_step=stop)
     return list(itertools.islice(it, steps))
 
   whole = stream(0, 12)
   assert not np.array_equal(whole[0]["labels"], whole[5]["labels"])  # Epoch 1 is reshuffled.
   for start in (3, 5, 7):  # Mid-epoch 0, the first step of epoch 1, mid-epoch 1.
-    for a, b in zip(stream(start, 12 - start), whole[start:], strict=True):
-      assert a.keys() == b.keys()
-      for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
+    _assert_same(stream(start, 12 - start), whole[start:])
+  # The stream ends at stop_step (the run's last step), within an epoch or at its end, and nowhere else.
+  for start, stop in ((0, 12), (3, 4), (3, 10), (7, 11), (5, 6)):
+    _assert_same(stream(start, 99, stop), whole[start:stop])
+
+
+def _assert_same(batches: list[dict], expected: list[dict]) -> None:
+  for a, b in zip(batches, expected, strict=True):
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k])

@@ -19,9 +19,9 @@ from jaxdp.data.reader import no_autograph, to_numpy
 
 
 def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_step: int, process_index: int,
-                  process_count: int) -> Iterator[Batch]:
-  """This process's own file shards streamed through a shuffle buffer, shuffled per epoch; depends on the
-  process count."""
+                  process_count: int, stop_step: int | None = None) -> Iterator[Batch]:
+  """This process's own file shards streamed through a shuffle buffer, shuffled per epoch, up to `stop_step`
+  (None: forever); depends on the process count."""
   rows = global_batch // process_count
   first_row = process_index * rows
   shard = tfds.split_for_jax_process(split, process_index=process_index, process_count=process_count,
@@ -44,11 +44,14 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
     examples = examples.shuffle(ds.options.shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
     batches = examples.batch(rows, drop_remainder=True).take(steps_per_epoch)
     batches = batches.enumerate(start=e * steps_per_epoch).map(no_autograph(lambda step, b: (b, step)))
-    batches = batches.skip(skip if e == first_epoch else 0)
+    start = e * steps_per_epoch + (skip if e == first_epoch else 0)
+    batches = batches.skip(start - e * steps_per_epoch).take(-1 if stop_step is None else stop_step - start)
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
-  return itertools.chain.from_iterable(map(epoch, itertools.count(first_epoch)))
+  last_epoch = None if stop_step is None else -(-stop_step // steps_per_epoch)
+  epochs = itertools.count(first_epoch) if last_epoch is None else range(first_epoch, last_epoch)
+  return itertools.chain.from_iterable(map(epoch, epochs))
 
 
 def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,

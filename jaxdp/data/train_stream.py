@@ -35,7 +35,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   rows = global_batch // process_count
   first_row = process_index * rows
   if ds.streamed:
-    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count)
+    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step)
   source = ds.source(split)
   if ds.options.shard_by_process:
     order = sampler.ShardOrder(len(source), rows, seed, split, process_index, process_count)
