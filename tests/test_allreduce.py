@@ -2,6 +2,7 @@
 holding the gradients, loss and accuracy; none on one device; the same results as the per-leaf pmean."""
 
 import math
+import re
 
 import jax
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 
 from jaxdp import build, data, inspect
 from jaxdp.config import ConfigError
-from jaxdp.strategies import base
+from jaxdp.strategies import base, plain
 from jaxdp.configs import mlp_digits
 
 SCALARS = 8  # Loss and accuracy, two float32 scalars, ride in the gradient buffer.
@@ -98,3 +99,14 @@ def test_auto_flattens_only_across_cpu_processes(monkeypatch):
   assert (base.flat_allreduce("auto"), base.flat_allreduce("true"), base.flat_allreduce(False)) == (False, True, False)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   assert base.flat_allreduce("auto")
+
+
+def test_the_flat_buffer_is_one_unfused_concatenate():
+  """XLA:CPU copies an unfused concatenate leaf by leaf; fused (a 1-D buffer of raveled leaves) it walks a tree
+  of operand bounds for every element, 10-30x slower (experiments/xla_cpu_collectives.md)."""
+  mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2], axis_types=(jax.sharding.AxisType.Auto,))
+  spec = jax.sharding.PartitionSpec()
+  reduce = jax.shard_map(lambda t: plain.flat_all_reduce_mean(t, "data"), mesh=mesh, in_specs=spec, out_specs=spec)
+  tree = [np.ones((64, 32), np.float32), np.ones((32,), np.float32), np.ones((32, 10), np.float32), np.float32(1)]
+  entry = jax.jit(reduce).lower(tree).compile().as_text().split("\nENTRY ")[1]
+  assert re.search(r"= f32\[1,\d+\]\{1,0\} concatenate\(", entry), entry  # In the entry computation, not a fusion.
