@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 from jaxdp import data, parallel
 from jaxdp.config import ConfigError
-from jaxdp.data import cache
+from jaxdp.data import cache, reader
 from jaxdp.data.preprocess import Preprocess
 
 B = 32
@@ -254,3 +254,12 @@ def test_a_stream_with_a_stop_step_ends_there_with_the_same_batches(digits):
   it = data.train_batches(digits, "train", seed=0, global_batch=B, start_step=3, process_index=0, process_count=1,
                           stop_step=7)
   _assert_same(list(it), _train(digits, 4, start=3))
+
+
+@pytest.mark.parametrize("prefetch,autotuned", [(2, False), (0, False), (-1, True)])
+def test_streams_are_not_autotuned_unless_asked(prefetch, autotuned):
+  # Deleting an autotuned iterator at a stream's end waited 2-4 s for tf.data's autotuning thread (in about
+  # 1 of 3 two-process runs): the loop stood still at the last step, and every eval's end risks the same.
+  batches = reader.prefetched(tf.data.Dataset.range(4).map(lambda x: x, num_parallel_calls=tf.data.AUTOTUNE), prefetch)
+  assert batches.options().autotune.enabled is autotuned
+  assert list(batches.as_numpy_iterator()) == [0, 1, 2, 3]
