@@ -28,7 +28,7 @@ SHAPES = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]  # ddp
 
 
 def _programs():
-  """name -> (jitted function, its arguments), all over a 2-process mesh with axis `data`."""
+  """name -> (jitted function, its arguments), all over a 2-process mesh with axis `data`; and a barrier."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -49,6 +49,8 @@ def _programs():
   put = lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec()))  # noqa: E731
   tree = put([jnp.full(s, 0.01, jnp.float32) for s in SHAPES])
   flat, y = put(jnp.full((sum(int(np.prod(s)) for s in SHAPES),), 0.01, jnp.float32)), put(jnp.full((512, 512), 0.01))
+  tiny = mapped(lambda x: lax.psum(x, "data")), put(jnp.zeros(()))
+  barrier = lambda: jax.block_until_ready(tiny[0](tiny[1]))  # noqa: E731  Returns when both processes reach it.
   return {
       "jax psum, flat": (mapped(lambda x: lax.psum(x, "data")), (flat,)),
       "jaxdp flat mean": (mapped(lambda t: plain.flat_all_reduce_mean(t, "data")), (tree,)),
@@ -56,19 +58,7 @@ def _programs():
       "concatenate, one row": (mapped(lambda t: jnp.concatenate([x.reshape(1, -1) for x in t], axis=1)), (tree,)),
       "compute": (mapped(compute), (y,)),
       "psum + compute": (mapped(lambda x, y: (lax.psum(x, "data"), compute(y))), (flat, y)),
-  }
-
-
-def _barrier():
-  """A tiny psum: returns when both processes reach it."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import PartitionSpec
-  mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "data"), mesh=mesh, in_specs=PartitionSpec(),
-                            out_specs=PartitionSpec()))
-  x = jax.device_put(jnp.zeros(()), jax.sharding.NamedSharding(mesh, PartitionSpec()))
-  return lambda: jax.block_until_ready(f(x))
+  }, barrier
 
 
 def worker(rank: int, jax_port: int, torch_port: int, rounds: int, repeats: int) -> None:
@@ -82,9 +72,9 @@ def worker(rank: int, jax_port: int, torch_port: int, rounds: int, repeats: int)
   torch.set_num_threads(1)
   buffer = torch.full((sum(int(torch.tensor(s).prod()) for s in SHAPES),), 0.01)
   contenders = {"torch all_reduce": lambda: dist.all_reduce(buffer)}
-  for name, (f, args) in _programs().items():
+  programs, barrier = _programs()
+  for name, (f, args) in programs.items():
     contenders[name] = lambda f=f, args=args: jax.block_until_ready(f(*args))
-  barrier = _barrier()
   times = {name: [] for name in contenders}
   for r in range(rounds + 1):  # Round 0 warms up (compiles, connects) and is not counted.
     for name, run in contenders.items():

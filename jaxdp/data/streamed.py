@@ -44,8 +44,9 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
     examples = examples.shuffle(ds.options.shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
     batches = examples.batch(rows, drop_remainder=True).take(steps_per_epoch)
     batches = batches.enumerate(start=e * steps_per_epoch).map(no_autograph(lambda step, b: (b, step)))
-    start = e * steps_per_epoch + (skip if e == first_epoch else 0)
-    batches = batches.skip(start - e * steps_per_epoch).take(-1 if stop_step is None else stop_step - start)
+    skipped = skip if e == first_epoch else 0
+    start = e * steps_per_epoch + skipped  # This epoch's first step here.
+    batches = batches.skip(skipped).take(-1 if stop_step is None else stop_step - start)
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
