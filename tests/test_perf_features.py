@@ -2,6 +2,7 @@
 
 import glob
 import os
+import time
 import types
 
 import jax
@@ -9,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdp import cli, config as config_lib, metrics, train
+from jaxdp import cli, config as config_lib, metrics, replicas, train
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
@@ -41,6 +42,21 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
   assert all(last[f"time/total/{k}"] > 0 for k in ("train", "compile", "eval", "checkpoint", "restore"))
   assert last["time/goodput"] == pytest.approx(last["time/total/train"] / last["time/total/wall"])
   assert "wall over 2 runs" in capsys.readouterr().out
+
+
+def test_the_first_replica_check_counts_as_compilation(config, tmp_path, monkeypatch):
+  fingerprints = replicas.Sentinel.fingerprints
+
+  def slow_first(self: replicas.Sentinel, tree: object) -> dict[int, int]:
+    if self.checks == 0:
+      time.sleep(1.5)  # Stands for the first call's tracing and lowering, which no compile event reports.
+    return fingerprints(self, tree)
+
+  monkeypatch.setattr(replicas.Sentinel, "fingerprints", slow_first)
+  config.check_replicas_every_steps = 2  # Checks at steps 2 and 4: the second one is training time.
+  train.train_and_evaluate(config, str(tmp_path))
+  last = metrics.read(str(tmp_path))[-1]
+  assert last["time/total/compile"] >= 1.5 > last["time/total/train"], last
 
 
 def test_profile_steps_write_a_trace(config, tmp_path):
