@@ -19,7 +19,10 @@ faster), as median [interquartile range] over rounds:
   2 workers            the overall comparison;
   compute (1 worker)   no communication;
   all-reduce           the model's gradient bytes, each framework's way;
-plus what the changes proposed in experiments/step_variants.py and XLA's default flags give.
+  2 workers, no all-reduce   both steps without their collective (DDP's `no_sync()`; jaxdp's step with none,
+                       experiments/step_variants.py): the compute of the 2-worker step;
+plus what XLA's default flags give, and for each framework the step's time over its time without the
+all-reduce: what the all-reduce adds to the step (DDP overlaps its buckets with the backward pass).
 """
 
 import argparse
@@ -120,18 +123,21 @@ def _env(framework: str, rank: int, world: int, port: int, xla_flags: str) -> di
 TRAIN = {
     "jaxdp 2w": ("jaxdpx2", {}),
     "DDP 2w": ("torchx2", {}),
-    "jaxdp 2w proposed": ("jaxdpx2", {"variant": "proposed"}),
+    "jaxdp 2w, no all-reduce": ("jaxdpx2", {"variant": "no_allreduce"}),
+    "DDP 2w, no_sync": ("torchx2", {"variant": "no_sync"}),
     "jaxdp 1w": ("jaxdpx1", {}),
     "torch 1w": ("torchx1", {}),
     "jaxdp 1w XLA defaults": ("jaxdp_plainx1", {}),
 }
 ALLREDUCE = {"jaxdp": ("jaxdpx2", {}), "DDP": ("torchx2", {}), "jaxdp per leaf": ("jaxdpx2", {"per_leaf": True})}
+# What the all-reduce adds to each framework's step: label -> (step, the same step without the all-reduce).
+IN_STEP = {"jaxdp": ("jaxdp 2w", "jaxdp 2w, no all-reduce"), "DDP": ("DDP 2w", "DDP 2w, no_sync")}
 # Ratios, PyTorch time / jaxdp time per round (> 1: jaxdp faster): name -> (PyTorch label, jaxdp label).
 RATIOS = {
     "2 workers": ("DDP 2w", "jaxdp 2w"),
     "compute (1 worker)": ("torch 1w", "jaxdp 1w"),
     "all-reduce": ("DDP", "jaxdp"),
-    "2 workers, proposed step": ("DDP 2w", "jaxdp 2w proposed"),
+    "2 workers, no all-reduce": ("DDP 2w, no_sync", "jaxdp 2w, no all-reduce"),
     "compute, XLA defaults": ("torch 1w", "jaxdp 1w XLA defaults"),
     "all-reduce, one per leaf": ("DDP", "jaxdp per leaf"),
 }
@@ -181,8 +187,8 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
   lines += [f"{args.rounds} rounds; in each, every (model, global batch) runs the contenders below one after the "
             f"other, each for about {args.seconds:g} s (a step count fixed at warm-up), then the all-reduces "
             "alone. Samples/s = global batch / the round's median step time, shown as median [interquartile "
-            "range] over rounds. `proposed`: jaxdp's step with one flat all-reduce and a `lax.cond` guard "
-            "(experiments/step_variants.py); `XLA defaults`: without the extra XLA flag.", "",
+            "range] over rounds. `no all-reduce` / `no_sync`: the 2-worker steps without their collective "
+            "(experiments/step_variants.py; DDP's `no_sync()`); `XLA defaults`: without the extra XLA flag.", "",
             "| model | batch | " + " | ".join(TRAIN) + " |", "| --- " * (2 + len(TRAIN)) + "|"]
   for model, batch in configs:
     lines.append(f"| {model} | {batch} | " + " | ".join(
@@ -202,6 +208,12 @@ def report(r: dict, configs: list[tuple[str, int]], args: argparse.Namespace, pn
   for model in sorted({mm for mm, _ in configs}):
     lines.append(f"| {model} | {r['bytes'][model]:,} | " + " | ".join(
         abrun.fmt_ms(m[label, model, "allreduce"]) for label in ALLREDUCE) + " |")
+  lines += ["", "What the all-reduce adds to each 2-worker step (step time / the same step's time without the "
+            "all-reduce, per round; 1.00: hidden or free):", "",
+            "| model | batch | " + " | ".join(IN_STEP) + " |", "| --- " * (2 + len(IN_STEP)) + "|"]
+  for model, batch in configs:
+    lines.append(f"| {model} | {batch} | " + " | ".join(
+        abrun.fmt_iqr(abrun.ratios(m[a, model, batch], m[b, model, batch])) for a, b in IN_STEP.values()) + " |")
   lines += ["", f"![ratios]({os.path.basename(png)})"]
   return lines
 

@@ -5,8 +5,8 @@ Started by the driver as `taskset -c RANK python experiments/ddp_jaxdp_worker.py
 JAXDP_PROCESS_ID, JAXDP_CPU_DEVICES=1) and XLA_FLAGS for one thread; joins the run with
 `jaxdp.distributed.initialize`, then answers commands on stdin (see ddp_common). Data is a synthetic
 batch placed on the device once, so only the train step is timed (as on the PyTorch side). A train
-command may ask for variant "proposed": jaxdp's step with the changes experiments/step_variants.py
-measures (one flat all-reduce, a lax.cond guard).
+command may ask for variant "no_allreduce": jaxdp's step without its all-reduce (experiments/step_variants.py,
+run unchecked), to see what the all-reduce costs inside the step.
 """
 
 import os
@@ -33,8 +33,8 @@ from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 from jaxdp.strategies import plain  # noqa: E402
 
-# variant "proposed": jaxdp's step with the changes this study proposes (see step_variants).
-PROPOSED = {"guard": "cond", "flat": True}
+# variant "no_allreduce": jaxdp's step (a lax.cond guard) with no collective (see step_variants).
+NO_ALLREDUCE = {"guard": "cond", "allreduce": False}
 
 
 def make_config(name: str, batch: int):
@@ -71,13 +71,15 @@ class Worker:
       # As jaxdp.build: the config's step options (on CPU one flat gradient all-reduce, parallel.flat_allreduce).
       strategy = strategies.DataParallel(step_lib.StepOptions.from_config(config, jax.device_count()))
       init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
-      self.backend.bind_state(jax.eval_shape(init))
+      # Unchecked without the all-reduce: shard_map cannot call the replicas' own gradients replicated.
+      backend = self.backend if variant == "jaxdp" else parallel.make_backend("mesh", checked=False)
+      backend.bind_state(jax.eval_shape(init))
       step = (functools.partial(step_lib.train_step, strategy=strategy) if variant == "jaxdp"
-              else functools.partial(step_variants.train_step, **PROPOSED))
-      train = self.backend.map_train(functools.partial(step, model=model, tx=tx))
+              else functools.partial(step_variants.train_step, **NO_ALLREDUCE))
+      train = backend.map_train(functools.partial(step, model=model, tx=tx))
       x, y = ddp_common.local_batch(name, batch, self.rank, self.world)
-      device_batch = self.backend.put_batch({"inputs": x, "labels": y})
-      self.cache[name, batch, variant] = [train, self.backend.init(init), device_batch]
+      device_batch = backend.put_batch({"inputs": x, "labels": y})
+      self.cache[name, batch, variant] = [train, backend.init(init), device_batch]
     return self.cache[name, batch, variant]
 
   def train(self, name: str, batch: int, steps: int, variant: str) -> list[float]:

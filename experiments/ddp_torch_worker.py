@@ -4,6 +4,7 @@ Started by the driver as `taskset -c RANK python experiments/ddp_torch_worker.py
 MASTER_PORT, RANK and WORLD_SIZE set; one thread; commands on stdin (see ddp_common).
 """
 
+import contextlib
 import os
 import sys
 import time
@@ -45,7 +46,8 @@ class Worker:
   def handle(self, command: dict) -> dict:
     if command["op"] == "allreduce":
       return self.allreduce(command["model"], command["steps"])
-    return {"times": self.train(command["model"], command["batch"], command["steps"])}
+    no_sync = command.get("variant") == "no_sync"
+    return {"times": self.train(command["model"], command["batch"], command["steps"], no_sync)}
 
   def _setup(self, name: str, batch: int) -> tuple:
     if (name, batch) not in self.cache:
@@ -59,14 +61,17 @@ class Worker:
       self.cache[name, batch] = (model, opt, x, torch.from_numpy(y).long())
     return self.cache[name, batch]
 
-  def train(self, name: str, batch: int, steps: int) -> list[float]:
+  def train(self, name: str, batch: int, steps: int, no_sync: bool = False) -> list[float]:
+    """Seconds per step; with `no_sync`, DDP's steps without their all-reduce (`model.no_sync()`)."""
     model, opt, x, y = self._setup(name, batch)
+    skip = model.no_sync if no_sync else contextlib.nullcontext
     loss_fn = nn.CrossEntropyLoss()
     times = []
     for _ in range(steps):
       start = time.perf_counter()
       opt.zero_grad(set_to_none=True)
-      loss_fn(model(x), y).backward()  # DDP all-reduces the gradients (in buckets) during backward.
+      with skip():
+        loss_fn(model(x), y).backward()  # DDP all-reduces the gradients (in buckets) during backward.
       opt.step()
       times.append(time.perf_counter() - start)
     return times

@@ -2,7 +2,7 @@
 what that thing costs (experiments/overhead.py) and what a proposed change would gain
 (experiments/ddp_compare.py). jaxdp itself never imports this.
 
-Two changes are measured:
+Three changes are measured:
   guard  how a non-finite update is skipped. "where": `jnp.where(finite, new, old)` over every leaf of
          the state (jaxdp's first guard); XLA then keeps the old state alive next to the new one and
          copies it every step. "cond": one `lax.cond(finite, update, keep)` with the update computed
@@ -12,6 +12,8 @@ Two changes are measured:
          collective, with a fixed cost each. `flat` reduces one buffer holding every gradient, the loss
          and the accuracy: one collective per step (`strategies.plain.flat_all_reduce_mean`, as jaxdp's step
          now does across CPU processes).
+  allreduce  False: no collective at all, each replica keeps its own gradient (the replicas drift apart;
+         timing only, run unchecked): what the step costs without its all-reduce, as DDP's `no_sync()`.
 """
 
 from typing import Any
@@ -27,19 +29,21 @@ from jaxdp.strategies import base, plain
 
 def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model: Any,
                tx: optax.GradientTransformation, axis: step_lib.DataAxis, guard: str = "where",
-               flat: bool = False) -> tuple[step_lib.TrainState, dict[str, jax.Array]]:
+               flat: bool = False, allreduce: bool = True) -> tuple[step_lib.TrainState, dict[str, jax.Array]]:
   """jaxdp's per-replica step (float32, no accumulation) with the guard done by `guard` and, with `flat`,
-  one all-reduce of everything."""
+  one all-reduce of everything (none without `allreduce`)."""
   rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = step_lib._grad_fn(model, step_lib.StepOptions())
   loss, accuracy, model_state, grads = plain.local_gradients(grad_fn, state, batch, rng, axis, 1)
-  if flat:  # As jaxdp's step across CPU processes (one row of leaves: ravel_pytree's 1-D concatenate is slow there).
+  if not allreduce:
+    pass
+  elif flat:  # As jaxdp's step across CPU processes (one row of leaves: ravel_pytree's 1-D concatenate is slow there).
     loss, accuracy, grads = plain.flat_all_reduce_mean((loss, accuracy, grads), axis.name)
   else:
     loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
     grads = plain.all_reduce_mean(grads, axis.name)
   finite = base.all_finite((loss, grads))
-  model_state = base.pmean_floats(model_state, axis.name)
+  model_state = base.pmean_floats(model_state, axis.name) if allreduce else model_state
 
   def update() -> step_lib.TrainState:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)

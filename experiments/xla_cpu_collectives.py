@@ -1,6 +1,7 @@
 """Where the gradient all-reduce's time goes on XLA:CPU (gloo), next to torch.distributed's, in the same processes.
 
-    python experiments/xla_cpu_collectives.py [--rounds 9] [--repeats 10] [--out experiments/xla_cpu_collectives.md]
+    python experiments/xla_cpu_collectives.py [--rounds 9] [--repeats 10] [--out experiments/xla_cpu_collectives.md] \
+        [--xla_flags '--xla_cpu_multi_thread_eigen=false']
 
 Starts 2 processes (one CPU device and one compute thread each) that join both `jax.distributed` and
 `torch.distributed` (gloo, 127.0.0.1) and time, alternating in every round, on the MLP of ddp_compare's gradient
@@ -13,7 +14,9 @@ shapes (7,454,760 bytes):
   fuses it into one loop over a tree of operand bounds) or of (1, n) rows along the minor axis (left unfused:
   one block copy per leaf), as `flat_all_reduce_mean` does now;
 - `compute`, `psum + compute`: an independent matmul chain alone and in one program with the psum (does XLA:CPU
-  overlap a collective with compute, as DDP overlaps its bucket all-reduces with the backward pass?).
+  overlap a collective with compute, as DDP overlaps its bucket all-reduces with the backward pass?);
+- `psum, compute: two programs`: the psum and the matmul chain as two jitted programs dispatched together
+  (does the runtime run independent programs at once?).
 Prints medians [min..max] in ms over rounds (rank 0), as a Markdown table.
 """
 
@@ -58,6 +61,8 @@ def _programs():
       "concatenate, one row": (mapped(lambda t: jnp.concatenate([x.reshape(1, -1) for x in t], axis=1)), (tree,)),
       "compute": (mapped(compute), (y,)),
       "psum + compute": (mapped(lambda x, y: (lax.psum(x, "data"), compute(y))), (flat, y)),
+      "psum, compute: two programs": (lambda x, y, p=mapped(lambda x: lax.psum(x, "data")), c=mapped(compute):
+                                      (p(x), c(y)), (flat, y)),
   }, barrier
 
 
@@ -95,12 +100,13 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=9)
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--out", default="")
+  parser.add_argument("--xla_flags", default="--xla_cpu_multi_thread_eigen=false", help="XLA_FLAGS of both processes")
   parser.add_argument("--worker", type=int, nargs=3, help=argparse.SUPPRESS)  # rank jax_port torch_port
   args = parser.parse_args()
   if args.worker:
     return worker(*args.worker, args.rounds, args.repeats)
   from jaxdp import launch
-  env = {**os.environ, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+  env = {**os.environ, "XLA_FLAGS": args.xla_flags}
   ports = [str(launch.free_port()), str(launch.free_port())]
   cmd = [sys.executable, __file__, "--rounds", str(args.rounds), "--repeats", str(args.repeats), "--worker"]
   procs = [subprocess.Popen(cmd + [str(rank), *ports], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -112,7 +118,7 @@ def main() -> None:
   if args.out:
     with open(args.out, "a") as f:
       f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC, load average {load:.1f}, `--rounds {args.rounds} "
-              f"--repeats {args.repeats}`\n\n{table}\n")
+              f"--repeats {args.repeats} --xla_flags '{args.xla_flags}'`\n\n{table}\n")
 
 
 if __name__ == "__main__":
