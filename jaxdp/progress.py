@@ -138,17 +138,11 @@ class Reporter:
   def _figures(self) -> str:
     """`loss 0.4123 | 5,234 ex/s | 24.5 ms/step | MFU 31.0% | ETA 0:00:07`, from the timing so far."""
     step, now = self._step, self._clock()
-    parts = [] if self._loss is None else [f"loss {self._loss:.4f}"]
     # The current window's step time; just after a sync point, the average of the timed steps.
     live = self._window_step_time(step, now) or (self._timed_seconds / self._timed_steps if self._timed_steps else None)
-    if live:
-      parts += [f"{self.global_batch / live:,.0f} ex/s", f"{1000 * live:.1f} ms/step"]
-      if (mfu := flops_lib.mfu(self.flops_per_step, live, self.peak_flops)) is not None:
-        parts.append(f"MFU {100 * mfu:.1f}%")
+    perf = perf_scalars(live, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops) if live else {}
     eta = self.eta_seconds(step) if self._timed_steps else ((self.total_steps - step) * live if live else None)
-    if eta is not None:
-      parts.append(f"ETA {units.duration(eta)}")
-    return " | ".join(parts)
+    return " | ".join(figures({} if self._loss is None else {"train/loss": self._loss}, perf, eta, per_device=False))
 
   def _window_step_time(self, step: int, now: float) -> float | None:
     """The current window's step time so far (dispatch-timed; the bound on steps in flight keeps it close)."""
@@ -192,7 +186,14 @@ def perf_scalars(step_seconds: float, global_batch: int, num_devices: int, flops
 def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mapping[str, float],
                eta: float | None) -> str:
   """`step 50/400  12% | loss 0.4123 | acc 87.5% | 5,234 ex/s (654/device) | 24.5 ms/step | ETA 0:00:07`."""
-  parts = [f"step {step:>{len(str(total))}}/{total} {100 * step / total:3.0f}%"]
+  head = f"step {step:>{len(str(total))}}/{total} {100 * step / total:3.0f}%"
+  return " | ".join([head, *figures(scalars, perf, eta, per_device=True)])
+
+
+def figures(scalars: Mapping[str, float], perf: Mapping[str, float], eta: float | None,
+            per_device: bool) -> list[str]:
+  """The train figures that are there, in the order of the log line and the bar: loss ... ETA."""
+  parts = []
   if "train/loss" in scalars:
     parts.append(f"loss {scalars['train/loss']:.4f}")
   if "train/accuracy" in scalars:
@@ -200,14 +201,14 @@ def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mappin
   if scalars.get("train/nonfinite"):
     parts.append(f"{int(scalars['train/nonfinite'])} non-finite steps skipped")
   if "perf/examples_per_second" in perf:
-    parts.append(f"{perf['perf/examples_per_second']:,.0f} ex/s "
-                 f"({perf['perf/examples_per_second_per_device']:,.0f}/device)")
+    device = f" ({perf['perf/examples_per_second_per_device']:,.0f}/device)" if per_device else ""
+    parts.append(f"{perf['perf/examples_per_second']:,.0f} ex/s{device}")
     parts.append(f"{1000 * perf['perf/step_time']:.1f} ms/step")
   if "perf/mfu" in perf:
     parts.append(f"MFU {100 * perf['perf/mfu']:.1f}%")
   if eta is not None:
     parts.append(f"ETA {units.duration(eta)}")
-  return " | ".join(parts)
+  return parts
 
 
 def eval_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
