@@ -21,25 +21,41 @@ CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "set
 LABELS = {"train": "training", "compile": "compilation", "input": "input", "eval": "eval",
           "checkpoint": "checkpoint saves", "restore": "restore", "setup": "setup"}
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or persistent-cache read.
+# Making a program: tracing (nested for a jit called inside a traced function), lowering, XLA compile.
+_MAKING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  _COMPILE_EVENT)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileWatch:
-  """Seconds JAX spends in XLA compilation (listened to through `jax.monitoring`), and cache hits."""
+  """What JAX spends making programs (heard through `jax.monitoring`): XLA compile time, cache hits, and `busy`."""
 
   def __init__(self):
-    self.seconds = 0.0
+    self.seconds = 0.0  # XLA compilation (or a persistent-cache read) alone, as the start summary reports it.
     self.programs = 0
     self.cache_hits = 0
+    self.busy = 0.0  # Wall time of tracing, lowering and compiling together, each moment counted once.
+    self._spans: list[tuple[float, float]] = []  # Disjoint (start, end) times already in `busy`.
 
   def __enter__(self) -> "CompileWatch":
     monitoring.register_event_duration_secs_listener(self._on_duration)
+    monitoring.register_event_time_span_listener(self._on_span)
     monitoring.register_event_listener(self._on_event)
     return self
 
   def __exit__(self, *exc: object) -> None:
     monitoring.unregister_event_duration_listener(self._on_duration)
+    monitoring.unregister_event_time_span_listener(self._on_span)
     monitoring.unregister_event_listener(self._on_event)
+
+  def _on_span(self, event: str, start: float, end: float, **kwargs: object) -> None:
+    """Adds the part of [start, end] not yet counted: an inner jit's trace lies inside its caller's."""
+    if event not in _MAKING_EVENTS:
+      return
+    touching = [(s, e) for s, e in self._spans if s <= end and e >= start]
+    self.busy += end - start - sum(min(e, end) - max(s, start) for s, e in touching)
+    joined = (min([start, *(s for s, _ in touching)]), max([end, *(e for _, e in touching)]))
+    self._spans = [span for span in self._spans if span not in touching] + [joined]
 
   def _on_duration(self, event: str, seconds: float, **kwargs: object) -> None:
     if event == _COMPILE_EVENT:
@@ -70,12 +86,13 @@ class Clock:
 
   @contextlib.contextmanager
   def span(self, category: str) -> Iterator[None]:
-    """Counts the time inside as `category`, except XLA compilation inside it, which counts as `compile`."""
-    began, compiled = self._clock(), self.compiles.seconds
+    """Counts the time inside as `category`, except JAX making programs inside it, which counts as `compile`."""
+    # Tracing, lowering and XLA compilation, wherever they happen: the first step, eval, replica check.
+    began, compiled = self._clock(), self.compiles.busy
     try:
       yield
     finally:
-      compile_seconds = self.compiles.seconds - compiled
+      compile_seconds = self.compiles.busy - compiled
       self.seconds["compile"] += compile_seconds
       self.seconds[category] += self._clock() - began - compile_seconds
 

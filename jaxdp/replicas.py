@@ -33,7 +33,6 @@ class Sentinel:
 
   def __init__(self, backend: Backend):
     self.per_device = backend.map_per_device(_fingerprint)
-    self.checks = 0  # Calls of `check` so far; the first one traces and compiles.
 
   def fingerprints(self, tree: PyTree) -> dict[int, int]:
     """Device id -> fingerprint of that device's copy, over all processes."""
@@ -47,7 +46,6 @@ class Sentinel:
   def check(self, tree: PyTree) -> None:
     """Raises ReplicaMismatchError naming the replicas (devices) whose copy differs from the majority."""
     prints = self.fingerprints(tree)
-    self.checks += 1
     majority = collections.Counter(prints.values()).most_common(1)[0][0]
     bad = sorted(d for d, f in prints.items() if f != majority)
     if bad:

@@ -9,8 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import monitoring
 
-from jaxdp import cli, config as config_lib, metrics, replicas, train
+from jaxdp import cli, config as config_lib, goodput, metrics, replicas, train
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
@@ -44,19 +45,29 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
   assert "wall over 2 runs" in capsys.readouterr().out
 
 
-def test_the_first_replica_check_counts_as_compilation(config, tmp_path, monkeypatch):
-  fingerprints = replicas.Sentinel.fingerprints
+def test_tracing_counts_as_compilation_wherever_it_happens(config, tmp_path, monkeypatch):
+  fingerprint = replicas._fingerprint
 
-  def slow_first(self: replicas.Sentinel, tree: object) -> dict[int, int]:
-    if self.checks == 0:
-      time.sleep(1.5)  # Stands for the first call's tracing and lowering, which no compile event reports.
-    return fingerprints(self, tree)
+  def slow_to_trace(tree: object) -> jax.Array:
+    time.sleep(1.5)  # Runs while the replica check's program is traced (at its first check only).
+    return fingerprint(tree)
 
-  monkeypatch.setattr(replicas.Sentinel, "fingerprints", slow_first)
-  config.check_replicas_every_steps = 2  # Checks at steps 2 and 4: the second one is training time.
+  monkeypatch.setattr(replicas, "_fingerprint", slow_to_trace)
+  config.check_replicas_every_steps = 2  # Checks at steps 2 and 4, inside the loop's training time.
   train.train_and_evaluate(config, str(tmp_path))
   last = metrics.read(str(tmp_path))[-1]
   assert last["time/total/compile"] >= 1.5 > last["time/total/train"], last
+
+
+def test_nested_traces_count_once_as_compilation():
+  trace, xla = "/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"
+  with goodput.CompileWatch() as watch:
+    monitoring.record_event_time_span(trace, 10.0, 11.0)  # An inner jit, traced inside its caller's trace,
+    monitoring.record_event_time_span(trace, 9.0, 12.0)   # which ends after it.
+    monitoring.record_event_time_span(xla, 12.0, 14.0)
+    monitoring.record_event_time_span("/jax/some/other_duration", 0.0, 100.0)
+    monitoring.record_event_duration_secs(xla, 2.0)
+  assert (watch.busy, watch.seconds, watch.programs) == (5.0, 2.0, 1)
 
 
 def test_profile_steps_write_a_trace(config, tmp_path):
