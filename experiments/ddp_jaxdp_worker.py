@@ -71,11 +71,12 @@ class Worker:
       # As jaxdp.build: the config's step options (on CPU one flat gradient all-reduce, parallel.flat_allreduce).
       strategy = strategies.DataParallel(step_lib.StepOptions.from_config(config, jax.device_count()))
       init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
-      # Unchecked without the all-reduce: shard_map cannot call the replicas' own gradients replicated.
-      backend = self.backend if variant == "jaxdp" else parallel.make_backend("mesh", checked=False)
+      if variant == "jaxdp":
+        backend, step = self.backend, functools.partial(step_lib.train_step, strategy=strategy)
+      else:  # Unchecked: without the all-reduce the replicas' states differ, which a checked shard_map rejects.
+        backend = parallel.make_backend("mesh", checked=False)
+        step = functools.partial(step_variants.train_step, **NO_ALLREDUCE)
       backend.bind_state(jax.eval_shape(init))
-      step = (functools.partial(step_lib.train_step, strategy=strategy) if variant == "jaxdp"
-              else functools.partial(step_variants.train_step, **NO_ALLREDUCE))
       train = backend.map_train(functools.partial(step, model=model, tx=tx))
       x, y = ddp_common.local_batch(name, batch, self.rank, self.world)
       device_batch = backend.put_batch({"inputs": x, "labels": y})

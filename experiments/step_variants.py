@@ -35,15 +35,9 @@ def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model
   rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = step_lib._grad_fn(model, step_lib.StepOptions())
   loss, accuracy, model_state, grads = plain.local_gradients(grad_fn, state, batch, rng, axis, 1)
-  if not allreduce:
-    pass
-  elif flat:  # As jaxdp's step across CPU processes (one row of leaves: ravel_pytree's 1-D concatenate is slow there).
-    loss, accuracy, grads = plain.flat_all_reduce_mean((loss, accuracy, grads), axis.name)
-  else:
-    loss, accuracy = lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name)
-    grads = plain.all_reduce_mean(grads, axis.name)
+  if allreduce:
+    loss, accuracy, model_state, grads = _means(loss, accuracy, model_state, grads, axis.name, flat)
   finite = base.all_finite((loss, grads))
-  model_state = base.pmean_floats(model_state, axis.name) if allreduce else model_state
 
   def update() -> step_lib.TrainState:
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -58,3 +52,12 @@ def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model
     new_state = update()
   return new_state.replace(step=state.step + 1), {
       "loss": loss, "accuracy": accuracy, "nonfinite": 1 - finite.astype(jnp.int32)}
+
+
+def _means(loss: jax.Array, accuracy: jax.Array, model_state: Any, grads: Any, axis_name: str, flat: bool) -> tuple:
+  """Loss, accuracy, model state and gradients averaged over the replicas, in one flat all-reduce or per leaf."""
+  model_state = base.pmean_floats(model_state, axis_name)
+  if flat:  # As jaxdp's step across CPU processes (one row of leaves: ravel_pytree's 1-D concatenate is slow there).
+    loss, accuracy, grads = plain.flat_all_reduce_mean((loss, accuracy, grads), axis_name)
+    return loss, accuracy, model_state, grads
+  return lax.pmean(loss, axis_name), lax.pmean(accuracy, axis_name), model_state, plain.all_reduce_mean(grads, axis_name)
