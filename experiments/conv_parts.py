@@ -8,19 +8,19 @@ first one needs no input gradient: its input is the data), in XLA (jitted: the f
 and weight gradients) and in torch (`F.conv2d`, and `torch.nn.grad.conv2d_input` / `conv2d_weight`, which call
 the same `convolution_backward` as autograd). One
 child process per set of XLA flags (XLA reads them once), pinned to one core; in it every round times each part
-in torch then in XLA, back to back. Prints per-part medians [min..max] in ms over rounds and the per-round
-ratios torch / XLA (> 1: XLA faster), as Markdown.
+in torch then in XLA, back to back. Prints per-part `median (min..max)` in ms over rounds and the per-round
+ratios torch / XLA (> 1: XLA faster), as Markdown (`abrun.fmt`).
 """
 
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 import ddp_compare  # noqa: E402
 
 BATCH, SIZE = 128, 28
@@ -111,19 +111,14 @@ def main() -> None:
       rows.setdefault((conv, part.replace("_", " ")), []).append((float(t), float(x)))
     for (conv, part), times in rows.items():
       torch_ms, xla_ms = [t for t, _ in times], [x for _, x in times]
-      lines.append(f"| {label} | {conv} | {part} | {_fmt(torch_ms)} | {_fmt(xla_ms)} | "
-                   f"{_fmt([t / x for t, x in times], 2)} |")
+      lines.append(f"| {label} | {conv} | {part} | {abrun.fmt(torch_ms)} | {abrun.fmt(xla_ms)} | "
+                   f"{abrun.fmt([t / x for t, x in times])} |")
   table = "\n".join(lines)
   print(table)
   if args.out:
     with open(args.out, "a") as f:
       f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC, load average {os.getloadavg()[0]:.1f}, `--rounds "
               f"{args.rounds} --repeats {args.repeats}`\n\n{table}\n")
-
-
-def _fmt(values: list[float], digits: int = 1) -> str:
-  """median [min..max]."""
-  return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}..{max(values):.{digits}f}]"
 
 
 if __name__ == "__main__":

@@ -17,15 +17,17 @@ shapes (7,454,760 bytes):
   overlap a collective with compute, as DDP overlaps its bucket all-reduces with the backward pass?);
 - `psum, compute: two programs`: the psum and the matmul chain as two jitted programs dispatched together
   (does the runtime run independent programs at once?).
-Prints medians [min..max] in ms over rounds (rank 0), as a Markdown table.
+Prints `median (min..max)` in ms over rounds (rank 0, `abrun.fmt`), as a Markdown table.
 """
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 
 SHAPES = [(784, 1024), (1024,), (1024, 1024), (1024,), (1024, 10), (10,)]  # ddp_compare's MLP: 1,863,690 floats.
 
@@ -90,9 +92,9 @@ def worker(rank: int, jax_port: int, torch_port: int, rounds: int, repeats: int)
         times[name].append((time.perf_counter() - start) / repeats * 1e3)
       barrier()  # Both processes start the next contender together (some contenders never synchronize).
   if rank == 0:
-    print("| contender | ms, median [min..max] |\n| --- | --- |")
+    print("| contender | ms, median (min..max) |\n| --- | --- |")
     for name, t in times.items():
-      print(f"| {name} | {statistics.median(t):.2f} [{min(t):.2f}..{max(t):.2f}] |")
+      print(f"| {name} | {abrun.fmt(t)} |")
 
 
 def main() -> None:
