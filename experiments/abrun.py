@@ -112,6 +112,14 @@ def header(title: str, load_before: float, devices: str, cmd: str | None = None)
   ]
 
 
+def append(path: str, options: str, table: str) -> None:
+  """Prints `table` and, with a `path`, appends it there under a heading: the time, the load, the `options` run."""
+  print(table)
+  if path:
+    with open(path, "a") as f:
+      f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC, load average {load():.1f}, `{options}`\n\n{table}\n")
+
+
 def write(path: str | None, lines: list[str]) -> str:
   """Joins `lines`, prints them, and writes them to `path` when given; returns the text."""
   text = "\n".join(lines).rstrip() + "\n"

@@ -113,12 +113,7 @@ def main() -> None:
       torch_ms, xla_ms = [t for t, _ in times], [x for _, x in times]
       lines.append(f"| {label} | {conv} | {part} | {abrun.fmt(torch_ms)} | {abrun.fmt(xla_ms)} | "
                    f"{abrun.fmt([t / x for t, x in times])} |")
-  table = "\n".join(lines)
-  print(table)
-  if args.out:
-    with open(args.out, "a") as f:
-      f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC, load average {os.getloadavg()[0]:.1f}, `--rounds "
-              f"{args.rounds} --repeats {args.repeats}`\n\n{table}\n")
+  abrun.append(args.out, f"--rounds {args.rounds} --repeats {args.repeats}", "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -115,12 +115,7 @@ def main() -> None:
                             text=True) for rank in range(2)]
   table = "\n".join(line for line in procs[0].communicate()[0].splitlines() if line.startswith("|"))
   procs[1].wait()
-  load = os.getloadavg()[0]
-  print(table)
-  if args.out:
-    with open(args.out, "a") as f:
-      f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} UTC, load average {load:.1f}, `--rounds {args.rounds} "
-              f"--repeats {args.repeats} --xla_flags '{args.xla_flags}'`\n\n{table}\n")
+  abrun.append(args.out, f"--rounds {args.rounds} --repeats {args.repeats} --xla_flags '{args.xla_flags}'", table)
 
 
 if __name__ == "__main__":
