@@ -7,6 +7,7 @@ seeded by (seed, epoch); the last n % B examples of each epoch sit it out. Proce
 (n int64 each), never the examples. `ShardOrder` is the opt-in `dataset.shard_by_process` order.
 """
 
+import collections
 import threading
 
 import numpy as np
@@ -15,11 +16,17 @@ import tensorflow as tf
 from jaxdp.config import ConfigError
 from jaxdp.data.preprocess import SHUFFLE, seed_for
 
+# Permutations a `GlobalOrder` keeps (n int64 each): the epoch in use, the next one (prefetch crosses epochs)
+# and a straggler (parallel tf.data workers may still ask for an older epoch). Any other epoch is recomputed.
+EPOCHS_HELD = 3
+
 
 def steps_per_epoch(n: int, batch: int, split: str) -> int:
   """Whole global batches in one epoch of `n` examples."""
   if n < batch:
-    raise ConfigError(f"batch ({batch}) exceeds the {n} examples of split {split!r}")
+    raise ConfigError(f"batch ({batch}) exceeds the {n} examples of split {split!r}: lower --config.batch_size, "
+                      "or train on more examples (for an image folder or a text file: a smaller "
+                      "--config.dataset.builder_kwargs.test_fraction)")
   return n // batch
 
 
@@ -29,19 +36,23 @@ class GlobalOrder:
   def __init__(self, n: int, global_batch: int, seed: int, split: str):
     self.n, self.global_batch, self.seed = n, global_batch, seed
     self.steps_per_epoch = steps_per_epoch(n, global_batch, split)
-    self._epochs: dict[int, np.ndarray] = {}  # The two most recent epochs' permutations (prefetch crosses epochs).
+    self._epochs: collections.OrderedDict[int, np.ndarray] = collections.OrderedDict()  # Least recent first.
     self._lock = threading.Lock()
 
   def permutation(self, epoch: int) -> np.ndarray:
-    """Epoch `epoch`'s permutation of range(n)."""
+    """Epoch `epoch`'s permutation of range(n): the same array for any caller, thread or order of calls."""
     with self._lock:
-      if epoch not in self._epochs:
-        order = tf.random.experimental.stateless_shuffle(tf.range(self.n, dtype=tf.int64),
-                                                         seed_for(self.seed, SHUFFLE, epoch))
-        self._epochs[epoch] = order.numpy()
-        for old in sorted(self._epochs)[:-2]:
-          del self._epochs[old]
-      return self._epochs[epoch]
+      order = self._epochs.get(epoch)
+    if order is None:  # Computed outside the lock: a TF op must not wait on a Python lock in a tf.data worker.
+      order = tf.random.experimental.stateless_shuffle(tf.range(self.n, dtype=tf.int64),
+                                                       seed_for(self.seed, SHUFFLE, epoch)).numpy()
+      order.flags.writeable = False  # Shared by every caller of this epoch.
+    with self._lock:
+      order = self._epochs.setdefault(epoch, order)
+      self._epochs.move_to_end(epoch)
+      while len(self._epochs) > EPOCHS_HELD:
+        self._epochs.popitem(last=False)  # Never `epoch`, the most recent: `order` is returned as it is.
+    return order
 
   def rows(self, step: int, lo: int, hi: int) -> np.ndarray:
     """Indices of rows [lo, hi) of global batch `step`."""

@@ -1,0 +1,74 @@
+"""The stateless train order (`jaxdp.data.sampler`): a pure function of (seed, step), from any thread, in any order."""
+
+import random
+from concurrent import futures
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from jaxdp.config import ConfigError
+from jaxdp.data import sampler
+from jaxdp.data.preprocess import SHUFFLE, seed_for
+
+N, B, SEED = 40, 8, 3  # 5 steps per epoch: 30 epochs in 150 steps.
+EPOCHS = 30
+
+
+def _reference(n: int, batch: int, seed: int, steps: range, lo: int, hi: int) -> dict[int, np.ndarray]:
+  """rows(step, lo, hi) for each step, straight from the documented formula, one thread, in order."""
+  per_epoch = n // batch
+  out = {}
+  for step in steps:
+    epoch, k = divmod(step, per_epoch)
+    order = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed_for(seed, SHUFFLE, epoch))
+    out[step] = order.numpy()[k * batch + lo:k * batch + hi]
+  return out
+
+
+def test_the_order_is_the_stateless_shuffle_of_each_epoch():
+  order = sampler.GlobalOrder(N, B, SEED, "train")
+  steps = range(3 * N // B)
+  expected = _reference(N, B, SEED, steps, 2, 6)
+  for step in steps:
+    np.testing.assert_array_equal(order.rows(step, 2, 6), expected[step])
+  assert len(set(np.concatenate([order.rows(s, 0, B) for s in range(N // B)]))) == N  # One epoch: each once.
+  assert not order.rows(0, 0, B).flags.writeable  # Shared by every caller: nobody may reorder it in place.
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_sixteen_threads_in_random_step_order_get_the_single_threaded_rows(trial):
+  """tf.data calls `rows` from parallel workers, an older epoch after a newer one: every call must answer."""
+  steps = range(EPOCHS * N // B)
+  expected = _reference(N, B, SEED, steps, 0, B)
+  calls = [s for s in steps for _ in range(8)]
+  random.Random(trial).shuffle(calls)
+  order = sampler.GlobalOrder(N, B, SEED, "train")
+  with futures.ThreadPoolExecutor(16) as pool:
+    got = list(pool.map(lambda s: (s, order.rows(s, 0, B)), calls))
+  assert len(got) == len(calls)
+  for step, rows in got:
+    np.testing.assert_array_equal(rows, expected[step])
+
+
+def test_only_a_few_epochs_are_held():
+  order = sampler.GlobalOrder(N, B, SEED, "train")
+  for step in range(EPOCHS * N // B):
+    order.rows(step, 0, B)
+  assert len(order._epochs) <= sampler.EPOCHS_HELD < EPOCHS
+
+
+def test_shard_order_is_thread_safe_too():
+  order = sampler.ShardOrder(2 * N, B, SEED, "train", process_index=1, process_count=2)
+  calls = [s for s in range(EPOCHS * N // B) for _ in range(4)]
+  random.Random(0).shuffle(calls)
+  expected = {s: order.rows(s, 0, B) for s in sorted(set(calls))}
+  with futures.ThreadPoolExecutor(16) as pool:
+    for step, rows in pool.map(lambda s: (s, order.rows(s, 0, B)), calls):
+      np.testing.assert_array_equal(rows, expected[step])
+      assert rows.min() >= N  # Process 1's half of the split.
+
+
+def test_a_batch_larger_than_the_split_names_the_flag_to_change():
+  with pytest.raises(ConfigError, match=r"batch \(128\) exceeds the 108 examples of split 'train'.*--config\.batch_size"):
+    sampler.GlobalOrder(108, 128, 0, "train")
