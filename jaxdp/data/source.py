@@ -136,8 +136,12 @@ def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Ten
   keys = sorted(probe)
   dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
 
+  def read_once(a: np.ndarray) -> list[np.ndarray]:
+    rows = read(a)  # One read per call, whatever the number of features.
+    return [rows[k] for k in keys]
+
   def call(x: tf.Tensor) -> dict[str, tf.Tensor]:
-    arrays = tf.numpy_function(lambda a: [read(a)[k] for k in keys], [x], dtypes, stateful=False)
+    arrays = tf.numpy_function(read_once, [x], dtypes, stateful=False)
     return dict(zip(keys, arrays))
 
   return call

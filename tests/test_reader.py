@@ -1,0 +1,53 @@
+"""Reading by index (`jaxdp.data.source.tf_read`, `jaxdp.data.reader`): one source read per step, whatever the features."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from jaxdp import data
+from jaxdp.data.dataset import Dataset, Options
+from jaxdp.data.source import ArrayCorpus, Facts
+
+N, B = 40, 8
+
+
+class CountingSource:
+  """N examples of 4 float features and a label; counts its reads (from any thread)."""
+
+  def __init__(self):
+    self.reads, self._lock = 0, threading.Lock()
+
+  def __len__(self) -> int:
+    return N
+
+  def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    with self._lock:
+      self.reads += 1
+    indices = np.asarray(indices, np.int64)
+    return {"inputs": np.repeat(indices[:, None], 4, 1).astype(np.float32), "labels": (indices % 3).astype(np.int32)}
+
+
+@pytest.fixture
+def counted() -> tuple[Dataset, CountingSource]:
+  source = CountingSource()
+  facts = Facts("counting", (4,), (), 3)
+  return Dataset(ArrayCorpus(facts, {"train": source, "test": source}), Options(prefetch=0), kind="counting"), source
+
+
+def test_the_train_stream_reads_once_per_step(counted):
+  ds, source = counted
+  steps = 10
+  batches = list(data.train_batches(ds, "train", seed=0, global_batch=B, start_step=0, process_index=0,
+                                    process_count=1, stop_step=steps))
+  assert len(batches) == steps
+  assert source.reads == steps + 1  # And one probe for the types.
+
+
+def test_the_eval_stream_reads_once_per_step(counted):
+  ds, source = counted
+  batch = 12  # 40 examples: 4 steps, the last one padded (a third feature: the mask).
+  batches = list(data.eval_batches(ds, "test", global_batch=batch, process_index=0, process_count=1))
+  assert len(batches) == -(-N // batch)
+  assert source.reads == len(batches) + 1
+  assert sum(int(b["mask"].sum()) for b in batches) == N
