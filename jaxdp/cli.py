@@ -18,7 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp import cpu_devices, distributed, progress
+from jaxdp import compilation_cache, cpu_devices, distributed, progress
 
 log = logging.getLogger("jaxdp")
 
@@ -29,7 +29,7 @@ OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g.
                   "    (e.g. --config.model.dense=64).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
-DEFAULT_CACHE_DIR = "~/.cache/jaxdp/xla"  # configs/default.py's compilation_cache_dir.
+DEFAULT_CACHE_DIR = compilation_cache.DEFAULT_CACHE_DIR  # Kept importable; the cache lives in its module.
 
 
 def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
@@ -88,19 +88,7 @@ def init_process(config: ml_collections.ConfigDict) -> None:
     log.setLevel(logging.WARNING)
 
 
-def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
-  """Points JAX's persistent compilation cache at `config.compilation_cache_dir` ("" or None: off).
-
-  JAX_COMPILATION_CACHE_DIR in the environment wins over the default directory (not over a directory
-  given explicitly). Every program is cached, however quickly it compiled: a restart then compiles nothing.
-  """
-  import jax
-  path = config.get("compilation_cache_dir", "")
-  if os.environ.get("JAX_COMPILATION_CACHE_DIR") and path == DEFAULT_CACHE_DIR:
-    return
-  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path) if path else None)
-  if path and "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+use_compilation_cache = compilation_cache.use  # Kept importable; the Python API calls it too.
 
 
 def main(argv: list[str], command: Command, *, require_workdir: bool = True,

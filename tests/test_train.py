@@ -1,12 +1,14 @@
 """End-to-end training: device-count and backend equivalence, identical replicas, user models."""
 
+import os
 import time
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import checkpoint, evaluate, metrics, preemption, progress, sample, train
+from jaxdp import checkpoint, compilation_cache, evaluate, metrics, preemption, progress, sample, train
 from jaxdp.configs import gpt_text_file
 
 
@@ -153,3 +155,17 @@ def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
   result = train.train_and_evaluate(config, str(tmp_path / "run"))
   text = sample.sample_text(result.model, result.params, result.model_state, "the ", 8, seq_len=16, temperature=0)
   assert text.startswith("the ") and 4 < len(text) <= 12  # Sampled bytes decode to at most one character each.
+
+
+def test_the_python_api_writes_the_compilation_cache_of_its_config(config, tmp_path):
+  before = jax.config.jax_compilation_cache_dir
+  jax.jit(lambda x: x * 3 + 1)(np.float32(2)).block_until_ready()  # As in a notebook: JAX's cache is open already.
+  config.compilation_cache_dir = str(tmp_path / "xla")
+  config.model.hidden = (23,)  # A program no other test compiled: JAX's in-memory cache cannot serve it.
+  config.num_train_steps = 1
+  try:
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+  finally:
+    compilation_cache.use(ml_collections.ConfigDict({"compilation_cache_dir": before or ""}))
+  assert os.listdir(tmp_path / "xla"), "no cache entry written"
