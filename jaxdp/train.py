@@ -18,7 +18,8 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxdp import audit, build, checkpoint, cli, data, evaluate, goodput, metrics, models, parallel, preemption
+from jaxdp import audit, build, checkpoint, cli, compilation_cache, data, evaluate, goodput, metrics, models
+from jaxdp import parallel, preemption
 from jaxdp import profiling, progress, replicas, summary
 from jaxdp import config as config_lib
 from jaxdp import flops as flops_lib
@@ -71,6 +72,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Resul
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
   # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
   # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
+  compilation_cache.use(config)  # As the CLI does: the Python API compiles through the same cache.
   with contextlib.ExitStack() as stack:
     compiles = stack.enter_context(goodput.CompileWatch())
     clock = goodput.Clock(workdir, compiles)
