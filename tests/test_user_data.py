@@ -1,5 +1,6 @@
 """Your own data as dataset.name: a TFDS builder class by "module:Builder", an image folder, an .npz file."""
 
+import hashlib
 import os
 
 import numpy as np
@@ -9,7 +10,7 @@ from PIL import Image
 
 from jaxdp import train
 from jaxdp.config import ConfigError
-from jaxdp.datasets import user
+from jaxdp.datasets import image_folder, user
 
 CLASSES = ("ant", "bee", "cat")
 SIZES = ((12, 10), (16, 16), (9, 14))  # (H, W): three sizes.
@@ -26,6 +27,11 @@ def make_folder(root, per_class: int = 8, sizes=SIZES, splits: tuple[str, ...] =
         path = os.path.join(root, split, c, f"{i}.{'jpg' if i % 2 else 'png'}")
         Image.fromarray(rng.randint(0, 255, (h, w, 3), np.uint8)).save(path)
   return str(root)
+
+
+def _files(root) -> list[str]:
+  """Every image file under root."""
+  return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
 
 
 def prepared(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
@@ -71,12 +77,14 @@ def test_image_folder_of_varying_sizes(tmp_path):
   image = builder.info.features["image"]
   assert image.shape == (None, None, 3)
   assert builder.info.features["label"].names == list(CLASSES)
-  # The fixed split: 10% of each class's 8 files, rounded, at least one -> 1 test + 7 train per class.
-  assert builder.info.splits["train"].num_examples == 21 and builder.info.splits["test"].num_examples == 3
+  n_test = sum(image_folder.in_test(os.path.relpath(p, root), 0.1) for p in _files(root))  # The digest split.
+  assert builder.info.splits["train"].num_examples == 24 - n_test and builder.info.splits["test"].num_examples == n_test
   train = builder.as_data_source("train")
   shapes = {train[i]["image"].shape for i in range(len(train))}
   assert shapes == {(h, w, 3) for h, w in SIZES}
-  assert sorted(train[i]["label"] for i in range(len(train))) == sorted([0, 1, 2] * 7)
+  assert sorted(train[i]["label"] for i in range(len(train))) == sorted(
+      CLASSES.index(os.path.basename(os.path.dirname(p))) for p in _files(root)
+      if not image_folder.in_test(os.path.relpath(p, root), 0.1))
 
 
 def test_image_folder_keeps_pixels_and_split_subfolders(tmp_path):
@@ -96,14 +104,49 @@ def test_image_folder_grayscale_and_mixed_modes(tmp_path):
     os.makedirs(root / c)
     for i in range(3):
       Image.fromarray(np.full((4, 4), 40 * i, np.uint8)).save(root / c / f"{i}.png")
-  gray = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {}))
+  gray = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
   assert gray.info.features["image"].shape == (4, 4, 1)
-  assert gray.info.splits["test"].num_examples == 2  # 10% of 3 rounds to 0, but a class of 2+ gives one.
+  assert gray.info.splits["test"].num_examples + gray.info.splits["train"].num_examples == 6
   Image.fromarray(np.zeros((4, 4, 4), np.uint8), "RGBA").save(root / "ant" / "rgba.png")
-  builder = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {}))
+  builder = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
   assert builder.info.features["image"].shape == (4, 4, 3)  # Not all grayscale: RGB, the RGBA one converted.
   train = builder.as_data_source("train")
   assert {train[i]["image"].shape for i in range(len(train))} == {(4, 4, 3)}
+
+
+def _digest_test_files(names: list[str], fraction: float) -> set[str]:
+  """The documented split, written out: the first 8 bytes of SHA-256(relative path) / 2**64 < test_fraction."""
+  return {n for n in names if int(hashlib.sha256(n.encode()).hexdigest()[:16], 16) < fraction * 2**64}
+
+
+def _split_of(root) -> dict[str, str]:
+  """relative path -> split, as the image folder assigns them."""
+  _, splits = image_folder.list_files(str(root), 0.1)
+  return {os.path.relpath(p, root): s for s, files in splits.items() for p, _ in files}
+
+
+def test_a_file_keeps_its_split_when_others_are_added(tmp_path):
+  make_folder(tmp_path / "photos", per_class=10)
+  before = _split_of(tmp_path / "photos")
+  for i in range(10, 30):  # cat/10 ... cat/29, one at a time: each addition moves no file already there.
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "photos" / "cat" / f"{i}.png")
+    after = _split_of(tmp_path / "photos")
+    assert {p: after[p] for p in before} == before, f"adding cat/{i}.png moved a file"
+    before = after
+  assert set(after.values()) == {"train", "test"} and len(after) == 50
+
+
+def test_the_split_is_by_each_files_digest_not_by_name(tmp_path):
+  os.makedirs(tmp_path / "photos" / "cat")
+  os.makedirs(tmp_path / "photos" / "dog")
+  names = [f"cat/{i:03d}.png" for i in range(100)] + ["dog/0.png", "dog/1.png"]
+  for name in names:
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "photos" / name)
+  split = _split_of(tmp_path / "photos")
+  test = {n for n, s in split.items() if s == "test"}
+  assert test == _digest_test_files(names, 0.1)
+  assert 3 <= len(test) <= 20  # About 10%, and neither the first nor the last names.
+  assert test != set(names[:len(test)]) and test != set(names[100 - len(test):100])
 
 
 def test_prepared_copy_depends_on_the_source_identity(tmp_path):
@@ -176,9 +219,9 @@ def _blobs_npz(root) -> str:
 
 @pytest.mark.parametrize("kind", ["module", "image_folder", "npz"])
 def test_user_data_trains_end_to_end(kind, config, tmp_path):
-  name, num_test = {"module": ("user_datasets:TinyBlobs", 24), "image_folder": (None, 3), "npz": (None, 6)}[kind]
+  name, num_test = {"module": ("user_datasets:TinyBlobs", 24), "image_folder": (None, 4), "npz": (None, 6)}[kind]
   if kind == "image_folder":
-    name = make_folder(tmp_path / "photos")
+    name = make_folder(tmp_path / "photos")  # 4 of its 24 files fall to test by their digests.
     config.dataset.image_size = 8  # Images of three sizes: random-resized crops to 8x8 (eval: center crops).
     config.dataset.flip = True
   elif kind == "npz":

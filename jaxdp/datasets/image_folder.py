@@ -3,10 +3,10 @@
     photos/cat/1.jpg, photos/dog/7.png, ...           or  photos/train/cat/1.jpg, photos/test/cat/9.jpg, ...
 
 Labels are the class subfolder names, sorted (label i = the i-th name). Splits: the subfolders `train`,
-`test` (and `validation`) when present; otherwise a fixed deterministic split: within each class, the
-files ordered by a digest of their path relative to the folder, the first `test_fraction` (default 0.1,
-at least one when the class has two or more files) go to `test`, the rest to `train` (a file keeps its
-split when others are added). Images: .jpg/.jpeg/.png/.bmp/.gif/.webp/.tif/.tiff; JPEG and PNG files in
+`test` (and `validation`) when present; otherwise a fixed deterministic split: a file goes to `test`
+when the first 8 bytes of the SHA-256 of its path relative to the folder, read as a fraction of 2**64,
+are below `test_fraction` (default 0.1), else to `train`. Only its own path decides, so a file keeps
+its split when others are added (a small class may have no test file). Images: .jpg/.jpeg/.png/.bmp/.gif/.webp/.tif/.tiff; JPEG and PNG files in
 the stored color mode keep their bytes, others are converted. Color mode: 1 channel if every image is
 grayscale, else RGB. Shape: fixed (H, W, C) when every image has the same size, else (None, None, C).
 Every image header is read once to decide; the result is cached next to the prepared copy.
@@ -61,15 +61,21 @@ def _class_files(folder: str) -> dict[str, list[str]]:
 
 
 def _split(root: str, files: dict[str, list[str]], classes: list[str], test_fraction: float) -> dict[str, list]:
-  """The deterministic per-class split by path digest (see the module docstring)."""
+  """The deterministic split by each file's own path digest (see the module docstring)."""
   splits: dict[str, list] = {"train": [], "test": []}
   for label, c in enumerate(classes):
-    ranked = sorted(files[c], key=lambda p: hashlib.sha256(os.path.relpath(p, root).encode()).hexdigest())
-    n_test = max(1, int(round(len(ranked) * test_fraction))) if len(ranked) >= 2 else 0
-    test = set(ranked[:n_test])
-    splits["test"] += [(p, label) for p in files[c] if p in test]
-    splits["train"] += [(p, label) for p in files[c] if p not in test]
+    for p in files[c]:
+      splits["test" if in_test(os.path.relpath(p, root), test_fraction) else "train"].append((p, label))
   return splits
+
+
+def in_test(relpath: str, test_fraction: float) -> bool:
+  """Whether a file goes to `test`: its path's digest, read as a fraction of 2**64, is below test_fraction.
+
+  Only the file's own path decides (never its rank among others), so adding files moves none.
+  """
+  digest = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
+  return digest / 2**64 < test_fraction
 
 
 def image_shape(paths: list[str]) -> tuple[int | None, int | None, int]:
@@ -89,8 +95,10 @@ class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
 
   name = "image_folder"
   KIND = "image folder"
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split."}
+  # A prepared copy is reused by version: a change of which files go where needs a new one.
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split.",
+                   "1.1.0": "The split by each file's own digest: a file keeps its split when others are added."}
   _exists = staticmethod(os.path.isdir)
 
   def _open(self, path: str, test_fraction: float) -> list[str]:
