@@ -57,6 +57,13 @@ def test_eval_crop_is_the_central_square():
   assert diff.max() <= 2 and (diff == 0).mean() > 0.95
 
 
+def test_eval_crop_puts_the_odd_margin_pixel_before_the_crop():
+  image, png, _ = _field(41, 61)
+  # side = int(0.5 * 41) = 20: margins of 21 rows and 41 columns; the extra pixel goes before the crop.
+  out = images.eval_crop(png, 20, 0.5, 3).numpy()
+  np.testing.assert_array_equal(out, image[11:31, 21:41])
+
+
 def test_train_crop_is_keyed_by_position_and_varies():
   _, png, jpeg = _field(48, 64)
   for encoded in (png, jpeg):
