@@ -101,7 +101,9 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
   kwargs = dict(config.get("builder_kwargs") or {})
   if config.name == "token_file":
     return _token_file(config, kwargs)
-  builder = prepare.open_prepared(lambda **extra: prepare.make_builder(config.name, config.data_dir, kwargs, **extra))
+  skip_bad = bool(config.get("skip_bad_examples", False))
+  builder = prepare.open_prepared(
+      lambda **extra: prepare.make_builder(config.name, config.data_dir, kwargs, skip_bad, **extra))
   if not builder.info.supervised_keys:
     raise ConfigError(f"dataset {config.name!r} has no supervised keys (input, label)")
   input_key = builder.info.supervised_keys[0]

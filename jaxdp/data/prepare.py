@@ -14,10 +14,14 @@ from jaxdp.data import offline
 RANDOM_ACCESS = tfds.core.file_adapters.FileFormat.ARRAY_RECORD
 
 
-def make_builder(name: str, data_dir: str | None, kwargs: dict, **extra) -> tfds.core.DatasetBuilder:
-  """A user's builder (`module:Class`, an image folder, an .npz file), else the TFDS builder of that name."""
+def make_builder(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False,
+                 **extra) -> tfds.core.DatasetBuilder:
+  """A user's builder (`module:Class`, an image folder, an .npz file), else the TFDS builder of that name.
+
+  `skip_bad` (`dataset.skip_bad_examples`): an image folder leaves out the files that do not decode.
+  """
   from jaxdp.datasets import user
-  builder = user.builder_for(name, data_dir, {**kwargs, **extra})
+  builder = user.builder_for(name, data_dir, {**kwargs, **extra}, skip_bad=skip_bad)
   if builder is not None:
     return builder
   try:

@@ -62,9 +62,14 @@ class SourceBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def __init__(self, *, path: str, test_fraction: float = 0.1, **kwargs):
     path = checked_source(path, test_fraction, self.KIND, self._exists)
     files = self._open(path, test_fraction)
-    name = config_name(path, file_stats(files), {"test_fraction": test_fraction})
+    self._test_fraction = test_fraction
+    name = config_name(path, file_stats(files), self._options())
     kwargs["config"] = SourceConfig(name=name, path=path, test_fraction=test_fraction, description=f"{self.KIND} {path}")
     super().__init__(**kwargs)
+
+  def _options(self) -> dict:
+    """The options that change the prepared examples (part of the config name)."""
+    return {"test_fraction": self._test_fraction}
 
   @staticmethod
   def _exists(path: str) -> bool:

@@ -10,12 +10,16 @@ its split when others are added (a small class may have no test file). Images: .
 the stored color mode keep their bytes, others are converted. Color mode: 1 channel if every image is
 grayscale, else RGB. Shape: fixed (H, W, C) when every image has the same size, else (None, None, C).
 Every image header is read once to decide; the result is cached next to the prepared copy.
+Bad files: preparing decodes every image; a file that does not open or decode (truncated, not an image) is
+a ConfigError naming it, or, with `skip_bad` (`dataset.skip_bad_examples`), left out and counted in one
+warning line.
 
     config.dataset.name = "/data/photos"   # builder_kwargs: test_fraction
 """
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 
@@ -28,6 +32,7 @@ from jaxdp.datasets import fingerprint
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLIT_DIRS = ("train", "test", "validation")
 KEEP_BYTES = {"JPEG", "PNG"}  # Formats stored as they are (when their mode is the stored one).
+log = logging.getLogger("jaxdp")
 
 
 def list_files(root: str, test_fraction: float) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:
@@ -78,16 +83,26 @@ def in_test(relpath: str, test_fraction: float) -> bool:
   return digest / 2**64 < test_fraction
 
 
-def image_shape(paths: list[str]) -> tuple[int | None, int | None, int]:
-  """(H, W, C) shared by every image, with None where sizes differ; C = 1 if all are grayscale, else 3."""
+def image_shape(paths: list[str]) -> tuple[tuple[int | None, int | None, int], list[str]]:
+  """((H, W, C) shared by the images that open, None where sizes differ; C = 1 if all are grayscale, else 3),
+  and the paths that do not open as images."""
   from PIL import Image  # Reads headers only (lazy decoding).
-  sizes, gray = set(), True
+  sizes, gray, unreadable = set(), True, []
   for path in paths:
-    with Image.open(path) as im:
-      sizes.add(im.size)
-      gray = gray and im.mode in ("L", "1", "I;16", "I")
+    try:
+      with Image.open(path) as im:
+        sizes.add(im.size)
+        gray = gray and im.mode in ("L", "1", "I;16", "I")
+    except (OSError, ValueError, SyntaxError):  # PIL's UnidentifiedImageError is an OSError.
+      unreadable.append(path)
   (w, h), = sizes if len(sizes) == 1 else {(None, None)}
-  return h, w, 1 if gray else 3
+  return (h, w, 1 if gray else 3), unreadable
+
+
+def bad_file_error(root: str, path: str, why: str) -> ConfigError:
+  """The one-line error for a file that is not a whole image."""
+  return ConfigError(f"image folder {root!r}: {os.path.relpath(path, root)!r} is not a readable image ({why}); "
+                     f"remove or replace it, or set dataset.skip_bad_examples=True to leave bad files out")
 
 
 class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
@@ -101,26 +116,46 @@ class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
                    "1.1.0": "The split by each file's own digest: a file keeps its split when others are added."}
   _exists = staticmethod(os.path.isdir)
 
+  def __init__(self, *, path: str, skip_bad: bool = False, **kwargs):
+    """`skip_bad`: leave out files that do not decode (counted in a warning) instead of failing on the first."""
+    self._skip_bad = skip_bad
+    self._left_out: set[str] = set()  # Files that do not open (known once `info` is built), with skip_bad.
+    super().__init__(path=path, **kwargs)
+
+  def _options(self) -> dict:
+    # Only when on: the prepared copies made before the option existed keep their names.
+    return {**super()._options(), **({"skip_bad": True} if self._skip_bad else {})}
+
   def _open(self, path: str, test_fraction: float) -> list[str]:
     self._classes, self._splits = list_files(path, test_fraction)
     return sorted(p for files in self._splits.values() for p, _ in files)
 
   def _shape(self) -> tuple[int | None, int | None, int]:
+    """The images' shape (`image_shape`), cached beside the prepared copy; files that do not open fail here."""
+    shape, unreadable = self._scan()
+    if unreadable and not self._skip_bad:
+      raise bad_file_error(self.builder_config.path, unreadable[0], "it does not open as an image")
+    self._left_out = set(unreadable)
+    return shape
+
+  def _scan(self) -> tuple[tuple[int | None, int | None, int], list[str]]:
     """image_shape of every file, cached beside the prepared copy (the name already covers every file)."""
     cache = os.path.join(os.fspath(self.data_dir_root), self.name, f".{self.builder_config.name}.shape.json")
     if os.path.exists(cache):
       with open(cache) as f:
-        return tuple(json.load(f))
-    shape = image_shape([p for files in self._splits.values() for p, _ in files])
+        cached = json.load(f)
+      # A list: written before unreadable files were recorded, when any of them failed the scan.
+      return (tuple(cached), []) if isinstance(cached, list) else (tuple(cached["shape"]), cached["unreadable"])
+    shape, unreadable = image_shape([p for files in self._splits.values() for p, _ in files])
     tmp = f"{cache}.{os.getpid()}.tmp"  # One per process: several may scan the same folder at once.
     try:
       os.makedirs(os.path.dirname(cache), exist_ok=True)
       with open(tmp, "w") as f:
-        json.dump(shape, f)
+        json.dump({"shape": shape, "unreadable": unreadable}, f)
       os.replace(tmp, cache)  # Atomic: readers see a whole file or none.
     except OSError:
       pass  # A read-only data_dir: scan again next time.
-    return shape
+    return shape, unreadable
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
@@ -138,16 +173,33 @@ class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
     return {split: self._generate_examples(files) for split, files in self._splits.items()}
 
   def _generate_examples(self, files: list[tuple[str, int]]) -> Iterator[tuple[str, dict]]:
-    channels = self.info.features["image"].shape[-1]
+    channels, root = self.info.features["image"].shape[-1], self.builder_config.path
+    left_out = [p for p, _ in files if p in self._left_out]
     for path, label in files:
-      yield os.path.relpath(path, self.builder_config.path), {"image": _encoded(path, channels), "label": label}
+      if path in self._left_out:
+        continue
+      try:
+        image = _encoded(path, channels)
+      except (OSError, ValueError, SyntaxError) as e:  # Truncated or corrupt: PIL fails while decoding.
+        if not self._skip_bad:
+          raise bad_file_error(root, path, str(e) or type(e).__name__) from None
+        left_out.append(path)
+        continue
+      yield os.path.relpath(path, root), {"image": image, "label": label}
+    if left_out:
+      log.warning("image folder %s: left out %d file(s) that are not readable images (dataset.skip_bad_examples): "
+                  "%s", root, len(left_out), ", ".join(os.path.relpath(p, root) for p in sorted(left_out)))
 
 
 def _encoded(path: str, channels: int) -> bytes | np.ndarray:
-  """The file's bytes when TFDS can store them as they are, else the pixels in the stored color mode."""
+  """The file's bytes when TFDS can store them as they are, else the pixels in the stored color mode.
+
+  Decodes the whole image either way: a truncated file fails here, once, not in a training step.
+  """
   from PIL import Image
   mode = "L" if channels == 1 else "RGB"
   with Image.open(path) as im:
+    im.load()
     if im.format in KEEP_BYTES and im.mode == mode:
       with open(path, "rb") as f:
         return f.read()

@@ -27,13 +27,17 @@ FILE_FORMAT = "array_record"
 _CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-def builder_for(name: str, data_dir: str | None, builder_kwargs: dict) -> tfds.core.DatasetBuilder | None:
-  """The builder of a user's dataset named by path or "module:Builder"; None for a registered TFDS name."""
+def builder_for(name: str, data_dir: str | None, builder_kwargs: dict,
+                skip_bad: bool = False) -> tfds.core.DatasetBuilder | None:
+  """The builder of a user's dataset named by path or "module:Builder"; None for a registered TFDS name.
+
+  `skip_bad`: an image folder leaves out the files that do not decode (`image_folder`), instead of failing.
+  """
   kwargs = {"data_dir": data_dir, "file_format": FILE_FORMAT, **dict(builder_kwargs or {})}
   if name.lower().endswith(".npz"):
     return npz.NpzFile(path=os.path.expanduser(name), **kwargs)  # Reports a missing file by name.
   if _is_path(name):
-    return image_folder.ImageFolder(path=os.path.expanduser(name), **kwargs)  # Reports a missing folder by name.
+    return image_folder.ImageFolder(path=os.path.expanduser(name), skip_bad=skip_bad, **kwargs)  # Reports a missing folder by name.
   if _CLASS_REF.match(name):
     return _instantiate(name, _builder_class(name), kwargs)
   return None
