@@ -1,17 +1,22 @@
 """Restoring checkpoints: the input-stream guard, elastic restarts (ZeRO-1 too), typed PRNG keys, cleanup."""
 
+import dataclasses
 import hashlib
 import logging
 import os
+import re
+import types
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
 import runs
+import tensorflow_datasets as tfds
 
-from jaxdp import build, checkpoint, train, zero
+from jaxdp import build, checkpoint, data, train, zero
 from jaxdp.config import ConfigError
+from jaxdp.data import convert, images
 from jaxdp.configs import mlp_digits
 
 
@@ -115,3 +120,102 @@ def test_an_nnx_dropout_model_stops_and_resumes_bitwise(config, tmp_path, backen
     return result.backend.get(raw)
 
   runs.assert_bitwise(host(resumed), host(straight))
+
+
+# ------------------------------------------------------------------------------- what the stream spec guards
+
+
+def _spec(ds, split="train", **kw):
+  return data.stream_spec(ds, split, **{"seed": 0, "global_batch": 32, "process_count": 2, **kw})
+
+
+def _with(ds, corpus_name=None, **preprocess):
+  """`ds` with other preprocessing fields, or another dataset name / version."""
+  options = dataclasses.replace(ds.options, preprocess=dataclasses.replace(ds.options.preprocess, **preprocess))
+  corpus = ds.corpus if corpus_name is None else types.SimpleNamespace(
+      facts=dataclasses.replace(ds.corpus.facts, name=corpus_name))
+  return dataclasses.replace(ds, corpus=corpus, options=options)
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda ds: _spec(ds, "train[:90%]"), "split 'train' -> 'train[:90%]'"),
+    (lambda ds: _spec(_with(ds, flip=True)), "flip False -> True"),
+    (lambda ds: _spec(_with(ds, crop_padding=2)), "crop_padding 0 -> 2"),
+    (lambda ds: _spec(_with(ds, "digits/9.9.9")), "dataset 'digits/1.1.0' -> 'digits/9.9.9'"),
+    (lambda ds: _spec(_with(ds, "other/1.1.0")), "dataset 'digits/1.1.0' -> 'other/1.1.0'"),
+    (lambda ds: _spec(_with(ds, image_size=32)), "image_size 0 -> 32"),
+    (lambda ds: _spec(ds, seed=1), "seed 0 -> 1"),
+], ids=["split", "flip", "crop_padding", "version", "name", "image_size", "seed"])
+def test_each_fact_the_batches_depend_on_is_refused_when_it_changes(data_dir, change, key):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))
+  assert ds.corpus.facts.name == "digits/1.1.0"  # The name and its version.
+  with pytest.raises(ConfigError, match=re.escape(key)):
+    data.check_resume(_spec(ds), change(ds))
+
+
+def test_another_crop_recipe_is_refused(data_dir, monkeypatch):
+  ds = _with(data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir})), image_size=32)
+  saved = _spec(ds)
+  monkeypatch.setattr(images, "RECIPE", images.RECIPE + " (changed)")
+  with pytest.raises(ConfigError, match=r"crop 'inception-crop.*bicubic' -> 'inception-crop.*\(changed\)'"):
+    data.check_resume(saved, _spec(ds))
+
+
+def _tfrecord_digits(tmp_path):
+  """digits prepared as TFRecord only, read under dataset.shard_by_process: the streaming fallback."""
+  path = str(tmp_path / "tfrecord")
+  builder = tfds.builder("digits", data_dir=path, file_format="tfrecord")
+  builder.download_and_prepare()
+  return path, str(builder.data_dir)
+
+
+def test_the_streaming_fallback_converted_to_reads_by_index_is_refused(config, tmp_path, capsys):
+  config.dataset.data_dir, version_dir = _tfrecord_digits(tmp_path)
+  config.dataset.shard_by_process = True
+  train.train_and_evaluate(_saving(config), str(tmp_path / "run"))
+  assert convert.main(["convert", version_dir]) == 0  # As jaxdp's own error suggests: converted in place.
+  before = _digest(tmp_path / "run" / "checkpoints")
+  config.num_train_steps = 4
+  with pytest.raises(ConfigError, match=r"order 'streamed' -> 'shard'.*was each process streams its TFRecord"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert _digest(tmp_path / "run" / "checkpoints") == before
+
+
+def test_the_shuffle_buffer_is_guarded_only_where_it_is_used(data_dir, tmp_path):
+  by_index = {"name": "digits", "data_dir": data_dir, "shard_by_process": True}
+  streamed = {**by_index, "data_dir": _tfrecord_digits(tmp_path)[0]}
+  for fields in ({"name": "digits", "data_dir": data_dir}, by_index):  # The global order; the shard order.
+    small, big = (data.load(ml_collections.ConfigDict({**fields, "shuffle_buffer": b})) for b in (64, 128))
+    data.check_resume(_spec(small), _spec(big))
+  small, big = (data.load(ml_collections.ConfigDict({**streamed, "shuffle_buffer": b})) for b in (64, 128))
+  assert small.streamed
+  with pytest.raises(ConfigError, match="shuffle_buffer 64 -> 128"):
+    data.check_resume(_spec(small), _spec(big))
+
+
+def _old(order: str, **changes) -> dict:
+  """A digits spec as jaxdp wrote it before the `order` key (global batch 32, 2 processes)."""
+  spec = {"dataset": "digits/1.1.0", "source": "tfds-array_record", "split": "train", "seed": 0, "global_batch": 32,
+          "shard_by_process": order != "global", "crop_padding": 0, "flip": False, "image_size": 0}
+  if order != "global":
+    spec.update(process_count=2, shuffle_buffer=16_384)
+  return {**spec, **changes}
+
+
+def test_specs_saved_before_the_order_key_resume_the_same_stream(data_dir, tmp_path, caplog):
+  fields = {"name": "digits", "data_dir": data_dir}
+  by_order = {"global": data.load(ml_collections.ConfigDict(fields)),
+              "shard": data.load(ml_collections.ConfigDict({**fields, "shard_by_process": True})),
+              "streamed": data.load(ml_collections.ConfigDict({**fields, "shard_by_process": True,
+                                                               "data_dir": _tfrecord_digits(tmp_path)[0]}))}
+  for order, ds in by_order.items():
+    assert _spec(ds)["order"] == order
+    data.check_resume(_old(order), _spec(ds))
+  data.check_resume(_old("shard", shuffle_buffer=64), _spec(by_order["shard"]))  # Unused by reads by index.
+  assert "predates jaxdp telling the streaming fallback from reads by index" in caplog.text
+  for saved, current, key in ((_old("global"), "shard", "order 'global' -> 'shard'"),
+                              (_old("shard"), "global", "order 'shard' -> 'global'"),
+                              (_old("shard", shuffle_buffer=64), "streamed", "shuffle_buffer 64 -> 16384"),
+                              (_old("global", seed=1), "global", "seed 1 -> 0")):
+    with pytest.raises(ConfigError, match=re.escape(key)):
+      data.check_resume(saved, _spec(by_order[current]))
