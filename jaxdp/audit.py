@@ -11,11 +11,16 @@ be steps 1, 2, 3, ... (a replayed or skipped step is named), every global batch 
 completed epoch must hold each example at most once (n - n % B distinct ones). Two workdirs are compared
 step by step; the first step whose global batches differ is named.
 
-The ids come from the stateless sampler (`jaxdp.data.sampler`), the same pure function of (seed, step,
-global batch, split size) that the input pipeline reads by, so recording costs one slice per step. Step s
-of the loop (the state's step after it) trains the sampler's global batch s - 1.
+The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
+split (`data.reader.INDEX`; under the streaming fallback, the position of the record it delivered), and
+`Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
+of the loop, the state's step after it, trains the stream's batch s - 1). The check then also compares
+them with the order the stream reads by (`jaxdp.data.sampler`), where it is one: a reader that read other
+rows than its order names is caught even when every example is still seen once per epoch. The
+`data/digest` metric is the sampler's global batch (no process holds the whole batch as read).
 """
 
+import collections
 import dataclasses
 import glob
 import hashlib
@@ -23,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -44,11 +50,11 @@ def batch_digest(ids: np.ndarray) -> str:
 
 
 class Recorder:
-  """Per process: appends this process's example ids of each trained step; gives each step's digest."""
+  """Per process: appends the example ids this process read for each trained step; gives each step's digest."""
 
-  def __init__(self, order: Any, header: dict[str, Any], directory: str | None, global_order: Any = None):
-    self.order, self.header, self.global_order = order, header, global_order
-    self.lo, self.hi = header["rows"]
+  def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None):
+    self.header, self.global_order = header, global_order
+    self._read: collections.deque[np.ndarray] = collections.deque()  # Ids of batches taken, not yet trained.
     self._ids = self._saves = None
     if directory is not None:  # Recording; otherwise only digests.
       os.makedirs(directory, exist_ok=True)
@@ -59,11 +65,27 @@ class Recorder:
       if header["process_index"] == 0:
         self._saves = open(os.path.join(directory, f"{header['segment']}.saves"), "a")
 
+  @property
+  def recording(self) -> bool:
+    """Whether ids are recorded: the train stream must then carry them (`with_ids`)."""
+    return self._ids is not None
+
+  def take_ids(self, batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """`batches` without their ids (`data.reader.INDEX`), which are kept, in order, for `record`."""
+    from jaxdp.data.reader import INDEX
+    for batch in batches:
+      if INDEX in batch:
+        batch = dict(batch)
+        self._read.append(np.asarray(batch.pop(INDEX), np.int64))
+      yield batch
+
   def record(self, step: int) -> None:
-    """Appends `step` and this process's ids of global batch `step` (flushed: a killed run keeps them)."""
+    """Appends `step` and the ids read for it, the oldest batch taken (flushed: a killed run keeps them)."""
     if self._ids is not None:
-      ids = np.asarray(self.order.rows(step - 1, self.lo, self.hi), np.int64)
-      self._ids.write(np.concatenate([[step], ids]).astype("<i8").tobytes())
+      if not self._read:
+        raise RuntimeError(f"step {step}: no example ids were read for it (train the stream through take_ids, "
+                           "asked with_ids=recording)")
+      self._ids.write(np.concatenate([[step], self._read.popleft()]).astype("<i8").tobytes())
       self._ids.flush()
 
   def saved(self, step: int) -> None:
@@ -93,24 +115,24 @@ class Recorder:
 def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
           process_index: int, process_count: int, num_devices: int) -> Recorder:
   """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
-  from jaxdp.data import _ShardOrder, sampler  # The input pipeline's own order of examples.
-  if ds.options.shard_by_process and not config.get("audit_data", False):
-    return Recorder(None, {"rows": [0, 0], "global_batch": global_batch}, None)  # Each process its own order.
+  from jaxdp.data import resume, sampler  # The input pipeline's own orders of examples.
+  order = resume.order_kind(ds)
+  if order != resume.GLOBAL and not config.get("audit_data", False):
+    return Recorder({}, None)  # Each process its own order: no digest of the global batch.
   split = config.dataset.train_split
   n = ds.num_examples(split)
   rows = global_batch // process_count
-  if ds.options.shard_by_process:
-    order, global_order = _ShardOrder(n, rows, config.seed, split, process_index, process_count), None
-  else:
-    order = global_order = sampler.GlobalOrder(n, global_batch, config.seed, split)
-  header = {"version": 1, "segment": _segment_id(process_count), "process_index": process_index,
+  global_order = sampler.GlobalOrder(n, global_batch, config.seed, split) if order == resume.GLOBAL else None
+  shard = f"{split} (this process's shard)"
+  header = {"version": 2, "segment": _segment_id(process_count), "process_index": process_index,
             "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
             "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
-            "steps_per_epoch": (global_order or order.order).steps_per_epoch,
+            "steps_per_epoch": global_order.steps_per_epoch if global_order else sampler.steps_per_epoch(
+                n // process_count, rows, shard),
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
-            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process}
+            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": order}
   directory = os.path.join(workdir, AUDIT_DIR) if config.get("audit_data", False) else None
-  return Recorder(order, header, directory, global_order)
+  return Recorder(header, directory, global_order)
 
 
 def _segment_id(process_count: int) -> str:
@@ -242,6 +264,7 @@ def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
       _not_in_order(entries, i)
     if len(entry.ids) != batch:
       raise AuditError(f"step {entry.step}: {len(entry.ids)} examples recorded, the global batch is {batch}")
+  _check_order(entries)
   complete = len(entries) // spe
   for epoch in range(complete + (len(entries) % spe > 0)):
     _check_epoch(entries[epoch * spe:(epoch + 1) * spe], epoch, n)
@@ -273,6 +296,38 @@ def _not_in_order(entries: list[Entry], i: int) -> None:
         f"{entry.segment.header['restored_from']}; example {int(entry.ids[0])} (row 0) was seen twice")
   raise AuditError(f"steps {i + 1}..{entry.step - 1} were never trained: {entry.segment.name} continued at step "
                    f"{entry.step}; example {int(entries[i].ids[0])}'s epoch misses them")
+
+
+def _check_order(entries: list[Entry]) -> None:
+  """Every recorded global batch is the one its order names, where the stream reads by one (not streamed)."""
+  orders: dict[tuple, Callable[[int], np.ndarray] | None] = {}
+  for entry in entries:
+    h = entry.segment.header
+    key = (h.get("order"), h["num_examples"], h["global_batch"], h["seed"], h["split"], h["process_count"])
+    if key not in orders:
+      orders[key] = _expected_order(*key)
+    if orders[key] is None:
+      continue
+    expected = orders[key](entry.step - 1)
+    if not np.array_equal(entry.ids, expected):
+      row = _first_difference(entry.ids, expected)
+      raise AuditError(f"step {entry.step}: row {row} read example {_at(entry.ids, row)}, but the {h['order']} order "
+                       f"of seed {h['seed']} puts example {_at(expected, row)} there: the reader read other rows "
+                       f"than its order names")
+
+
+def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
+                    process_count: int) -> Callable[[int], np.ndarray] | None:
+  """Stream step -> the global batch the order names; None where none is known (streamed, or ids not read)."""
+  from jaxdp.data import resume, sampler
+  if order == resume.GLOBAL:
+    whole = sampler.GlobalOrder(n, batch, seed, split)
+    return lambda step: whole.rows(step, 0, batch)
+  if order == resume.SHARD:
+    rows = batch // process_count
+    shards = [sampler.ShardOrder(n, rows, seed, split, p, process_count) for p in range(process_count)]
+    return lambda step: np.concatenate([shard.rows(step, 0, rows) for shard in shards])
+  return None
 
 
 def _check_epoch(epoch_entries: list[Entry], epoch: int, n: int) -> None:

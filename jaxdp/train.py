@@ -111,10 +111,12 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
              "; already at num_train_steps, nothing to train" if start >= total else "")
   with clock.span("setup"):
-    batches = parallel.prefetch(backend, data.train_batches(
+    stream = data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
-        start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total),
-        config.parallel.prefetch)
+        start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
+        with_ids=run.recorder.recording)
+    # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
+    batches = parallel.prefetch(backend, run.recorder.take_ids(stream), config.parallel.prefetch)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
     step_flops, batches = _count_flops(parts, state, batches, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)

@@ -8,6 +8,7 @@ import pytest
 
 from jaxdp import audit, metrics, train
 from jaxdp.data import sampler
+from jaxdp.data.reader import INDEX
 
 B = 256  # digits' train split has 1,437 examples: 5 steps per epoch.
 
@@ -116,3 +117,56 @@ def test_cli_errors(tmp_path, capsys):
   assert "error: expected one or two workdirs" in capsys.readouterr().err
   assert audit.main(["audit", str(tmp_path)]) == 2
   assert "no audit records" in capsys.readouterr().err
+
+
+def test_a_duplicate_example_in_the_last_partial_epoch_is_named():
+  seg = _segment(0, range(1, 6))  # 2 steps per epoch: step 5 alone in the partial epoch 2.
+  seg.steps[5] = seg.steps[5].copy()
+  seg.steps[5][2] = seg.steps[5][0]
+  with pytest.raises(audit.AuditError, match=rf"step 5: example {seg.steps[5][0]} \(row 2\) was already trained on "
+                     r"at step 5 of epoch 2"):
+    audit.check_entries([seg], audit.lineage([seg]))
+
+
+@pytest.mark.parametrize("order, process_count", [("global", 1), ("global", 2), ("shard", 2)])
+def test_a_reader_that_reads_another_steps_rows_is_caught(order, process_count):
+  """Ids that are a permutation's batches, but of the next step (`order.rows(step + 1)`): not the order's."""
+  n, batch = 12, 4
+  if order == "global":
+    whole = sampler.GlobalOrder(n, batch, 0, "train")
+    rows = lambda step: whole.rows(step, 0, batch)  # noqa: E731
+  else:
+    shards = [sampler.ShardOrder(n, batch // 2, 0, "train", p, 2) for p in range(2)]
+    rows = lambda step: np.concatenate([s.rows(step, 0, 0) for s in shards])  # noqa: E731
+  seg = _segment(0, (), batch=batch, n=n, process_count=process_count)
+  seg.header["order"] = order
+  seg.steps = {s: rows(s - 1) for s in range(1, 4)}
+  audit.check_entries([seg], audit.lineage([seg]))  # The order's own batches pass.
+  seg.steps = {s: rows(s) for s in range(1, 4)}  # Each step reads the next one's rows.
+  with pytest.raises(audit.AuditError, match=rf"step 1: row 0 read example {rows(1)[0]}, but the {order} order of "
+                     rf"seed 0 puts example {rows(0)[0]} there: the reader read other rows than its order names"):
+    audit.check_entries([seg], audit.lineage([seg]))
+
+
+def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, tmp_path, monkeypatch):
+  placed = []
+  real_prefetch = train.parallel.prefetch
+
+  def prefetch(backend, batches, size):  # What goes to the devices, hence to the step.
+    return real_prefetch(backend, (placed.append(sorted(b)) or b for b in batches), size)
+
+  monkeypatch.setattr(train.parallel, "prefetch", prefetch)
+  read = []
+  real_take = audit.Recorder.take_ids
+
+  def take_ids(self, batches):  # What the reader delivered, ids included.
+    return real_take(self, (read.append(b[INDEX].copy()) or b for b in batches))
+
+  monkeypatch.setattr(audit.Recorder, "take_ids", take_ids)
+  _train(audited, tmp_path, 6, dataset=dict(audited.dataset, shard_by_process=True))
+  assert placed and all(keys == ["inputs", "labels"] for keys in placed)
+  entries = audit.lineage(audit.load(str(tmp_path)))
+  assert [e.step for e in entries] == list(range(1, 7))
+  for entry, ids in zip(entries, read):
+    np.testing.assert_array_equal(entry.ids, ids)
+  assert "steps 1..6 in 1 segment(s)" in audit.check(str(tmp_path))  # The shard order's batches, once per epoch.

@@ -9,7 +9,9 @@ import tensorflow_datasets as tfds
 
 import jaxdp.datasets  # noqa: F401  Registers digits.
 import runs
-from jaxdp import data
+from jaxdp import audit, data, train
+from jaxdp.data import convert
+from jaxdp.data.reader import INDEX
 
 
 def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
@@ -33,3 +35,26 @@ def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
   for start, stop in ((0, 12), (3, 4), (3, 10), (7, 11), (5, 6)):
     runs.assert_bitwise(stream(start, 99, stop), whole[start:stop])
 
+
+
+def test_the_streamed_audit_records_the_examples_the_stream_delivered(config, tmp_path):
+  path = str(tmp_path / "tfrecord")
+  builder = tfds.builder("digits", data_dir=path, file_format="tfrecord")
+  builder.download_and_prepare()
+  config.update(batch_size=256, num_train_steps=7, audit_data=True)  # 5 steps per epoch: into the second.
+  config.dataset.update(data_dir=path, shard_by_process=True, shuffle_buffer=64)
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert "steps 1..7 in 1 segment(s)" in audit.check(str(tmp_path / "run"))  # Each example once per epoch.
+  recorded = [e.ids for e in audit.lineage(audit.load(str(tmp_path / "run")))]
+  ds = data.load(config.dataset)
+  assert ds.streamed
+  delivered = list(data.train_batches(ds, "train", seed=config.seed, global_batch=256, start_step=0, process_index=0,
+                                      process_count=1, stop_step=7, with_ids=True))
+  assert len(recorded) == len(delivered) == 7
+  assert convert.convert(str(builder.data_dir))  # The same records, now also read by index.
+  by_index = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": path})).source("train")
+  for ids, batch in zip(recorded, delivered):
+    np.testing.assert_array_equal(ids, batch[INDEX])
+    rows = by_index.read(ids)  # Each recorded id is the example the stream delivered in that row.
+    np.testing.assert_array_equal(np.round(batch["inputs"] * 255).astype(np.uint8), rows["inputs"])
+    np.testing.assert_array_equal(batch["labels"], rows["labels"])

@@ -21,7 +21,6 @@ import tensorflow as tf
 from jaxdp.data.dataset import Batch, Dataset, Options, load
 from jaxdp.data.eval_stream import eval_batches, num_eval_steps
 from jaxdp.data.resume import check_resume, stream_spec
-from jaxdp.data.sampler import ShardOrder as _ShardOrder  # The name jaxdp.audit imports.
 from jaxdp.data.train_stream import train_batches
 
 # TensorFlow only feeds the input pipeline: it must never take accelerator memory.

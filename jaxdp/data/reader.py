@@ -11,6 +11,8 @@ import tensorflow_datasets as tfds
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.source import tf_read
 
+INDEX = "_index"  # Each row's example id as read (train streams `with_ids`, for the audit); never trained on.
+
 
 def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
                read: Callable[[np.ndarray], dict], rows: int, first_row: int,
@@ -29,7 +31,7 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   def decode(example: dict) -> dict:
     decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
     out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
-           "row": example["row"], **({"mask": example["mask"]} if "mask" in example else {})}
+           "row": example["row"], **{k: example[k] for k in ("mask", INDEX) if k in example}}
     return per_example(out) if per_example is not None else out
 
   batches = steps.map(no_autograph(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

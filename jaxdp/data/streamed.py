@@ -2,24 +2,28 @@
 
 Train: each process streams its own file shards (`tfds.split_for_jax_process`) through a shuffle buffer,
 reshuffled per epoch; deterministic for a given seed and process count, but the global batches then change
-with the process count. Eval: the split in file order, padded, each process keeping its rows.
+with the process count. `with_ids`: each example's position in the split as delivered (from its `tfds_id`,
+the file and the record in it; the same position as reads by index after `jaxdp.data.convert`). Eval: the
+split in file order, padded, each process keeping its rows.
 """
 
 import itertools
 import math
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
 from jaxdp.data import sampler
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import no_autograph, to_numpy
+from jaxdp.data.reader import INDEX, no_autograph, to_numpy
 
 
 def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_step: int, process_index: int,
-                  process_count: int, stop_step: int | None = None) -> Iterator[Batch]:
+                  process_count: int, stop_step: int | None = None, with_ids: bool = False) -> Iterator[Batch]:
   """This process's own file shards streamed through a shuffle buffer, shuffled per epoch, up to `stop_step`
   (None: forever); depends on the process count."""
   rows = global_batch // process_count
@@ -32,15 +36,16 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
   pre = ds.options.preprocess
   if pre.image_size:
     raise ConfigError("dataset.shard_by_process does not crop images of varying size; read by index instead")
+  as_example = _with_position(ds.builder, split) if with_ids else _supervised(ds.builder)
 
   def finish(batch: dict, step: tf.Tensor) -> dict:
     return pre.train(batch, step, seed=seed, global_batch=global_batch, first_row=first_row)
 
   def epoch(e: int) -> Iterator[Batch]:
     epoch_seed = (seed * 1_000_003 + e * 7_919 + process_index) % 2**31
-    examples = ds.builder.as_dataset(split=shard, as_supervised=True, shuffle_files=True,
-                                     read_config=tfds.ReadConfig(shuffle_seed=epoch_seed))
-    examples = examples.map(no_autograph(lambda x, y: {"inputs": x, "labels": y}))
+    examples = ds.builder.as_dataset(split=shard, shuffle_files=True,
+                                     read_config=tfds.ReadConfig(shuffle_seed=epoch_seed, add_tfds_id=with_ids))
+    examples = examples.map(no_autograph(as_example))
     examples = examples.shuffle(ds.options.shuffle_buffer, seed=epoch_seed, reshuffle_each_iteration=False)
     batches = examples.batch(rows, drop_remainder=True).take(steps_per_epoch)
     batches = batches.enumerate(start=e * steps_per_epoch).map(no_autograph(lambda step, b: (b, step)))
@@ -53,6 +58,28 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
   last_epoch = None if stop_step is None else -(-stop_step // steps_per_epoch)
   epochs = itertools.count(first_epoch) if last_epoch is None else range(first_epoch, last_epoch)
   return itertools.chain.from_iterable(map(epoch, epochs))
+
+
+def _supervised(builder: tfds.core.DatasetBuilder) -> Callable[[dict], dict]:
+  """A decoded example -> {"inputs", "labels"} (its supervised keys)."""
+  x, y = builder.info.supervised_keys[:2]
+  return lambda example: {"inputs": example[x], "labels": example[y]}
+
+
+def _with_position(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[dict], dict]:
+  """A decoded example with its `tfds_id` -> {"inputs", "labels", INDEX}: its position in `split` (in file order)."""
+  files = builder.info.splits[split].file_instructions  # `split` may be a slice such as "train[10%:]".
+  names = [os.path.basename(f.filename) for f in files]
+  starts = np.cumsum([0, *(f.take for f in files[:-1])]) - [f.skip for f in files]  # Position of record 0 of a file.
+  first = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(names, starts.astype(np.int64)), -1)
+  supervised = _supervised(builder)
+
+  def position(example: dict) -> dict:
+    tfds_id = example["tfds_id"]  # "FILE__RECORD": the shard's file name and the record's index in it.
+    record = tf.strings.to_number(tf.strings.regex_replace(tfds_id, "^.*__", ""), tf.int64)
+    return {**supervised(example), INDEX: first.lookup(tf.strings.regex_replace(tfds_id, "__[0-9]+$", "")) + record}
+
+  return position
 
 
 def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,

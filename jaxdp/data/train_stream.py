@@ -11,6 +11,9 @@ Save the state's step, never a count of batches pulled from the iterator: prefet
 
 `dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
 epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
+
+`with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
+as it was read, which the audit records; strip it before the step (`jaxdp.audit.Recorder.take_ids`).
 """
 
 from collections.abc import Iterator
@@ -20,13 +23,14 @@ import tensorflow as tf
 
 from jaxdp.data import images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import no_autograph, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, no_autograph, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
 
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,
-                  process_index: int, process_count: int, stop_step: int | None = None) -> Iterator[Batch]:
+                  process_index: int, process_count: int, stop_step: int | None = None,
+                  with_ids: bool = False) -> Iterator[Batch]:
   """This process's rows of global batches start_step, start_step+1, ..., stop_step - 1 (None: forever).
 
   A stream that ends lets tf.data's workers finish with it: an endless one is cancelled when it is released,
@@ -35,7 +39,8 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   rows = global_batch // process_count
   first_row = process_index * rows
   if ds.streamed:
-    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step)
+    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step,
+                                  with_ids)
   source = ds.source(split)
   if ds.options.shard_by_process:
     order = sampler.ShardOrder(len(source), rows, seed, split, process_index, process_count)
@@ -44,7 +49,10 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   pre = ds.options.preprocess
 
   def read(step: np.ndarray) -> dict[str, np.ndarray]:
-    return source.read(order.rows(step, first_row, first_row + rows))
+    return with_index(order.rows(step, first_row, first_row + rows))
+
+  def with_index(ids: np.ndarray) -> dict[str, np.ndarray]:
+    return {**source.read(ids), INDEX: ids} if with_ids else source.read(ids)
 
   def crop(example: dict) -> dict:
     key = images.example_seed(seed, example["step"], example["row"])
@@ -57,7 +65,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return batch
 
   steps = tf.data.Dataset.range(start_step, _FOREVER if stop_step is None else stop_step)
-  probe = source.read(np.zeros([1], np.int64))
+  probe = with_index(np.zeros([1], np.int64))
   batches = read_steps(ds, probe, steps, read, rows, first_row, crop if pre.image_size else None)
   batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return to_numpy(batches, ds.options.prefetch)
