@@ -173,3 +173,25 @@ def test_token_file_batches_are_the_same_for_any_process_count_and_resume(tmp_pa
     np.testing.assert_array_equal(a, b)
   first = np.concatenate(one[:21])[:, 0]  # The first token of each window of epoch 0: every window at most once.
   assert len(set(first.tolist())) == len(first) == 21 * 16
+
+
+def test_a_rewritten_token_file_is_refused_on_resume(tmp_path):
+  """The stream spec names the file by its size and mtime: rewriting it in place changes the dataset."""
+  path = str(tmp_path / "t.bin")
+  token_file.write(np.arange(3000) % 50, path, vocab_size=50)
+
+  def spec() -> dict:
+    ds = data.load(tiny_gpt_on(path, seq_len=8).dataset)
+    return data.stream_spec(ds, "train", seed=0, global_batch=16, process_count=1)
+
+  saved, stat = spec(), os.stat(path)
+  data.check_resume(saved, spec())  # The same file: the same stream.
+  token_file.write(np.arange(3200) % 50, path, vocab_size=50)  # Longer; the mtime put back as it was.
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+  with pytest.raises(ConfigError, match="dataset 'token_file:t.bin@"):
+    data.check_resume(saved, spec())
+  token_file.write((np.arange(3000) + 1) % 50, path, vocab_size=50)  # The same size, other tokens, a later mtime.
+  os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+  assert os.path.getsize(path) == stat.st_size
+  with pytest.raises(ConfigError, match="dataset 'token_file:t.bin@"):
+    data.check_resume(saved, spec())
