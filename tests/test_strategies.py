@@ -79,3 +79,37 @@ def test_each_parallel_flag_picks_its_strategy(config, flag, expected):
   if flag is not None:
     config.parallel[flag] = True
   assert build.strategy_class(config) is expected
+
+
+def _three_steps(config, **parallel):
+  """(model_state, params) after 3 steps of `counter_models:CountingNNX` (an int32 call counter, a float mean)."""
+  config.model = ml_collections.ConfigDict({"name": "counter_models:CountingNNX"})
+  config.grad_accum_steps = parallel.pop("accum", 1)
+  config.parallel.update(parallel)
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  batches = data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                               process_index=0, process_count=1)
+  for _ in range(3):
+    state, _ = parts.train_step(state, parts.backend.put_batch(next(batches)))
+  return parts.backend.get((state.model_state, state.params))
+
+
+@pytest.mark.parametrize("parallel", [{"num_devices": 8}, {"num_devices": 8, "accum": 2},
+                                      {"num_devices": 8, "shard_optimizer_state": True, "accum": 2},
+                                      {"invariant": True, "num_devices": 1}, {"invariant": True, "num_devices": 8},
+                                      {"invariant": True, "num_devices": 8, "accum": 2}],
+                         ids=["ddp", "ddp-accum2", "zero1-accum2", "invariant-1", "invariant-8", "invariant-8-accum2"])
+def test_an_integer_model_state_counts_calls_as_plain_ddp_does(config, parallel):
+  """A counter is state, not a statistic: +1 per micro-batch a replica runs, never summed over replicas or shards."""
+  accum = parallel.get("accum", 1)
+  model_state, _ = _three_steps(config, **parallel)
+  assert model_state["calls"].dtype == np.int32
+  assert int(model_state["calls"]) == 3 * accum
+
+
+def test_invariant_float_model_state_is_the_same_bits_on_one_and_eight_devices(config):
+  one = _three_steps(config.copy_and_resolve_references(), invariant=True, num_devices=1)
+  eight = _three_steps(config, invariant=True, num_devices=8)
+  assert float(one[0]["mean"]) != 0.0  # The statistic moved.
+  jax.tree.map(np.testing.assert_array_equal, one, eight)

@@ -151,6 +151,18 @@ def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
   return jax.tree.map(lambda x: lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
+def integers_of_replica_zero(tree: PyTree, axis_name: str) -> PyTree:
+  """Non-float leaves (e.g. counters) as replica 0 has them, on every replica; float leaves as they are."""
+  return jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.floating) else replica_zero(x, axis_name), tree)
+
+
+def replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
+  """Replica 0's `x` on every replica, exactly (a psum of it and zeros); an integer is never averaged."""
+  wide = jnp.int32 if x.dtype == jnp.bool_ else x.dtype  # psum takes no bool.
+  mine = jnp.where(lax.axis_index(axis_name) == 0, x.astype(wide), jnp.zeros_like(x, wide))
+  return lax.psum(mine, axis_name).astype(x.dtype)
+
+
 def micro_batches(batch: dict, k: int) -> dict:
   """[rows, ...] -> [k, rows / k, ...]: k consecutive micro-batches."""
   return jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)

@@ -28,18 +28,24 @@ class Invariant(Strategy):
     pieces = micro_batches(batch, m_local * k)
     first = lax.axis_index(axis.name) * m_local * k  # Global index of this device's first piece.
 
-    def one(p: int) -> tuple:
+    def one(p: int, model_state: PyTree) -> tuple:
       piece = jax.tree.map(lambda x: x[p], pieces)
-      (loss, (accuracy, model_state)), grads = grad_fn(state.params, state.model_state, piece,
+      (loss, (accuracy, model_state)), grads = grad_fn(state.params, model_state, piece,
                                                        jax.random.fold_in(rng, first + p))
       return loss, accuracy, model_state, grads
 
     # Unrolled, not a loop: XLA:CPU compiles a convolution differently (and slowly) inside a loop, and
     # how much it unrolls depends on the trip count, i.e. on N.
-    per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *[one(p) for p in range(m_local * k)])
-    per_shard = jax.tree.map(lambda x: _sequential_sum(x.reshape(m_local, k, *x.shape[1:])), per_piece)
-    subtree = jax.tree.map(_pairwise_sum, per_shard)
-    total = jax.tree.map(_pairwise_sum, lax.all_gather(subtree, axis.name))
+    outputs = []
+    for p in range(m_local * k):
+      # Every piece starts from the step's float state (its statistics are averaged below); integer state
+      # (a counter) runs on through a micro-shard's k pieces, as through plain DDP's k micro-batches.
+      start = state.model_state if p % k == 0 else _integers_from(outputs[-1][2], state.model_state)
+      outputs.append(one(p, start))
+    per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+    per_shard = jax.tree.map(lambda x: _shard_total(x.reshape(m_local, k, *x.shape[1:])), per_piece)
+    subtree = jax.tree.map(_tree_total, per_shard)
+    total = jax.tree.map(_tree_total, lax.all_gather(subtree, axis.name))
     return jax.tree.map(functools.partial(_mean, count=m * k), total)
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
@@ -52,7 +58,29 @@ class Invariant(Strategy):
 
 def _mean(x: jax.Array, count: int) -> jax.Array:
   """A float sum over `count` pieces as a mean; other leaves (e.g. integer counters) as they are."""
-  return x / count if jnp.issubdtype(x.dtype, jnp.floating) else x
+  return x / count if _is_float(x) else x
+
+
+def _is_float(x: jax.Array) -> bool:
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def _integers_from(source: PyTree, floats: PyTree) -> PyTree:
+  """`floats`' float leaves with `source`'s other (integer) leaves."""
+  return jax.tree.map(lambda s, f: f if _is_float(f) else s, source, floats)
+
+
+def _shard_total(x: jax.Array) -> jax.Array:
+  """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer's value after the last piece.
+
+  An integer (a step counter) is state, not a statistic: summed, it would grow with the piece count.
+  """
+  return _sequential_sum(x) if _is_float(x) else x[:, -1]
+
+
+def _tree_total(x: jax.Array) -> jax.Array:
+  """[m, ...] -> [...]: floats summed along the fixed tree; integers as micro-shard 0 left them (no sum)."""
+  return _pairwise_sum(x) if _is_float(x) else x[0]
 
 
 def _sequential_sum(x: jax.Array) -> jax.Array:

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxdp.strategies.base import DataAxis, Gradients, GradFn, PyTree, Strategy, micro_batches, pmean_floats
+from jaxdp.strategies.base import (DataAxis, Gradients, GradFn, PyTree, Strategy, integers_of_replica_zero, micro_batches,
+                                   pmean_floats)
 
 
 class DataParallel(Strategy):
@@ -17,6 +18,8 @@ class DataParallel(Strategy):
       return loss, accuracy, model_state, grads
     # Model state (e.g. BatchNorm running statistics) is averaged too, so the replicas stay identical.
     model_state = pmean_floats(model_state, axis.name)
+    if axis.mark_varying:  # Under shard_map the state is one replicated array: an integer leaf must agree too.
+      model_state = integers_of_replica_zero(model_state, axis.name)
     # Flat only where `reduce` is this class's all-reduce (ZeRO-1 overrides it with a reduce-scatter).
     if self.options.flat_allreduce and type(self).reduce is DataParallel.reduce:
       loss, accuracy, grads = self._flat_reduce(loss, accuracy, grads, axis)
