@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdp import data, metrics, models, train
+from jaxdp import build, data, metrics, models, train
+from jaxdp import step as step_lib
 
 SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.
 
@@ -50,3 +51,20 @@ def test_eval_accuracy_counts_only_real_examples(config, tmp_path):
     correct, seen = correct + int(hits[batch["mask"]].sum()), seen + int(batch["mask"].sum())
   assert seen == SIZE
   assert result.eval_metrics["eval/accuracy"] == pytest.approx(correct / SIZE, abs=1e-9)
+
+
+@pytest.mark.parametrize("invariant", [False, True])
+def test_eval_loss_sums_only_real_rows(config, invariant):
+  # The last batch of 101 in 24s holds 5 real rows and 19 padding rows (repeats, mask False): their loss
+  # must not count, as their accuracy does not.
+  config.parallel.invariant, config.batch_size, config.eval_batch_size = invariant, 24, 24
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  *_, last = data.eval_batches(parts.ds, SPLIT, global_batch=24, process_index=0, process_count=1)
+  assert int(last["mask"].sum()) == SIZE % 24
+  sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(last)))
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  logits, _ = parts.model.apply(params, model_state, jnp.asarray(last["inputs"]), train=False)
+  per_row = np.asarray(step_lib.cross_entropy(logits, jnp.asarray(last["labels"])))
+  assert int(sums["num_targets"]) == SIZE % 24
+  np.testing.assert_allclose(float(sums["loss_sum"]), per_row[last["mask"]].sum(), rtol=1e-5)
