@@ -1,5 +1,6 @@
 """Setup mistakes end in exactly one `error:` line on stderr and exit status 2, not a traceback or an abort."""
 
+import inspect
 import os
 import socket
 import subprocess
@@ -8,8 +9,8 @@ import time
 
 import pytest
 
-from jaxdp import train
-from jaxdp.configs import mlp_digits
+from jaxdp import preemption, train
+from jaxdp.configs import default, mlp_digits
 
 
 def _unused_port() -> int:
@@ -46,3 +47,23 @@ def test_a_bad_best_mode_or_best_metric_is_one_line_and_exit_2(tmp_path, data_di
   err = capsys.readouterr().err.strip()
   assert status == 2 and len(err.splitlines()) == 1 and err.startswith("error: best_") and named in err, err
   assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_preemption_sync_every_steps_acts_only_without_the_preemption_service_as_documented(monkeypatch):
+  calls = []
+  monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
+  monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
+                      lambda step: calls.append(("service", step)) or False)
+  monkeypatch.setattr(preemption.multihost_utils, "process_allgather", lambda flags: calls.append(("gather",)) or flags)
+  before = preemption.jax.config.jax_enable_preemption_service
+  try:
+    for service in (True, False):
+      preemption.jax.config.update("jax_enable_preemption_service", service)
+      watcher = preemption.Watcher(sync_every_steps=3)
+      assert not any(watcher.should_stop(step) for step in range(1, 7))
+  finally:
+    preemption.jax.config.update("jax_enable_preemption_service", before)
+  assert calls == [("service", s) for s in range(1, 7)] + [("gather",)] * 2  # Every step; then steps 3 and 6.
+  source = inspect.getsource(default)
+  comment = source[:source.index("config.preemption_sync_every_steps")].splitlines()[-3:-1]
+  assert "preemption_service off only" in comment[0] and "does nothing" in comment[1], comment

@@ -34,7 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.async_checkpointing = True  # Write checkpoints in the background while training continues.
   config.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/Inf steps (each is skipped); 0: never.
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
-  config.preemption_sync_every_steps = 1  # Multi-process: agree on a stop signal every this many steps.
+  # Multi-process with jax_enable_preemption_service off only: all-gather the stop flags every this many steps.
+  # With the service (JAX's default) the processes agree at the service's sync point; this key does nothing.
+  config.preemption_sync_every_steps = 1
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
