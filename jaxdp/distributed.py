@@ -1,7 +1,10 @@
 """Joining a multi-process run through `jax.distributed`, explicitly or by cluster auto-detection."""
 
+import ctypes
 import os
+import signal
 import socket
+import sys
 import time
 
 import jax
@@ -15,6 +18,12 @@ ENV_NUM_PROCESSES = "JAXDP_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXDP_PROCESS_ID"
 # Set by the launcher: Python's prints go to stderr, so native code's stdout (gloo's lines) stays apart.
 ENV_PRINT_TO_STDERR = "JAXDP_PRINT_TO_STDERR"
+# Set by the launcher: its pid, so that this process dies with it (die_with_launcher).
+ENV_LAUNCHER_PID = "JAXDP_LAUNCHER_PID"
+# Set by the launcher: a file this process creates once it has joined the run (all processes connected).
+# A rank that fails again without creating it cannot be restarted (jaxdp.launch --min_processes).
+ENV_JOINED_FILE = "JAXDP_JOINED_FILE"
+_PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
 
 # Markers of clusters where `jax.distributed.initialize()` finds every argument by itself.
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
@@ -52,6 +61,29 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
       time.sleep(0.25)  # The coordinator may simply not be up yet.
 
 
+def die_with_launcher() -> None:
+  """Under jaxdp.launch (Linux), has the kernel SIGKILL this process when the launcher dies.
+
+  A SIGTERM from the launcher is not enough: jax.distributed's preemption service installs a C-level SIGTERM
+  handler, so a trainer whose launcher was killed hard lived on for minutes. The variable is removed from the
+  environment, so that no process this one starts takes the launcher for its parent.
+  """
+  launcher = os.environ.pop(ENV_LAUNCHER_PID, "")
+  if not launcher.isdigit() or not sys.platform.startswith("linux"):
+    return
+  ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+  if os.getppid() != int(launcher):  # The launcher died before prctl: no signal will come.
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _report_joined() -> None:
+  """Creates the launcher's ENV_JOINED_FILE (when set): this process reached every other one."""
+  path = os.environ.pop(ENV_JOINED_FILE, "")
+  if path:
+    with open(path, "w"):
+      pass
+
+
 def settings(config: ml_collections.ConfigDict) -> dict:
   """Coordinator address, process count and id from `config.distributed`, else the environment."""
   c = config.get("distributed", ml_collections.ConfigDict())
@@ -70,6 +102,7 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
 
   Must run before any JAX computation. Fails after `distributed.init_timeout_s` instead of waiting forever.
   """
+  die_with_launcher()
   c = config.get("distributed", ml_collections.ConfigDict())
   explicit = settings(config)
   auto = c.get("auto_detect", True) and _cluster_detected()
@@ -87,4 +120,5 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
     raise DistributedInitError(f"could not join the distributed run at {where} as process "
                                f"{explicit['process_id']} of {explicit['num_processes']} within {timeout} s: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+  _report_joined()
   return True

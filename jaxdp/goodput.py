@@ -1,7 +1,9 @@
 """Where a run's wall time goes (goodput): steps, compilation, input, eval, checkpoints, restore, setup.
 
 Totals are kept in WORKDIR/goodput.json and summed over every run of the same workdir, so time lost
-to preemptions and restarts (setup, restore, compilation again) shows in the shares.
+to preemptions and restarts (setup, restore, compilation again) shows in the shares. A run that
+jaxdp.launch started again after a failure also counts, as `restart`, the wall time between the failed
+run's last saved totals and its own start: the work since then, the stop, the new processes' start.
 """
 
 import contextlib
@@ -17,9 +19,11 @@ from jaxdp import units
 
 FILE = "goodput.json"
 # In print order; "train" is the steps themselves (dispatch and waiting for the device).
-CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
+CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup", "restart")
 LABELS = {"train": "training", "compile": "compilation", "input": "input", "eval": "eval",
-          "checkpoint": "checkpoint saves", "restore": "restore", "setup": "setup"}
+          "checkpoint": "checkpoint saves", "restore": "restore", "setup": "setup", "restart": "restarts"}
+# Set by jaxdp.launch on the processes it starts again after a failure: count the time lost (`restart`).
+ENV_RESTARTED = "JAXDP_RESTARTED"
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or persistent-cache read.
 # Making a program: tracing (nested for a jit called inside a traced function), lowering, XLA compile.
 _MAKING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -76,13 +80,16 @@ class CompileWatch:
 class Clock:
   """Wall time per category for this run, plus the totals of the workdir's earlier runs."""
 
-  def __init__(self, workdir: str, compiles: CompileWatch, clock: Callable[[], float] = time.perf_counter):
+  def __init__(self, workdir: str, compiles: CompileWatch, clock: Callable[[], float] = time.perf_counter,
+               now: Callable[[], float] = time.time):
     self.path = os.path.join(workdir, FILE)
     self.compiles = compiles
-    self._clock = clock
+    self._clock, self._now = clock, now
     self.began = clock()
     self.seconds = dict.fromkeys(CATEGORIES, 0.0)
-    self.previous, self.runs = _load(self.path)
+    self.previous, self.runs, saved_at = _load(self.path)
+    if os.environ.get(ENV_RESTARTED) and saved_at is not None:  # Lost: on no clock since the last save.
+      self.seconds["restart"] = max(0.0, now() - saved_at)
 
   @contextlib.contextmanager
   def span(self, category: str) -> Iterator[None]:
@@ -98,7 +105,7 @@ class Clock:
 
   def totals(self) -> dict[str, float]:
     """Seconds per category and `wall`, summed over this workdir's runs (this one up to now)."""
-    now = {**self.seconds, "wall": self._clock() - self.began}
+    now = {**self.seconds, "wall": self._clock() - self.began + self.seconds["restart"]}
     return {k: self.previous.get(k, 0.0) + v for k, v in now.items()}
 
   def scalars(self) -> dict[str, float]:
@@ -122,15 +129,16 @@ class Clock:
       return
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
-      json.dump({"runs": self.runs + 1, "seconds": self.totals()}, f)
+      json.dump({"runs": self.runs + 1, "seconds": self.totals(), "saved_at": self._now()}, f)
     os.replace(tmp, self.path)
 
 
-def _load(path: str) -> tuple[dict[str, float], int]:
-  """(seconds per category, runs) of the earlier runs; nothing for a new workdir or an unreadable file."""
+def _load(path: str) -> tuple[dict[str, float], int, float | None]:
+  """(seconds per category, runs, when saved) of the earlier runs; nothing for a new or unreadable file."""
   try:
     with open(path) as f:
       saved = json.load(f)
-    return {k: float(v) for k, v in saved["seconds"].items()}, int(saved["runs"])
+    seconds = {k: float(v) for k, v in saved["seconds"].items()}
+    return seconds, int(saved["runs"]), float(saved["saved_at"]) if "saved_at" in saved else None
   except (OSError, ValueError, KeyError, TypeError):
-    return {}, 0
+    return {}, 0, None

@@ -1,9 +1,15 @@
-"""The launcher relays its processes' output plainly: rank prefixes, no gloo connection lines."""
+"""The launcher relays its processes' output plainly, takes them down with it, and restarts them."""
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
-from jaxdp import launch
+import pytest
+
+from jaxdp import goodput, launch
 
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -56,3 +62,124 @@ def test_the_users_xla_flags_reach_every_process_without_a_device_count(monkeypa
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false")
   env = launch._env(0, launch.parse(["--num_processes", "2", "--devices_per_process", "2", "--", "x"]), 1234, None)
   assert env["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false" and env["JAXDP_CPU_DEVICES"] == "2"
+
+
+def _launcher(*flags: str) -> launch.Launcher:
+  return launch.Launcher(launch.parse([*flags, "--", "--config", "x.py", "--workdir", "/nonexistent"]))
+
+
+def test_a_config_mistake_is_never_restarted(capsys):
+  plan = _launcher("--num_processes", "2", "--max_restarts", "3").after(launch.Failure(1, 2, joined=True))
+  assert plan.status == 2
+  assert capsys.readouterr().err == ("error: process 1 of 2 exited with status 2 (a config or command-line mistake: "
+                                     "not restarted); stopped the others\n")
+
+
+def test_each_restart_is_one_line_naming_rank_death_and_step_until_the_restarts_are_spent(tmp_path, capsys):
+  for name in ("10", "20", "30.orbax-checkpoint-tmp-17", "best"):  # Complete entries are named by their step only.
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  launcher = launch.Launcher(launch.parse(["--num_processes", "2", "--max_restarts", "2", "--", "--workdir",
+                                           str(tmp_path)]))
+  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 2
+  assert launcher.after(launch.Failure(0, 1, joined=True)).size == 2
+  assert launcher.after(launch.Failure(1, -9, joined=True)).status == 128 + 9
+  assert capsys.readouterr().err.splitlines() == [
+      "launch: process 1 of 2 was lost (killed by SIGKILL); restart 1 of 2 from step 20",
+      "launch: process 0 of 2 exited with status 1; restart 2 of 2 from step 20",
+      "error: process 1 of 2 was lost (killed by SIGKILL) after 2 restarts; stopped the others"]
+
+
+def test_a_rank_that_fails_again_before_joining_is_left_out_down_to_min_processes(capsys):
+  launcher = _launcher("--num_processes", "3", "--max_restarts", "9", "--min_processes", "2")
+  assert launcher.after(launch.Failure(2, 3, joined=False)).size == 3  # A first failure at start: restarted.
+  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 3  # Another rank than the one that failed.
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # Rank 0 again, before joining: gone.
+  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 2
+  assert launcher.after(launch.Failure(1, 3, joined=False)).status == 3  # Not below --min_processes.
+  err = capsys.readouterr().err.splitlines()
+  assert err[3] == ("launch: process 0 of 3 exited with status 3 again before joining the run: it cannot be restarted; "
+                    "going on with 2 of 3; restart 4 of 9 from the start (no checkpoint yet)")
+  assert err[-1] == ("error: process 1 of 2 exited with status 3 again before joining the run: it cannot be "
+                     "restarted, and --min_processes=2 allows no fewer than 2")
+
+
+@pytest.mark.parametrize("flags, named", [(["--max_restarts", "-1"], "--max_restarts"),
+                                          (["--min_processes", "3"], "--min_processes"),
+                                          (["--min_processes", "-1"], "--min_processes")])
+def test_bad_restart_flags_are_one_line_and_exit_2(capsys, flags, named):
+  with pytest.raises(SystemExit) as exit_info:
+    launch.parse(["--num_processes", "2", *flags, "--", "x"])
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and err.startswith(f"error: {named}") and len(err.splitlines()) == 1, err
+
+
+def test_processes_that_exit_2_are_not_restarted(tmp_path):
+  out = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--max_restarts", "3", "--",
+                        "--config", str(tmp_path / "missing.py"), "--workdir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 2, out.stderr
+  assert "launch: " not in out.stderr and "not restarted" in out.stderr.splitlines()[-1], out.stderr
+
+
+_ORPHAN = """
+import os, signal, subprocess, sys, time
+if sys.argv[1] == "middle":  # Starts the trainer stand-in, says its pid, waits to be killed.
+  child = subprocess.Popen([sys.executable, __file__, "child"], env={**os.environ, "JAXDP_LAUNCHER_PID": str(os.getpid())})
+  print(child.pid, flush=True)
+  time.sleep(600)
+else:  # Like a trainer under the preemption service: SIGTERM does not end it.
+  from jaxdp import distributed
+  distributed.die_with_launcher()
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  assert "JAXDP_LAUNCHER_PID" not in os.environ  # Its own children do not take the launcher for their parent.
+  time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(") ")[1][0] != "Z"  # A zombie has died already.
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_launched_process_dies_with_its_launcher(tmp_path):
+  script = tmp_path / "orphan.py"
+  script.write_text(_ORPHAN)
+  middle = subprocess.Popen([sys.executable, str(script), "middle"], stdout=subprocess.PIPE, text=True)
+  child = int(middle.stdout.readline())
+  time.sleep(3)  # Time to import jaxdp.distributed and call die_with_launcher.
+  assert _alive(child)
+  middle.kill()
+  middle.wait()
+  deadline = time.time() + 10
+  while _alive(child) and time.time() < deadline:
+    time.sleep(0.05)
+  alive = _alive(child)
+  if alive:
+    os.kill(child, signal.SIGKILL)
+  assert not alive, "the launched process outlived its launcher"
+
+
+def test_a_process_whose_launcher_is_already_gone_ends_at_once():
+  script = "import os; os.environ['JAXDP_LAUNCHER_PID'] = '1'; from jaxdp import distributed; " \
+           "distributed.die_with_launcher(); print('alive')"
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+  assert out.returncode == -signal.SIGKILL and "alive" not in out.stdout
+
+
+def test_a_restarted_run_counts_the_time_since_the_failed_runs_last_record(tmp_path, monkeypatch):
+  (tmp_path / goodput.FILE).write_text(json.dumps({"runs": 1, "seconds": {"train": 3.0, "wall": 4.0},
+                                                   "saved_at": 1000.0}))
+  ticks = iter([50.0, 52.0, 52.0])
+  monkeypatch.setenv(goodput.ENV_RESTARTED, "1")
+  clock = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=lambda: next(ticks), now=lambda: 1007.5)
+  scalars = clock.scalars()
+  assert scalars["time/total/restart"] == 7.5 and scalars["time/total/wall"] == 4.0 + 7.5 + 2.0
+  assert scalars["time/goodput"] == 3.0 / 13.5
+  monkeypatch.delenv(goodput.ENV_RESTARTED)  # Resumed by hand (maybe days later): nothing counts as lost.
+  clock = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=lambda: 0.0, now=lambda: 1e9)
+  assert clock.scalars()["time/total/restart"] == 0.0 and clock.scalars()["time/total/wall"] == 4.0
