@@ -4,10 +4,12 @@ import os
 import signal
 import time
 
+import jax
+import numpy as np
 import pytest
 import runs
 
-from jaxdp import checkpoint, metrics, train
+from jaxdp import build, checkpoint, metrics, train, zero
 from jaxdp.configs import default, mlp_digits
 
 STEPS = 120
@@ -119,3 +121,25 @@ def test_keeps_the_newest_and_the_best(data_dir, tmp_path):
   losses = {r["step"]: r["eval/loss"] for r in metrics.read(str(tmp_path)) if "eval/loss" in r}
   best = min(losses, key=losses.get)
   assert kept == sorted({90, 100, best})
+
+
+def test_plain_optimizer_state_is_relaid_into_zero1(config, tmp_path):
+  """A plain-DDP checkpoint (Adam's mu and nu in the parameters' shapes) resumed under ZeRO-1 (raveled, padded)."""
+  config.optimizer, config.num_train_steps, config.checkpoint_every_steps = "adam", 2, 2
+  saved = train.train_and_evaluate(config, str(tmp_path))
+  stored = saved.backend.get(saved.state.opt_state)[0]
+  params = saved.backend.get(saved.state.params)
+  config.parallel.num_devices, config.parallel.shard_optimizer_state = 8, True
+  parts = build.build(config)
+  with checkpoint.Checkpointer(str(tmp_path), config) as ckpt:
+    restored = ckpt.restore_or_init(parts.backend, parts.init)
+  relaid = restored.opt_state[0]
+  for moment in ("mu", "nu"):
+    before, after = getattr(stored, moment), jax.tree.map(np.asarray, getattr(relaid, moment))
+    assert all(np.any(x != 0) for x in jax.tree.leaves(before))  # Two Adam steps: the moments moved.
+    assert all(x.ndim == 1 and x.size % 8 == 0 for x in jax.tree.leaves(after))  # ZeRO-1's layout.
+    runs.assert_bitwise(zero.unflatten(after, params), before)
+  assert all(x.sharding.spec == jax.sharding.PartitionSpec("data") for x in jax.tree.leaves(relaid.mu))
+  config.num_train_steps = 4
+  result = train.train_and_evaluate(config, str(tmp_path))  # Resumes at step 2 and trains on under ZeRO-1.
+  assert int(result.backend.get(result.state.step)) == 4
