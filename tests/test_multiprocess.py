@@ -163,6 +163,15 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(data_di
   _assert_losses_close(common, {s: l for s, l in runs.train_losses(one_by_eight[0]).items() if s in common})
 
 
+def test_sigterm_to_the_launcher_stops_its_processes_with_a_checkpoint(data_dir, tmp_path):
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
+  proc.send_signal(signal.SIGTERM)  # As a scheduler stops a job: like Ctrl-C, not like a kill.
+  out = _finish(proc, timeout=90)
+  saved = [int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
+  assert len(saved) == 1 and f"step {saved[0]}: stop requested" in out, out[-2000:]
+
+
 def test_a_hung_process_is_declared_lost_without_the_launcher(data_dir, tmp_path):
   port = launch.free_port()
   args = [*runs.flags(_overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0,
