@@ -87,6 +87,19 @@ def test_flat_buffers_give_the_per_leaf_and_one_device_results(data_dir, paralle
     np.testing.assert_allclose([a["loss"], a["accuracy"]], [b["loss"], b["accuracy"]], rtol=1e-6)
 
 
+def test_a_bfloat16_flat_all_reduce_keeps_loss_and_accuracy_float32(data_dir):
+  # 24 rows per device: accuracies such as 7/24 are not bfloat16 numbers, so rounding them would show.
+  # The first step's metrics come from the same parameters whatever the all-reduce dtype.
+  config = _config(data_dir, allreduce_dtype="bfloat16")
+  config.batch_size = 8 * 24
+  _, bf16 = _two_steps(config)
+  config.parallel.allreduce_dtype = "float32"
+  _, f32 = _two_steps(config)
+  for key in ("loss", "accuracy"):
+    assert bf16[0][key].dtype == np.float32
+    np.testing.assert_allclose(bf16[0][key], f32[0][key], rtol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize("key,value", [("flat_allreduce", "maybe"), ("bucket_bytes", 0)])
 def test_bad_settings_are_config_errors(data_dir, key, value):
   config = _config(data_dir)
