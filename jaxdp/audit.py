@@ -313,7 +313,7 @@ def _check_order(entries: list[Entry]) -> None:
       row = _first_difference(entry.ids, expected)
       raise AuditError(f"step {entry.step}: row {row} read example {_at(entry.ids, row)}, but the {h['order']} order "
                        f"of seed {h['seed']} puts example {_at(expected, row)} there: the reader read other rows "
-                       f"than its order names")
+                       f"than its order names (as a bad example replaced under dataset.skip_bad_examples does)")
 
 
 def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
