@@ -128,24 +128,26 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   tracker = _StepMetrics(backend, _steps_in_flight(config, backend), config.get("max_consecutive_nonfinite", 5))
   profiler = profiling.Profiler(run.workdir, config.get("profile_steps", ()))
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
-  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend))
-  for step in range(start + 1, total + 1):
-    with clock.span("input"):
-      batch = next(batches)
-    profiler.before(step)
-    with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
-      state, step_metrics = parts.train_step(state, batch)
-      tracker.push(step, step_metrics)
-    run.recorder.record(step)
-    reporter.on_step(step)
-    loop.periodic(step, state)
-    profiler.after(step, state)
-    if watcher.should_stop(step):
-      if loop.saved != step:
-        loop.save(step, state, force=True)
-      log.info("step %d: stop requested; checkpoint saved, exiting", step)
-      loop.finish(step)
-      return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
+  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream)
+  with loop.saving_on_error():
+    for step in range(start + 1, total + 1):
+      with clock.span("input"):
+        batch = next(batches)
+      profiler.before(step)
+      with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
+        state, step_metrics = parts.train_step(state, batch)
+        tracker.push(step, step_metrics)
+      loop.completed = (step, state)
+      run.recorder.record(step)
+      reporter.on_step(step)
+      loop.periodic(step, state)
+      profiler.after(step, state)
+      if watcher.should_stop(step):
+        if loop.saved != step:
+          loop.save(step, state, force=True)
+        log.info("step %d: stop requested; checkpoint saved, exiting", step)
+        loop.finish(step)
+        return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
   reporter.done()
   loop.finish(total)
   return Result(state, backend, loop.eval_metrics, model=parts.model)
@@ -169,7 +171,7 @@ class _Loop:
       with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
         train_metrics = self.tracker.flush()
       self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
-                               **self.run.recorder.metrics(step), **clock.scalars()})
+                               **self.run.recorder.metrics(step), **self._skipped(step), **clock.scalars()})
       clock.save()
     if _itstime(step, config.get("check_replicas_every_steps", 0), total):
       with clock.span("train"):
@@ -194,6 +196,43 @@ class _Loop:
     self.writer.write(step, {"time/checkpoint": span.seconds})
     self.run.clock.save()
     self.saved = step
+
+  def _skipped(self, step: int) -> dict[str, float]:
+    """`train/skipped_examples`: bad examples replaced in this process's rows so far (with skip_bad_examples)."""
+    if not self.run.parts.config.dataset.get("skip_bad_examples", False):
+      return {}
+    return {"train/skipped_examples": float(data.skipped_through(self.stream, step))}
+
+  @contextlib.contextmanager
+  def saving_on_error(self) -> Iterator[None]:
+    """On an exception, checkpoints the last completed step (when checkpointing is on) before it propagates.
+
+    A failure in the input or in an eval (a bad example, a full disk) then loses no step. Not after a
+    NaN/Inf run or a replica mismatch: that state is not good. Single process only: a save is collective,
+    and the other processes, still training, would never join it.
+    """
+    try:
+      yield
+    except (NonFiniteError, replicas.ReplicaMismatchError):
+      raise
+    except Exception:
+      if self._unsaved_step():
+        self._save_on_the_way_out(*self.completed)
+      raise
+
+  def _unsaved_step(self) -> bool:
+    """Whether a completed step is not checkpointed yet and may be (checkpointing on, one process)."""
+    every = self.run.parts.config.get("checkpoint_every_steps", 0)
+    return self.completed is not None and self.completed[0] != self.saved and every > 0 and jax.process_count() == 1
+
+  def _save_on_the_way_out(self, step: int, state: step_lib.TrainState) -> None:
+    """Saves `state` as step `step` and waits for it; a failing save is logged, never raised over the error."""
+    try:
+      self.save(step, state, force=True)
+      self.run.checkpointer.wait()
+      log.warning("step %d: checkpoint saved before stopping on the error below", step)
+    except Exception as e:  # The original error is the one to report; this one only explains a missing save.
+      log.warning("step %d: could not checkpoint before stopping: %s", step, e)
 
   def finish(self, step: int) -> None:
     """The run's time per category (summed over this workdir's runs): the last record and line."""

@@ -5,12 +5,16 @@ import io
 import json
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 from PIL import Image
 
+import bad_datasets  # noqa: F401  `bad_datasets:BadJpegs`.
 import runs
+from jaxdp import checkpoint, data, metrics, train
 
 CLASSES = ("ant", "bee")
 TIMEOUT = 240  # A run here takes seconds; a hang (the process never exits) fails instead of blocking the suite.
@@ -37,18 +41,20 @@ def image_folder(root, bad: dict[str, bytes], per_class: int = 6) -> str:
   return str(root)
 
 
-def train_cli(tmp_path, name: str, **overrides) -> subprocess.CompletedProcess:
-  """`python -m jaxdp.train` on `name`, 2 CPU devices, a few steps of an MLP on 8x8 crops."""
-  flags = runs.flags({"dataset.name": name, "dataset.data_dir": str(tmp_path / "tfds"), "dataset.image_size": 8,
+def train_cli(tmp_path, **overrides) -> subprocess.CompletedProcess:
+  """`python -m jaxdp.train` with `overrides`, 2 CPU devices, a few steps of an MLP on 8x8 crops."""
+  flags = runs.flags({"dataset.data_dir": str(tmp_path / "tfds"), "dataset.image_size": 8,
                       "model.name": "mlp", "model.hidden": "(8,)", "batch_size": 4, "eval_batch_size": 4,
                       "num_train_steps": 3, "log_every_steps": 1, "eval_every_steps": 3, "checkpoint_every_steps": 1,
                       "check_replicas_every_steps": 0, "async_checkpointing": False, **overrides})
-  return subprocess.run(runs.start("jaxdp.train", [*flags, "--workdir", str(tmp_path / "run")], devices=2).args,
+  return subprocess.run([sys.executable, "-m", "jaxdp.train", *flags, "--workdir", str(tmp_path / "run")],
                         capture_output=True, text=True, timeout=TIMEOUT, env=_env())
 
 
 def _env() -> dict:
-  env = {**os.environ, "JAXDP_CPU_DEVICES": "2"}
+  """This environment, 2 CPU devices, and tests/ importable (for `bad_datasets:BadJpegs`)."""
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "2",
+         "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
   env.pop("XLA_FLAGS", None)
   return env
 
@@ -63,8 +69,79 @@ def _error_lines(proc: subprocess.CompletedProcess) -> list[str]:
 ])
 def test_a_bad_file_in_an_image_folder_is_one_error_naming_it(tmp_path, rel, content, why):
   root = image_folder(tmp_path / "photos", {rel: content})
-  proc = train_cli(tmp_path, root)
+  proc = train_cli(tmp_path, **{"dataset.name": root})
   assert proc.returncode == 2, proc.stdout + proc.stderr
   errors = _error_lines(proc)
   assert len(errors) == 1 and repr(rel) in errors[0] and why in errors[0], errors
   assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def _bad_jpegs_config(tmp_path, **overrides):
+  """A few steps on `bad_datasets:BadJpegs` (8x8 crops, an MLP, 2 devices), checkpoints every 2 steps."""
+  return runs.config_with({"dataset.name": "bad_datasets:BadJpegs", "dataset.data_dir": str(tmp_path / "tfds"),
+                           "dataset.image_size": 8, "model.name": "mlp", "model.hidden": (8,), "batch_size": 16,
+                           "eval_batch_size": 16, "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
+                           "checkpoint_every_steps": 2, "check_replicas_every_steps": 0, "parallel.num_devices": 2,
+                           **overrides})
+
+
+def _undecodable(config, split: str) -> list[int]:
+  """The indices in `split` whose image PIL cannot decode (found independently of jaxdp's pipeline)."""
+  builder = data.load(config.dataset).builder
+  source = builder.as_data_source(split, decoders={"image": tfds.decode.SkipDecoding()})
+  bad = []
+  for i in range(len(source)):
+    try:
+      Image.open(io.BytesIO(source[i]["image"])).load()
+    except OSError:
+      bad.append(i)
+  return bad
+
+
+def test_a_bad_example_in_the_final_eval_keeps_every_completed_step(tmp_path):
+  config = _bad_jpegs_config(tmp_path, **{"dataset.builder_kwargs": {"bad_test": (3,)}})
+  [index] = _undecodable(config, "test")
+  with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'test' \(jpeg::"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert checkpoint.Checkpointer(str(tmp_path / "run"), config).manager.all_steps() == [2, 4]
+
+
+def test_a_bad_train_example_is_one_error_naming_split_and_index(tmp_path):
+  config = _bad_jpegs_config(tmp_path, **{"dataset.name": "bad_datasets:BadTrainJpegs"})
+  [index] = _undecodable(config, "train")
+  overrides = {"dataset.name": "bad_datasets:BadTrainJpegs", "batch_size": 16, "num_train_steps": 8,
+               "eval_every_steps": 8}
+  proc = train_cli(tmp_path, **overrides)
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  errors = _error_lines(proc)
+  assert len(errors) == 1 and f"cannot decode example {index} of split 'train'" in errors[0], errors
+  assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def _global_batches(config, process_count: int, steps: int) -> list[dict]:
+  """Global train batches 0..steps-1, each process's rows read on their own and put together."""
+  ds = data.load(config.dataset)
+  per = [[next(it) for _ in range(steps)] for it in (
+      data.train_batches(ds, "train", seed=0, global_batch=16, start_step=0, process_index=p,
+                         process_count=process_count) for p in range(process_count))]
+  return [{k: np.concatenate([pp[s][k] for pp in per]) for k in per[0][s]} for s in range(steps)]
+
+
+def test_skipped_examples_are_replaced_the_same_way_on_any_process_count(tmp_path):
+  config = _bad_jpegs_config(tmp_path, **{"dataset.builder_kwargs": {"bad_train": (5, 17)},
+                                          "dataset.skip_bad_examples": True})
+  one = _global_batches(config, 1, 8)  # Two epochs: each bad example met twice.
+  runs.assert_bitwise(one, _global_batches(config, 1, 8))
+  runs.assert_bitwise(one, _global_batches(config, 2, 8))
+  runs.assert_bitwise(one, _global_batches(config, 4, 8))
+
+
+def test_with_skipping_on_the_run_finishes_and_counts_the_bad_examples(tmp_path):
+  config = _bad_jpegs_config(tmp_path, **{"dataset.builder_kwargs": {"bad_train": (5, 17), "bad_test": (3,)},
+                                          "dataset.skip_bad_examples": True, "num_train_steps": 8,
+                                          "log_every_steps": 4, "eval_every_steps": 8})
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(result.backend.get(result.state.step)) == 8
+  assert result.eval_metrics["eval/num_examples"] == 19  # The bad test example is left out of the eval.
+  logged = [r for r in metrics.read(str(tmp_path / "run")) if "train/skipped_examples" in r]
+  assert [r["train/skipped_examples"] for r in logged] == [2.0, 4.0]  # 8 steps of 16 = 2 epochs of 64.

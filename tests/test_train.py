@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import checkpoint, compilation_cache, evaluate, metrics, preemption, progress, sample, train
+from jaxdp import checkpoint, compilation_cache, data, evaluate, metrics, preemption, progress, sample, train
 from jaxdp.configs import gpt_text_file
 
 
@@ -169,3 +169,34 @@ def test_the_python_api_writes_the_compilation_cache_of_its_config(config, tmp_p
   finally:
     compilation_cache.use(ml_collections.ConfigDict({"compilation_cache_dir": before or ""}))
   assert os.listdir(tmp_path / "xla"), "no cache entry written"
+
+
+def _failing_stream(monkeypatch, at_step: int, error: Exception | None = None, nan_steps: set[int] = frozenset()):
+  """The train stream, NaN inputs at `nan_steps`, and `error` raised when batch `at_step` is asked for."""
+  real = data.train_batches
+
+  def stream(*args, start_step: int, **kwargs):
+    for step, batch in enumerate(real(*args, start_step=start_step, **kwargs), start_step):
+      if step == at_step and error is not None:
+        raise error
+      yield {**batch, "inputs": np.full_like(batch["inputs"], np.nan)} if step in nan_steps else batch
+
+  monkeypatch.setattr(data, "train_batches", stream)
+
+
+def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, monkeypatch):
+  _failing_stream(monkeypatch, 5, OSError("disk gone"))  # Batch 5 is step 6's.
+  config.num_train_steps, config.checkpoint_every_steps = 10, 4
+  config.parallel.prefetch = 0  # Else the error surfaces while placing batches ahead, before step 5 runs.
+  with pytest.raises(OSError, match="disk gone"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4, 5]
+
+
+def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, monkeypatch):
+  _failing_stream(monkeypatch, -1, nan_steps={5, 6})
+  config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 10, 8, 4
+  config.max_consecutive_nonfinite = 2
+  with pytest.raises(train.NonFiniteError):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4]

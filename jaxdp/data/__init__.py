@@ -18,6 +18,7 @@ The modules, in the order the data flows through them:
 import tensorflow as tf
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
+from jaxdp.data.bad_examples import BadExampleError, skipped_through
 from jaxdp.data.dataset import Batch, Dataset, Options, load
 from jaxdp.data.eval_stream import eval_batches, num_eval_steps
 from jaxdp.data.resume import check_resume, stream_spec
@@ -26,5 +27,5 @@ from jaxdp.data.train_stream import train_batches
 # TensorFlow only feeds the input pipeline: it must never take accelerator memory.
 tf.config.set_visible_devices([], "GPU")
 
-__all__ = ["Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps", "stream_spec",
-           "train_batches"]
+__all__ = ["BadExampleError", "Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps",
+           "skipped_through", "stream_spec", "train_batches"]

@@ -28,6 +28,7 @@ class Options:
   prefetch: int = 2
   max_memory_gb: float = 16.0  # Accepted for old configs; random access holds no split in memory.
   cache_mb: float = 64.0       # Splits decoded at most this big (all together) are decoded once, in memory.
+  skip_bad_examples: bool = False  # An example that does not decode is replaced (`bad_examples`), not an error.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int | None, ...]) -> "Options":
@@ -35,7 +36,8 @@ class Options:
     d = cls()
     options = cls(Preprocess.from_config(config, input_shape), bool(config.get("shard_by_process", False)),
                   config.get("shuffle_buffer", d.shuffle_buffer), config.get("prefetch", d.prefetch),
-                  config.get("max_memory_gb", d.max_memory_gb), config.get("cache_mb", d.cache_mb))
+                  config.get("max_memory_gb", d.max_memory_gb), config.get("cache_mb", d.cache_mb),
+                  bool(config.get("skip_bad_examples", False)))
     if not isinstance(options.shuffle_buffer, int) or options.shuffle_buffer < 1:
       raise ConfigError(f"dataset.shuffle_buffer must be a positive integer, got {options.shuffle_buffer!r}")
     if isinstance(options.cache_mb, bool) or not isinstance(options.cache_mb, (int, float)) or options.cache_mb < 0:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from jaxdp.data import images, sampler, streamed
+from jaxdp.data import bad_examples, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import no_autograph, read_steps, to_numpy
+from jaxdp.data.reader import example_decodes, no_autograph, read_steps, to_numpy
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
@@ -23,10 +23,8 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   lo = process_index * rows
   pre = ds.options.preprocess
 
-  def read(step: np.ndarray) -> dict[str, np.ndarray]:
-    # Padding repeats real examples from the start (so they decode like any other) with mask False.
-    indices, mask = sampler.eval_rows(n, global_batch, int(step), lo, lo + rows)
-    return {**source.read(indices), "mask": mask}
+  def ids(step: int) -> np.ndarray:
+    return sampler.eval_rows(n, global_batch, step, lo, lo + rows)[0]
 
   def crop(example: dict) -> dict:
     return {**example, "inputs": images.eval_crop(example["inputs"], pre.image_size, pre.crop_ratio,
@@ -35,11 +33,29 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   def finish(batch: dict) -> dict:
     return pre.finish({k: v for k, v in batch.items() if k not in ("step", "row")})
 
+  per_example = crop if pre.image_size else None
   probe = {**source.read(np.zeros([1], np.int64)), "mask": np.ones([1], bool)}
-  steps = tf.data.Dataset.range(math.ceil(n / global_batch))
-  batches = read_steps(ds, probe, steps, read, rows, lo, crop if pre.image_size else None)
-  batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return to_numpy(batches, ds.options.prefetch)
+
+  def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    def read(step: np.ndarray) -> dict[str, np.ndarray]:
+      # Padding repeats real examples from the start (so they decode like any other) with mask False; so does
+      # a bad example's replacement: an eval counts every good example once and a bad one never.
+      indices, mask = sampler.eval_rows(n, global_batch, int(step), lo, lo + rows)
+      replaced = swaps.get(int(step), {})
+      mask[list(replaced)] = False
+      return {**source.read(bad_examples.swapped(indices, replaced)), "mask": mask}
+
+    steps = tf.data.Dataset.range(first, math.ceil(n / global_batch))
+    batches = read_steps(ds, probe, steps, read, rows, lo, per_example)
+    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return to_numpy(batches, ds.options.prefetch)
+
+  def decodes(step: int, row: int, index: int) -> bool:
+    one = {**source.read(np.array([index], np.int64)), "mask": np.ones([1], bool)}
+    return example_decodes(ds, one, step, lo + row, per_example)
+
+  return bad_examples.Guarded(open_from, ids, decodes, split=split, size=n, start=0,
+                              skip=ds.options.skip_bad_examples)
 
 
 def num_eval_steps(ds: Dataset, split: str, global_batch: int) -> int:

@@ -28,12 +28,7 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
     example = {k: tf.ensure_shape(a, [rows, *probe[k].shape[1:]]) for k, a in read_tf(step).items()}
     return {**example, "step": tf.fill([rows], step), "row": first_row + tf.range(rows, dtype=tf.int64)}
 
-  def decode(example: dict) -> dict:
-    decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
-    out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
-           "row": example["row"], **{k: example[k] for k in ("mask", INDEX) if k in example}}
-    return per_example(out) if per_example is not None else out
-
+  decode = _decoder(ds, per_example)
   batches = steps.map(no_autograph(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if ds.corpus.decode is None and per_example is None:
     return batches.map(no_autograph(decode))
@@ -43,6 +38,33 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   examples = batches.unbatch().map(no_autograph(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return examples.batch(rows, drop_remainder=True)
+
+
+def _decoder(ds: Dataset, per_example: Callable[[dict], dict] | None) -> Callable[[dict], dict]:
+  """One read example (with its "step" and "row") -> its inputs and labels, decoded (and `per_example`'d)."""
+  def decode(example: dict) -> dict:
+    decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
+    out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
+           "row": example["row"], **{k: example[k] for k in ("mask", INDEX) if k in example}}
+    return per_example(out) if per_example is not None else out
+
+  return decode
+
+
+def example_decodes(ds: Dataset, read: dict[str, np.ndarray], step: int, row: int,
+                    per_example: Callable[[dict], dict] | None) -> bool:
+  """Whether one example (`read`: one row as the source returns it) decodes as row `row` of step `step`.
+
+  Decoded alone, as the stream decodes it: used only after a step failed, to find which row failed.
+  """
+  example = {**{k: v[0] for k, v in read.items()}, "step": np.int64(step), "row": np.int64(row)}
+  one = tf.data.Dataset.from_tensors(example).map(no_autograph(_decoder(ds, per_example)))
+  try:
+    for _ in one:
+      pass
+  except tf.errors.OpError:
+    return False
+  return True
 
 
 def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:

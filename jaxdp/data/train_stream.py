@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from jaxdp.data import images, sampler, streamed
+from jaxdp.data import bad_examples, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import INDEX, no_autograph, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, example_decodes, no_autograph, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
@@ -48,8 +48,8 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     order = sampler.GlobalOrder(len(source), global_batch, seed, split)
   pre = ds.options.preprocess
 
-  def read(step: np.ndarray) -> dict[str, np.ndarray]:
-    return with_index(order.rows(step, first_row, first_row + rows))
+  def ids(step: int) -> np.ndarray:
+    return order.rows(step, first_row, first_row + rows)
 
   def with_index(ids: np.ndarray) -> dict[str, np.ndarray]:
     return {**source.read(ids), INDEX: ids} if with_ids else source.read(ids)
@@ -64,8 +64,20 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     del batch["row"]
     return batch
 
-  steps = tf.data.Dataset.range(start_step, _FOREVER if stop_step is None else stop_step)
+  per_example = crop if pre.image_size else None
   probe = with_index(np.zeros([1], np.int64))
-  batches = read_steps(ds, probe, steps, read, rows, first_row, crop if pre.image_size else None)
-  batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return to_numpy(batches, ds.options.prefetch)
+
+  def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    def read(step: np.ndarray) -> dict[str, np.ndarray]:
+      return with_index(bad_examples.swapped(ids(int(step)), swaps.get(int(step))))
+
+    steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
+    batches = read_steps(ds, probe, steps, read, rows, first_row, per_example)
+    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return to_numpy(batches, ds.options.prefetch)
+
+  def decodes(step: int, row: int, index: int) -> bool:
+    return example_decodes(ds, with_index(np.array([index], np.int64)), step, first_row + row, per_example)
+
+  return bad_examples.Guarded(open_from, ids, decodes, split=split, size=len(source), start=start_step,
+                              skip=ds.options.skip_bad_examples)

@@ -1,0 +1,111 @@
+"""Examples that do not decode (a truncated image, bytes that are no image): named, or replaced and counted.
+
+A failed decode inside a tf.data worker surfaces as one `tf.errors.OpError` at the step's batch, naming no
+example. `Guarded` catches it, re-reads that step one example at a time to find the rows that fail, and
+then either raises `BadExampleError` naming the split and each bad example's index in it (exit status 2
+through the CLI), or, with `dataset.skip_bad_examples`, reads the step again with each bad row replaced by
+the next example in index order that decodes at that position, and goes on from there. The happy path
+costs nothing: no example is checked until a step has failed.
+
+A replacement depends only on the step, the row in the global batch and the data: never on the process
+count, the prefetch depth, or what an earlier run met. So two runs, a resumed run and any process count
+read the same examples.
+"""
+
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from jaxdp.config import ConfigError
+from jaxdp.data.dataset import Batch
+
+log = logging.getLogger("jaxdp")
+
+Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
+MAX_NAMED = 5  # Indices an error names; more are counted.
+
+
+class BadExampleError(ConfigError):
+  """An example of the data cannot be decoded: bad input, so a one-line error and exit status 2."""
+
+
+def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
+  """`indices` (this process's rows of one step) with the rows in `swaps` replaced."""
+  if not swaps:
+    return indices
+  out = np.array(indices, copy=True)
+  for row, index in swaps.items():
+    out[row] = index
+  return out
+
+
+class Guarded(Iterator[Batch]):
+  """The batches of steps start, start + 1, ...; a step that fails to decode is named, or repaired and counted.
+
+  `open_from(step, swaps)`: this process's batches from `step` on, reading the rows `swaps` names in place
+  of the sampled ones. `indices(step)`: the split's indices of this process's rows of `step`.
+  `decodes(step, row, index)`: whether example `index` decodes as row `row` of step `step` (its crop).
+  """
+
+  def __init__(self, open_from: Callable[[int, Swaps], Iterator[Batch]], indices: Callable[[int], np.ndarray],
+               decodes: Callable[[int, int, int], bool], *, split: str, size: int, start: int, skip: bool):
+    self._open_from, self._indices, self._decodes = open_from, indices, decodes
+    self.split, self.size, self.skip = split, size, skip
+    self._step = start
+    self._batches = open_from(start, {})
+    self.skipped: dict[int, int] = {}  # step -> bad examples replaced in this process's rows of it.
+
+  def __next__(self) -> Batch:
+    try:
+      batch = next(self._batches)
+    except tf.errors.OpError as e:
+      batch = self._repair(self._step, e)
+    self._step += 1
+    return batch
+
+  def skipped_through(self, step: int) -> int:
+    """Bad examples replaced in this process's rows of the steps up to `step` (reading runs ahead)."""
+    return sum(n for s, n in self.skipped.items() if s <= step)
+
+  def _repair(self, step: int, error: tf.errors.OpError) -> Batch:
+    """The failed step read again with its bad rows replaced; raises BadExampleError when not skipping."""
+    try:
+      bad = [(row, int(i)) for row, i in enumerate(self._indices(step)) if not self._decodes(step, row, int(i))]
+    except Exception:  # The read itself fails, not a decode (a broken source): the stream's error says so.
+      bad = []
+    if not bad:
+      raise error  # Not an example that fails to decode: some other failure, reported as it is.
+    if not self.skip:
+      raise self._error(bad, error)
+    swaps = {row: self._replacement(step, row, index) for row, index in bad}
+    log.warning("%s step %d: replaced %d bad example(s) (dataset.skip_bad_examples): %s", self.split, step,
+                len(bad), ", ".join(f"{index} -> {swaps[row]}" for row, index in bad))
+    self.skipped[step] = len(bad)
+    self._batches = self._open_from(step, {step: swaps})
+    return next(self._batches)
+
+  def _replacement(self, step: int, row: int, index: int) -> int:
+    """The next index after `index` (wrapping around) whose example decodes at this position."""
+    for k in range(1, self.size):
+      candidate = (index + k) % self.size
+      if self._decodes(step, row, candidate):
+        return candidate
+    raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
+
+  def _error(self, bad: list[tuple[int, int]], error: tf.errors.OpError) -> BadExampleError:
+    """One line naming the split, the bad indices, and TensorFlow's reason."""
+    named = ", ".join(str(index) for _, index in bad[:MAX_NAMED]) + (f" (+{len(bad) - MAX_NAMED} more)"
+                                                                      if len(bad) > MAX_NAMED else "")
+    # TensorFlow's first line, without its `{{function_node ...}}` and `[Op:...]` tags.
+    reason = re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", (error.message or "").strip().splitlines()[0]).strip()
+    reason = reason or type(error).__name__
+    return BadExampleError(f"cannot decode example {named} of split {self.split!r} ({reason}); fix or remove it, "
+                           f"or set dataset.skip_bad_examples=True to replace bad examples and train on")
+
+
+def skipped_through(stream: Iterator[Batch], step: int) -> int:
+  """Bad examples a stream replaced up to `step` (0 for a stream that is not `Guarded`)."""
+  return stream.skipped_through(step) if isinstance(stream, Guarded) else 0
