@@ -145,3 +145,22 @@ def test_with_skipping_on_the_run_finishes_and_counts_the_bad_examples(tmp_path)
   assert result.eval_metrics["eval/num_examples"] == 19  # The bad test example is left out of the eval.
   logged = [r for r in metrics.read(str(tmp_path / "run")) if "train/skipped_examples" in r]
   assert [r["train/skipped_examples"] for r in logged] == [2.0, 4.0]  # 8 steps of 16 = 2 epochs of 64.
+
+
+def test_with_skipping_on_an_image_folder_leaves_bad_files_out_and_says_so(tmp_path, caplog):
+  root = image_folder(tmp_path / "photos", {"test/bee/cut.jpg": truncated_jpeg(),
+                                            "train/ant/garbage.jpg": b"not an image\n"})
+  config = runs.config_with({"dataset.name": root, "dataset.data_dir": str(tmp_path / "tfds"),
+                             "dataset.image_size": 8, "dataset.skip_bad_examples": True, "model.name": "mlp",
+                             "model.hidden": (8,), "batch_size": 4, "eval_batch_size": 4, "num_train_steps": 3,
+                             "log_every_steps": 3, "eval_every_steps": 3, "checkpoint_every_steps": 0,
+                             "check_replicas_every_steps": 0, "parallel.num_devices": 2})
+  with caplog.at_level("WARNING", logger="jaxdp"):
+    result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(result.backend.get(result.state.step)) == 3
+  assert result.eval_metrics["eval/num_examples"] == 4  # 2 per class; the truncated one left out.
+  builder = data.load(config.dataset).builder
+  assert {s: builder.info.splits[s].num_examples for s in ("train", "test")} == {"train": 12, "test": 4}
+  lines = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+  assert any("left out 1 file(s)" in m and "test/bee/cut.jpg" in m for m in lines), lines
+  assert any("left out 1 file(s)" in m and "train/ant/garbage.jpg" in m for m in lines), lines
