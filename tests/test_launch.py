@@ -133,6 +133,7 @@ else:  # Like a trainer under the preemption service: SIGTERM does not end it.
   distributed.die_with_launcher()
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   assert "JAXDP_LAUNCHER_PID" not in os.environ  # Its own children do not take the launcher for their parent.
+  print("ready", flush=True)
   time.sleep(600)
 """
 
@@ -151,7 +152,7 @@ def test_a_launched_process_dies_with_its_launcher(tmp_path):
   script.write_text(_ORPHAN)
   middle = subprocess.Popen([sys.executable, str(script), "middle"], stdout=subprocess.PIPE, text=True)
   child = int(middle.stdout.readline())
-  time.sleep(3)  # Time to import jaxdp.distributed and call die_with_launcher.
+  assert middle.stdout.readline() == "ready\n"  # The stand-in called die_with_launcher and lives on.
   assert _alive(child)
   middle.kill()
   middle.wait()
