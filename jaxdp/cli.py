@@ -6,6 +6,7 @@
 
 import ast
 import difflib
+import gc
 import inspect
 import logging
 import os
@@ -18,7 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp import compilation_cache, cpu_devices, distributed, progress
+from jaxdp import compilation_cache, cpu_devices, exits
 
 log = logging.getLogger("jaxdp")
 
@@ -39,9 +40,7 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   `-h`/`--help`/`--helpfull` print the flags (with `usage` and the caller's `extra_help`) and exit 0.
   Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES) are set up here, before JAX starts.
   """
-  if any(a in HELP_FLAGS for a in argv[1:]):
-    print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
-    raise SystemExit(0)
+  exit_if_help(argv, usage, extra_help)
   if (count := cpu_devices.requested(argv)) is not None:  # First: a config file may already ask JAX for devices.
     cpu_devices.simulate(count)
   new_model_keys = _new_model_keys(argv)
@@ -55,6 +54,13 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   return config, fv.workdir
 
 
+def exit_if_help(argv: list[str], usage: str = "", extra_help: str = "") -> None:
+  """Prints the flags and exits 0 when `argv` asks for help; a tool calls it before its heavy imports."""
+  if any(a in HELP_FLAGS for a in argv[1:]):
+    print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
+    raise SystemExit(0)
+
+
 def help_text(usage: str, extra_help: str = "") -> str:
   """The usage line and every flag, as `--help` prints them."""
   fv = _define(["help"])
@@ -65,16 +71,17 @@ def help_text(usage: str, extra_help: str = "") -> str:
 
 
 def setup_logging() -> None:
-  """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING; no progress escape codes in pipes."""
+  """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING."""
+  from jaxdp import distributed  # JAX: not before a command needs it (`--help` starts without it).
   if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
     sys.stdout = sys.stderr
   logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
-  log.setLevel(logging.INFO)
-  plain_pipes()
+  log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.quiet).
 
 
 def plain_pipes() -> None:
   """No progress bars (carriage returns, ANSI codes) from dataset preparation when output is not a terminal."""
+  from jaxdp import progress
   if not progress.is_terminal(sys.stdout) or not progress.is_terminal(sys.stderr):
     import tensorflow_datasets as tfds  # Its download/prepare bars write \r and ANSI codes into logs.
     tfds.disable_progress_bar()
@@ -84,6 +91,7 @@ def init_process(config: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
   import jax
   use_compilation_cache(config)
+  from jaxdp import distributed
   if distributed.initialize(config) and jax.process_index() != 0:
     log.setLevel(logging.WARNING)
 
@@ -96,20 +104,53 @@ def main(argv: list[str], command: Command, *, require_workdir: bool = True,
   """Parses `argv`, sets the process up, runs `command(config, workdir)`; returns the exit status.
 
   A config or command-line mistake is one `error:` line and status 2; an exception in `failures` (or a
-  failed distributed start) is one `error:` line and status 1.
+  failed distributed start) is one `error:` line and status 1; any other exception is reported (`guarded`).
   """
+  exit_if_help(argv, usage)  # Before the logging setup, which loads JAX.
   setup_logging()
-  try:
+
+  def run() -> None:
     config, workdir = parse(argv, require_workdir, usage=usage)
     init_process(config)
     command(config, workdir)
+
+  return guarded(run, failures)
+
+
+def guarded(run: Callable[[], object], failures: tuple[type[Exception], ...] = ()) -> int:
+  """Runs `run`; returns the exit status, every exception reported once and its frames released.
+
+  ConfigError: one `error:` line, status 2. `failures` and a failed distributed start: one line, status 1.
+  Anything else, status 1: an input worker's failure as one line (`exits.report`), others with their
+  traceback. Released (`exits.release`): an input iterator the error still held is deleted now, while
+  Python can still finish its worker calls, and no process hangs on the way out.
+  """
+  try:
+    run()
+    return 0
   except config_lib.ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  except (distributed.DistributedInitError, *failures) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  return 0
+    status, line = 2, str(e)
+    error: Exception = e
+  except (*_one_line_failures(), *failures) as e:
+    status, line = 1, str(e)
+    error = e
+  except Exception as e:  # Not a mistake we can name: reported, and the process still ends.
+    status, line = 1, None
+    error = e
+  if line is None:
+    exits.report(error)
+  else:
+    print(f"error: {line}", file=sys.stderr)
+  exits.release(error)
+  del error
+  gc.collect()  # Reference cycles through the released frames: collected now, not at interpreter exit.
+  return status
+
+
+def _one_line_failures() -> tuple[type[Exception], ...]:
+  """Failures every command reports in one line: a failed distributed start (once jax.distributed is loaded)."""
+  distributed = sys.modules.get("jaxdp.distributed")
+  return (distributed.DistributedInitError,) if distributed else ()
 
 
 def _define(argv: list[str]) -> flags.FlagValues:

@@ -15,8 +15,7 @@ import os
 import sys
 from typing import Any
 
-from jaxdp import cli, restore
-from jaxdp.config import ConfigError
+from jaxdp import cli, exits, restore
 
 log = logging.getLogger("jaxdp")
 USAGE = ("python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT] [--config CONFIG.py] "
@@ -56,26 +55,27 @@ def evaluate(config: Any, workdir: str, step: int | None = None, split: str | No
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
+  cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
+  cli.setup_logging()
+  return cli.guarded(lambda: _evaluate_command(argv))
+
+
+def _evaluate_command(argv: list[str]) -> None:
+  """Parses `argv`, evaluates, prints the record and (process 0) appends it to WORKDIR/evaluate.jsonl."""
   parser = argparse.ArgumentParser(prog="python -m jaxdp.evaluate", add_help=False)
   parser.add_argument("--step", type=int, default=None)
   parser.add_argument("--split", default=None)
-  cli.setup_logging()
-  try:
-    ours, rest = parser.parse_known_args(argv[1:])
-    config, workdir = restore.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
-    cli.init_process(config)
-    step, results = evaluate(config, workdir, ours.step, ours.split)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  ours, rest = parser.parse_known_args(argv[1:])
+  config, workdir = restore.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+  cli.init_process(config)
+  step, results = evaluate(config, workdir, ours.step, ours.split)
   record = {"step": step, "split": ours.split or config.dataset.eval_split, **results}
   print(json.dumps(record))
   import jax
   if jax.process_index() == 0:
     with open(os.path.join(workdir, RESULTS_FILE), "a") as f:
       f.write(json.dumps(record) + "\n")
-  return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  exits.exit(main(sys.argv))

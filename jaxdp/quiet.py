@@ -2,8 +2,17 @@
 
 TensorFlow (used for input only) prints lines at import on every command, before its log level is read:
 TF_ENABLE_ONEDNN_OPTS=0 drops the oneDNN notice (oneDNN speeds up TensorFlow's own matmuls and
-convolutions, which jaxdp does not run), TF_CPP_MIN_LOG_LEVEL=1 drops the other INFO lines; warnings and
-errors still print. A value the user set wins.
+convolutions, which jaxdp does not run), TF_CPP_MIN_LOG_LEVEL=2 drops the other INFO lines and its
+warnings: a failing tf.data worker logs its whole Python traceback as a warning, once per failed call,
+before the error reaches jaxdp, which reports it in one line. Errors still print. A value the user set wins.
+
+libtpu (the `tpu` extra, installed for ahead-of-time TPU compiles) is tried by JAX on every run and, on a
+machine without TPU chips, prints host-bounds and worker-hostname warnings: there, a one-host topology
+(TPU_HOST_BOUNDS, TPU_WORKER_HOSTNAMES) is set, which only that failed TPU start reads.
+
+TFDS warns on every run of a user's dataset ("Variant folder ... has no dataset_info.json", "Using custom
+data configuration") and draws progress bars while preparing: once TFDS loads, its absl warnings below
+ERROR are dropped and its bars are off (`tfds_prints` drops its two "prepared" prints).
 
 TensorFlow's `__init__` also imports Keras eagerly (to register Keras optimizers for SavedModels), which
 pulls in scikit-learn and takes about a third of TensorFlow's import: 1.2 s of the default run's 7 s
@@ -12,13 +21,17 @@ missing, so while TensorFlow's own `__init__` runs, `keras` reads as missing. Af
 and `tf.keras` load Keras as usual.
 """
 
+import contextlib
 import importlib.abc
 import importlib.util
+import logging
 import os
+import re
 import sys
+from collections.abc import Iterator
 
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 class _TensorFlowWithoutKeras(importlib.abc.MetaPathFinder):
@@ -51,6 +64,92 @@ class _HideKeras(importlib.abc.Loader):
       if "keras" in sys.modules and sys.modules["keras"] is None:
         del sys.modules["keras"]
 
+
+class _QuietTfds(importlib.abc.MetaPathFinder):
+  """Finds `tensorflow_datasets` (once) with a loader that quiets it right after its `__init__` ran."""
+
+  def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201  (the import system's signature)
+    if name != "tensorflow_datasets":
+      return None
+    sys.meta_path.remove(self)
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.loader is not None:
+      spec.loader = _ThenQuiet(spec.loader)
+    return spec
+
+
+class _ThenQuiet(importlib.abc.Loader):
+  """Runs TFDS's loader, then turns its progress bars and its absl warnings (below ERROR) off."""
+
+  def __init__(self, loader: importlib.abc.Loader):
+    self.loader = loader
+
+  def create_module(self, spec):  # noqa: ANN001, ANN201
+    return self.loader.create_module(spec)
+
+  def exec_module(self, module) -> None:  # noqa: ANN001
+    # TFDS finds its own files through its module's loader (importlib.resources): give it the real one.
+    module.__loader__ = module.__spec__.loader = self.loader
+    self.loader.exec_module(module)
+    module.disable_progress_bar()
+    from absl import logging as absl_logging
+    absl_logging.get_absl_logger().addFilter(_not_tfds_chatter)
+
+
+def _not_tfds_chatter(record: logging.LogRecord) -> bool:
+  """False for TFDS's own absl lines below ERROR (a logging filter)."""
+  return record.levelno >= logging.ERROR or f"{os.sep}tensorflow_datasets{os.sep}" not in record.pathname
+
+
+_TFDS_PRINTS = re.compile(r"^(\x1b\[[\d;]*m)*(Downloading and preparing dataset |Dataset \S+ downloaded and prepared to )")
+
+
+class _DropTfdsPrints:
+  """A text stream passing every line on to `stream` but TFDS's "preparing" and "prepared" prints."""
+
+  def __init__(self, stream):  # noqa: ANN001  (any text stream)
+    self.stream, self.pending = stream, ""
+
+  def write(self, text: str) -> int:
+    *lines, self.pending = (self.pending + text).split("\n")
+    for line in lines:
+      if not _TFDS_PRINTS.match(line):
+        self.stream.write(line + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    self.stream.flush()
+
+
+@contextlib.contextmanager
+def tfds_prints() -> Iterator[None]:
+  """Inside: TFDS's two print()s around preparing a dataset are dropped; every other line of stdout stays."""
+  quiet = _DropTfdsPrints(sys.stdout)
+  with contextlib.redirect_stdout(quiet):
+    yield
+  if quiet.pending and not _TFDS_PRINTS.match(quiet.pending):
+    quiet.stream.write(quiet.pending)
+
+
+def _tpu_chips_attached() -> bool:
+  """Whether this machine has TPU chips, by JAX's own PCI check (its module run alone: JAX is not imported)."""
+  try:
+    jax_dir = importlib.util.find_spec("jax").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("_jaxdp_hardware_utils", os.path.join(jax_dir, "_src",
+                                                                                         "hardware_utils.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.num_available_tpu_chips_and_device_id()[0] > 0
+  except (AttributeError, ImportError, OSError, TypeError):  # No JAX, or its layout changed: leave libtpu alone.
+    return True
+
+
+if importlib.util.find_spec("libtpu") is not None and not _tpu_chips_attached():
+  os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+if "tensorflow_datasets" not in sys.modules and not any(isinstance(f, _QuietTfds) for f in sys.meta_path):
+  sys.meta_path.insert(0, _QuietTfds())
 
 if "tensorflow" not in sys.modules and not any(isinstance(f, _TensorFlowWithoutKeras) for f in sys.meta_path):
   sys.meta_path.insert(0, _TensorFlowWithoutKeras())

@@ -15,20 +15,25 @@ import os
 import sys
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from jaxdp import cli, exits
 
-from jaxdp.config import ConfigError
-from jaxdp.datasets.text_file import decode, encode
-from jaxdp.models import Model
-
-PyTree = Any
 USAGE = ("python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] [--prompt TEXT] "
          "[--num_chars N] [--temperature T] [--seed S] [--step N]")
 EXTRA_HELP = ("  --prompt, --num_chars, --temperature, --seed: what to sample (defaults: newline, 500, 0.8, 0).\n"
               "  --step: the checkpoint to sample from (default: the newest).\n"
               "  --config is optional: the checkpoint's stored config is the default.")
+if __name__ == "__main__":
+  cli.exit_if_help(sys.argv, USAGE, EXTRA_HELP)  # Before JAX and TensorFlow load: `--help` answers at once.
+
+import jax  # noqa: E402  (below the help check)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxdp.config import ConfigError  # noqa: E402
+from jaxdp.datasets.text_file import VOCAB_SIZE, decode, encode  # noqa: E402
+from jaxdp.models import Model  # noqa: E402
+
+PyTree = Any
 
 
 def generate(model: Model, params: PyTree, model_state: PyTree, prompt_tokens: np.ndarray, num_tokens: int,
@@ -73,7 +78,8 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
   return prompt + decode(tokens)
 
 
-def restore(config: Any, workdir: str, step: int | None = None) -> tuple[Model, PyTree, PyTree, int]:
+def restore(config: Any, workdir: str, step: int | None = None, *,
+            language_model: bool = False) -> tuple[Model, PyTree, PyTree, int]:
   """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
 
   The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
@@ -81,13 +87,32 @@ def restore(config: Any, workdir: str, step: int | None = None) -> tuple[Model, 
   """
   from jaxdp import restore as restore_lib  # JAX and the input pipeline: only the CLI needs them.
   parts, state, step = restore_lib.restore(config, workdir, step)
+  if language_model:
+    _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
   # stderr: stdout carries only the sampled text.
   print(f"sampling from checkpoint {os.path.abspath(workdir)}/{restore_lib.CHECKPOINT_DIR}/{step}", file=sys.stderr)
   return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
 
 
+def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
+  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload), which sampling needs."""
+  if ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape) and ds.num_classes == VOCAB_SIZE:
+    return
+  raise ConfigError(f"the checkpoint in {workdir!r} is model {model_name!r} on {ds.name!r} (input {tuple(ds.input_shape)}, "
+                    f"{ds.num_classes} classes), not a byte-level language model: jaxdp.sample needs a run of the gpt "
+                    f"workload (next-token labels over {VOCAB_SIZE} byte tokens, e.g. --config "
+                    f"jaxdp/configs/gpt_tiny_shakespeare.py)")
+
+
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
+  cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
+  cli.setup_logging()
+  return cli.guarded(lambda: _sample_command(argv))
+
+
+def _sample_command(argv: list[str]) -> None:
+  """Parses `argv`, restores the checkpoint and prints the prompt with its sampled continuation."""
   from jaxdp import restore as restore_lib
   parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
   parser.add_argument("--prompt", default="\n")
@@ -95,19 +120,14 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--temperature", type=float, default=0.8)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None)
-  try:
-    ours, rest = parser.parse_known_args(argv[1:])
-    config, workdir = restore_lib.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
-    if not ours.prompt:
-      raise ConfigError("--prompt must not be empty")
-    model, params, model_state, seq_len = restore(config, workdir, ours.step)
-  except ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  ours, rest = parser.parse_known_args(argv[1:])
+  config, workdir = restore_lib.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+  if not ours.prompt:
+    raise ConfigError("--prompt must not be empty")
+  model, params, model_state, seq_len = restore(config, workdir, ours.step, language_model=True)
   print(sample_text(model, params, model_state, ours.prompt, ours.num_chars, seq_len=seq_len, seed=ours.seed,
                     temperature=ours.temperature))
-  return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  exits.exit(main(sys.argv))

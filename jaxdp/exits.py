@@ -1,0 +1,133 @@
+"""How a command ends: each exception reported once, with its exit status, and nothing left to hold the process.
+
+A Python exception inside a tf.data worker (e.g. a `numpy_function` read) reaches the loop as a
+`tf.errors.OpError` at the next batch, with the worker's traceback as text. The iterator that raised it
+still has calls in flight, and the exception's traceback keeps it alive. Deleted during interpreter
+shutdown, it waits forever for those calls, which can no longer take the GIL: the process printed its
+error and then sat at 0% CPU. `release` drops what a traceback's finished frames hold, so such an iterator
+is deleted while Python still runs; `exit` ends a command's process after its cleanup (non-daemon
+threads, atexit handlers) without the interpreter's teardown, where a native destructor can wait forever.
+"""
+
+import atexit
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import traceback
+from typing import NoReturn
+
+log = logging.getLogger("jaxdp")
+
+THREAD_GRACE_S = 5.0  # How long non-daemon threads may still run once a command has returned.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The last frame of a worker's Python traceback in TensorFlow's message: '  File "PATH", line N, in NAME'.
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+
+
+def release(error: BaseException) -> None:
+  """Clears the locals of the finished frames that `error`, and every error chained to it, passed through.
+
+  The traceback still prints (file, line, code); what those frames referenced (an input iterator with
+  calls in flight, batches, device buffers) is freed now rather than when the error is dropped.
+  """
+  pending, seen = [error], set()
+  while pending:
+    e = pending.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    traceback.clear_frames(e.__traceback__)  # Frames still running (the caller's) are skipped.
+    pending += [e.__cause__, e.__context__]
+
+
+def input_failure(error: BaseException) -> tuple[str, str] | None:
+  """(one-line summary, traceback or "") for a failure of the tf.data input pipeline; None for anything else.
+
+  An input failure is a `tf.errors.OpError`, or an error raised while handling one (e.g. a dataset's read
+  failing again when the failed step is re-read). The traceback is kept only when the failing code is
+  jaxdp's own (a bug to report); a failure in the user's dataset code, or of a TensorFlow op on the data,
+  is the one line.
+  """
+  op_error = _op_error_in_chain(error)
+  if op_error is None:
+    return None
+  if error is not op_error:  # Raised in this process's Python, while handling the worker's failure.
+    frame = traceback.extract_tb(error.__traceback__)[-1:]
+    where = [(f.filename, str(f.lineno), f.name) for f in frame]
+    text = "".join(traceback.format_exception(error, chain=False))
+    return _summary(f"{type(error).__name__}: {error}", where, text)
+  message = op_error.message or ""
+  head, sep, worker = message.partition("Traceback (most recent call last):")
+  if not sep:  # A TensorFlow op failed on the data: its first line, without the graph node tags.
+    reason = re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]|\s*name: '?$", "", message.strip().splitlines()[0]).strip()
+    return f"the input pipeline failed: {reason or type(op_error).__name__}", ""
+  lines = [line for line in worker.strip().splitlines() if line.strip() and not line.lstrip().startswith("[[")]
+  return _summary(lines[-1].strip() if lines else head.strip(), _FRAME.findall(worker),
+                  "Traceback (most recent call last):" + worker.rstrip())
+
+
+def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple[str, str]:
+  """The one line naming `cause` and its innermost frame; `text` kept only when that frame is jaxdp's."""
+  if not frames:
+    return f"an input worker failed: {cause}", ""
+  path, line, name = frames[-1]
+  ours = os.path.abspath(path).startswith(_PACKAGE_DIR + os.sep)
+  return f"an input worker failed: {cause} (at {os.path.relpath(path)}:{line}, in {name})", text if ours else ""
+
+
+def _op_error_in_chain(error: BaseException | None) -> BaseException | None:
+  """The first TensorFlow OpError among `error` and the errors it was raised from or while handling."""
+  if "tensorflow" not in sys.modules:
+    return None
+  import tensorflow as tf
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, tf.errors.OpError):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
+
+
+def report(error: Exception) -> None:
+  """Prints an unexpected error: an input failure as one `error:` line, anything else with its traceback."""
+  failure = input_failure(error)
+  if failure is None:
+    traceback.print_exception(error)
+    return
+  summary, kept_traceback = failure
+  if kept_traceback:
+    print(kept_traceback, file=sys.stderr)
+  print(f"error: {summary}", file=sys.stderr)
+
+
+def exit(status: int) -> NoReturn:  # noqa: A001  (the process's exit, as sys.exit)
+  """Ends the process with `status`: waits THREAD_GRACE_S at most for non-daemon threads, runs the atexit
+  handlers (JAX's shutdown), flushes, and skips the interpreter's teardown (see the module doc)."""
+  _join_threads(THREAD_GRACE_S)
+  try:
+    atexit._run_exitfuncs()  # What a normal exit runs after joining threads; os._exit would skip it.
+  finally:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except (OSError, ValueError):  # A closed pipe: nothing more can reach it.
+        pass
+    os._exit(status)
+
+
+def _join_threads(grace_s: float) -> None:
+  """Waits up to `grace_s` for the non-daemon threads; names the ones still running, which exit then ends."""
+  deadline = time.monotonic() + grace_s
+  for t in _non_daemon():
+    t.join(max(0.0, deadline - time.monotonic()))
+  if stuck := [t.name for t in _non_daemon() if t.is_alive()]:
+    log.warning("exiting with %d thread(s) still running: %s", len(stuck), ", ".join(stuck))
+
+
+def _non_daemon() -> list[threading.Thread]:
+  return [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
