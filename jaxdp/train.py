@@ -4,14 +4,21 @@
 command line itself (flags, process setup, exit statuses) is `jaxdp.cli`.
 """
 
-import contextlib
-import dataclasses
-import functools
-import itertools
-import logging
-import os
 import sys
-import tempfile
+
+from jaxdp import cli, exits
+
+USAGE = "python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]"
+if __name__ == "__main__":
+  cli.exit_if_help(sys.argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
+
+import contextlib  # noqa: E402  (below the help check)
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import itertools  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
 from collections.abc import Iterator
 from typing import Any
 
@@ -338,8 +345,8 @@ parse = cli.parse  # Kept importable for callers of `train.parse`; the parser li
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
   return cli.main(argv, train_and_evaluate, failures=(NonFiniteError, replicas.ReplicaMismatchError),
-                  usage="python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]")
+                  usage=USAGE)
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv))
+  exits.exit(main(sys.argv))
