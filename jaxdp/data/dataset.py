@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from jaxdp import quiet
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, prepare
 from jaxdp.data.preprocess import Preprocess
@@ -104,8 +105,9 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
   if config.name == "token_file":
     return _token_file(config, kwargs)
   skip_bad = bool(config.get("skip_bad_examples", False))
-  builder = prepare.open_prepared(
-      lambda **extra: prepare.make_builder(config.name, config.data_dir, kwargs, skip_bad, **extra))
+  with quiet.tfds_prints():  # TFDS prints "Downloading and preparing ..." for every dataset it prepares.
+    builder = prepare.open_prepared(
+        lambda **extra: prepare.make_builder(config.name, config.data_dir, kwargs, skip_bad, **extra))
   if not builder.info.supervised_keys:
     raise ConfigError(f"dataset {config.name!r} has no supervised keys (input, label)")
   input_key = builder.info.supervised_keys[0]
