@@ -170,6 +170,8 @@ class _Loop:
   sentinel: replicas.Sentinel
   eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   saved: int = -1  # The last step checkpointed by this run.
+  completed: tuple[int, step_lib.TrainState] | None = None  # The last step dispatched whose metrics were taken.
+  stream: Iterator | None = None  # The train stream, which counts the bad examples it replaced.
 
   def periodic(self, step: int, state: step_lib.TrainState) -> None:
     """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
