@@ -123,12 +123,12 @@ def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int
   n = ds.num_examples(split)
   rows = global_batch // process_count
   global_order = sampler.GlobalOrder(n, global_batch, config.seed, split) if order == resume.GLOBAL else None
-  shard = f"{split} (this process's shard)"
+  # The streaming fallback's shards are the by-index shard order's sizes (equal shards of n // P).
+  epoch = global_order or sampler.ShardOrder(n, rows, config.seed, split, process_index, process_count)
   header = {"version": 2, "segment": _segment_id(process_count), "process_index": process_index,
             "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
             "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
-            "steps_per_epoch": global_order.steps_per_epoch if global_order else sampler.steps_per_epoch(
-                n // process_count, rows, shard),
+            "steps_per_epoch": epoch.steps_per_epoch,
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
             "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": order}
   directory = os.path.join(workdir, AUDIT_DIR) if config.get("audit_data", False) else None

@@ -69,6 +69,7 @@ class ShardOrder:
     size = n // process_count  # Equal shards: the same batches per epoch everywhere.
     self.lo = process_index * size
     self.order = GlobalOrder(size, rows, seed * 1_000_003 + process_index, f"{split} (this process's shard)")
+    self.steps_per_epoch = self.order.steps_per_epoch
 
   def rows(self, step: int, lo: int, hi: int) -> np.ndarray:
     del lo, hi  # The whole local batch comes from this process's shard.
