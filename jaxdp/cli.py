@@ -79,14 +79,6 @@ def setup_logging() -> None:
   log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.quiet).
 
 
-def plain_pipes() -> None:
-  """No progress bars (carriage returns, ANSI codes) from dataset preparation when output is not a terminal."""
-  from jaxdp import progress
-  if not progress.is_terminal(sys.stdout) or not progress.is_terminal(sys.stderr):
-    import tensorflow_datasets as tfds  # Its download/prepare bars write \r and ANSI codes into logs.
-    tfds.disable_progress_bar()
-
-
 def init_process(config: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
   import jax

@@ -299,7 +299,6 @@ def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
   from jaxdp import projection, topology  # They build on this module's parsers: imported here, no import cycle.
   as_json = "--json" in argv[1:]
-  cli.plain_pipes()
   try:
     argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
     argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.

@@ -34,21 +34,24 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-class _TensorFlowWithoutKeras(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow` (once) with a loader that hides Keras while TensorFlow's `__init__` runs."""
+class _OnImport(importlib.abc.MetaPathFinder):
+  """Finds module `name` (once) with its loader wrapped by `wrap`, which runs around its `exec_module`."""
+
+  def __init__(self, name: str, wrap: type["_Around"]):
+    self.name, self.wrap = name, wrap
 
   def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201  (the import system's signature)
-    if name != "tensorflow":
+    if name != self.name:
       return None
-    sys.meta_path.remove(self)  # One import of TensorFlow per process; this also keeps the lookup below plain.
+    sys.meta_path.remove(self)  # One import of the module per process; this also keeps the lookup below plain.
     spec = importlib.util.find_spec(name)
-    if spec is not None and spec.loader is not None and "keras" not in sys.modules:
-      spec.loader = _HideKeras(spec.loader)
+    if spec is not None and spec.loader is not None:
+      spec.loader = self.wrap(spec.loader)
     return spec
 
 
-class _HideKeras(importlib.abc.Loader):
-  """Runs a module's loader with `keras` absent from the import system, as if it were not installed."""
+class _Around(importlib.abc.Loader):
+  """A module's own loader, with something done around its `exec_module` (the subclass's)."""
 
   def __init__(self, loader: importlib.abc.Loader):
     self.loader = loader
@@ -56,7 +59,14 @@ class _HideKeras(importlib.abc.Loader):
   def create_module(self, spec):  # noqa: ANN001, ANN201
     return self.loader.create_module(spec)
 
+
+class _HideKeras(_Around):
+  """Runs TensorFlow's loader with `keras` absent from the import system, as if it were not installed."""
+
   def exec_module(self, module) -> None:  # noqa: ANN001
+    if "keras" in sys.modules:  # Already loaded: hiding it now would change nothing.
+      self.loader.exec_module(module)
+      return
     sys.modules["keras"] = None  # An import of keras now raises ImportError; find_spec raises ValueError.
     try:
       self.loader.exec_module(module)
@@ -65,35 +75,27 @@ class _HideKeras(importlib.abc.Loader):
         del sys.modules["keras"]
 
 
-class _QuietTfds(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow_datasets` (once) with a loader that quiets it right after its `__init__` ran."""
-
-  def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201  (the import system's signature)
-    if name != "tensorflow_datasets":
-      return None
-    sys.meta_path.remove(self)
-    spec = importlib.util.find_spec(name)
-    if spec is not None and spec.loader is not None:
-      spec.loader = _ThenQuiet(spec.loader)
-    return spec
-
-
-class _ThenQuiet(importlib.abc.Loader):
-  """Runs TFDS's loader, then turns its progress bars and its absl warnings (below ERROR) off."""
-
-  def __init__(self, loader: importlib.abc.Loader):
-    self.loader = loader
-
-  def create_module(self, spec):  # noqa: ANN001, ANN201
-    return self.loader.create_module(spec)
+class _ThenQuiet(_Around):
+  """Runs TFDS's loader, then quiets it (`_quiet_tfds`)."""
 
   def exec_module(self, module) -> None:  # noqa: ANN001
     # TFDS finds its own files through its module's loader (importlib.resources): give it the real one.
     module.__loader__ = module.__spec__.loader = self.loader
     self.loader.exec_module(module)
-    module.disable_progress_bar()
-    from absl import logging as absl_logging
-    absl_logging.get_absl_logger().addFilter(_not_tfds_chatter)
+    _quiet_tfds(module)
+
+
+def _quiet_tfds(tfds) -> None:  # noqa: ANN001  (the tensorflow_datasets module)
+  """Turns TFDS's progress bars and its absl warnings (below ERROR) off."""
+  tfds.disable_progress_bar()
+  from absl import logging as absl_logging
+  absl_logging.get_absl_logger().addFilter(_not_tfds_chatter)
+
+
+def _on_import(name: str, wrap: type[_Around]) -> None:
+  """Wraps module `name`'s loader by `wrap` when it is first imported (once per process)."""
+  if name not in sys.modules and not any(isinstance(f, _OnImport) and f.name == name for f in sys.meta_path):
+    sys.meta_path.insert(0, _OnImport(name, wrap))
 
 
 def _not_tfds_chatter(record: logging.LogRecord) -> bool:
@@ -148,8 +150,7 @@ if importlib.util.find_spec("libtpu") is not None and not _tpu_chips_attached():
   os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
-if "tensorflow_datasets" not in sys.modules and not any(isinstance(f, _QuietTfds) for f in sys.meta_path):
-  sys.meta_path.insert(0, _QuietTfds())
-
-if "tensorflow" not in sys.modules and not any(isinstance(f, _TensorFlowWithoutKeras) for f in sys.meta_path):
-  sys.meta_path.insert(0, _TensorFlowWithoutKeras())
+if "tensorflow_datasets" in sys.modules:  # Loaded before jaxdp (e.g. in a notebook): quieted now.
+  _quiet_tfds(sys.modules["tensorflow_datasets"])
+_on_import("tensorflow_datasets", _ThenQuiet)
+_on_import("tensorflow", _HideKeras)
