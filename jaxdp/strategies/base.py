@@ -146,14 +146,19 @@ def all_finite(tree: PyTree) -> jax.Array:
   return jnp.isfinite(sum(jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(tree)))
 
 
+def is_float(x: jax.Array) -> bool:
+  """Whether `x` is a floating-point leaf (a statistic, averaged) rather than an integer one (state, a count)."""
+  return jnp.issubdtype(x.dtype, jnp.floating)
+
+
 def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
   """Averages float leaves (e.g. BatchNorm statistics) so replicas stay identical; keeps the rest."""
-  return jax.tree.map(lambda x: lax.pmean(x, axis_name) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+  return jax.tree.map(lambda x: lax.pmean(x, axis_name) if is_float(x) else x, tree)
 
 
 def integers_of_replica_zero(tree: PyTree, axis_name: str) -> PyTree:
   """Non-float leaves (e.g. counters) as replica 0 has them, on every replica; float leaves as they are."""
-  return jax.tree.map(lambda x: x if jnp.issubdtype(x.dtype, jnp.floating) else replica_zero(x, axis_name), tree)
+  return jax.tree.map(lambda x: x if is_float(x) else replica_zero(x, axis_name), tree)
 
 
 def replica_zero(x: jax.Array, axis_name: str) -> jax.Array:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, micro_batches
+from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, is_float, micro_batches
 
 
 class Invariant(Strategy):
@@ -58,16 +58,12 @@ class Invariant(Strategy):
 
 def _mean(x: jax.Array, count: int) -> jax.Array:
   """A float sum over `count` pieces as a mean; other leaves (e.g. integer counters) as they are."""
-  return x / count if _is_float(x) else x
-
-
-def _is_float(x: jax.Array) -> bool:
-  return jnp.issubdtype(x.dtype, jnp.floating)
+  return x / count if is_float(x) else x
 
 
 def _integers_from(source: PyTree, floats: PyTree) -> PyTree:
   """`floats`' float leaves with `source`'s other (integer) leaves."""
-  return jax.tree.map(lambda s, f: f if _is_float(f) else s, source, floats)
+  return jax.tree.map(lambda s, f: f if is_float(f) else s, source, floats)
 
 
 def _shard_total(x: jax.Array) -> jax.Array:
@@ -75,12 +71,12 @@ def _shard_total(x: jax.Array) -> jax.Array:
 
   An integer (a step counter) is state, not a statistic: summed, it would grow with the piece count.
   """
-  return _sequential_sum(x) if _is_float(x) else x[:, -1]
+  return _sequential_sum(x) if is_float(x) else x[:, -1]
 
 
 def _tree_total(x: jax.Array) -> jax.Array:
   """[m, ...] -> [...]: floats summed along the fixed tree; integers as micro-shard 0 left them (no sum)."""
-  return _pairwise_sum(x) if _is_float(x) else x[0]
+  return _pairwise_sum(x) if is_float(x) else x[0]
 
 
 def _sequential_sum(x: jax.Array) -> jax.Array:
