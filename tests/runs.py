@@ -48,6 +48,21 @@ def wait_for(predicate, timeout: float = 120.0, every: float = 0.005) -> None:
     time.sleep(every)
 
 
+def trainer_pids(workdir) -> dict[int, int]:
+  """rank (JAXDP_PROCESS_ID) -> pid of the jaxdp.train processes running in `workdir`."""
+  found = {}
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      cmdline = open(f"/proc/{pid}/cmdline").read()
+      environ = open(f"/proc/{pid}/environ").read().split("\0")
+    except OSError:
+      continue
+    if "jaxdp.train" in cmdline and str(workdir) in cmdline:
+      rank = next((int(v.split("=")[1]) for v in environ if v.startswith("JAXDP_PROCESS_ID=")), None)
+      found[rank] = int(pid)
+  return found
+
+
 def train_losses(workdir, after: int = 0) -> dict[int, float]:
   """step -> train/loss logged in a workdir, for steps after `after`."""
   return {r["step"]: r["train/loss"] for r in metrics.read(str(workdir)) if "train/loss" in r and r["step"] > after}

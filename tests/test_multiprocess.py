@@ -106,15 +106,7 @@ def test_resume_one_process_on_two(data_dir, tmp_path, one_by_eight):
 
 def _pid_of_rank(workdir, rank):
   """The pid of the jaxdp.train process with JAXDP_PROCESS_ID=rank running in `workdir`."""
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      cmdline = open(f"/proc/{pid}/cmdline").read()
-      environ = open(f"/proc/{pid}/environ").read().split("\0")
-    except OSError:
-      continue
-    if "jaxdp.train" in cmdline and str(workdir) in cmdline and f"JAXDP_PROCESS_ID={rank}" in environ:
-      return int(pid)
-  return None
+  return runs.trainer_pids(workdir).get(rank)
 
 
 def test_killing_one_process_stops_the_launcher_naming_it(data_dir, tmp_path):

@@ -54,21 +54,6 @@ def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
   return out, err
 
 
-def _trainers(workdir) -> dict[int, int]:
-  """rank -> pid of the jaxdp.train processes running in `workdir`."""
-  found = {}
-  for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-      cmdline = open(f"/proc/{pid}/cmdline").read()
-      environ = open(f"/proc/{pid}/environ").read().split("\0")
-    except OSError:
-      continue
-    if "jaxdp.train" in cmdline and str(workdir) in cmdline:
-      rank = next((int(v.split("=")[1]) for v in environ if v.startswith("JAXDP_PROCESS_ID=")), None)
-      found[rank] = int(pid)
-  return found
-
-
 def _steps_after(path, offset: int) -> list[int]:
   """Steps of the records appended to metrics.jsonl after byte `offset` (a line being written is skipped)."""
   try:
@@ -88,10 +73,10 @@ def _steps_after(path, offset: int) -> list[int]:
 
 def _kill_when(workdir, proc, target: int, dead: set[int], rank: int | None = None, before=None) -> int:
   """Waits for a new group (pids not in `dead`) to log a step >= `target`, then SIGKILLs one of its ranks."""
-  runs.wait_for(lambda: proc.poll() is not None or (len(_trainers(workdir)) == 2
-                                                   and not set(_trainers(workdir).values()) & dead), every=0.05)
+  runs.wait_for(lambda: proc.poll() is not None or (len(runs.trainer_pids(workdir)) == 2
+                                                   and not set(runs.trainer_pids(workdir).values()) & dead), every=0.05)
   assert proc.poll() is None, proc.communicate()
-  group = _trainers(workdir)
+  group = runs.trainer_pids(workdir)
   path = workdir / "metrics.jsonl"
   offset = path.stat().st_size if path.exists() else 0  # Only this group's records count.
   runs.wait_for(lambda: proc.poll() is not None or max(_steps_after(path, offset), default=-1) >= target,
