@@ -4,6 +4,7 @@ splits read by index; a dataset prepared as TFRecord only gets one line saying h
 import contextlib
 import fcntl
 import os
+import sys
 from collections.abc import Callable
 
 import tensorflow_datasets as tfds
@@ -56,6 +57,10 @@ def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.D
     stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
     fresh = make(file_format=RANDOM_ACCESS.value)  # Another process may have prepared it meanwhile.
     if not fresh.is_prepared():
+      # jaxdp's one line in place of TFDS's prints (jaxdp.quiet drops them), from whichever process holds the
+      # lock: a run that has to prepare says so, once, even when process 0 only waits.
+      print(f"preparing dataset {fresh.info.full_name} in {root} (once; other processes wait)", file=sys.stderr,
+            flush=True)
       fresh.download_and_prepare()
 
 
