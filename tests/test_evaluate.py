@@ -58,3 +58,13 @@ def test_sample_restores_a_zero1_checkpoint_from_its_stored_config(data_dir, tmp
   result = train.train_and_evaluate(config, str(tmp_path))
   _, params, _, _ = sample.restore(restore.stored_config(str(tmp_path)), str(tmp_path))
   runs.assert_bitwise(params, result.backend.get(result.state.params))
+
+
+def test_sampling_a_checkpoint_that_is_no_language_model_is_one_error_line(finished, capsys):
+  workdir, _ = finished  # An MLP on digits: no text to continue (was an IndexError's 31-line traceback).
+  status = sample.main(["jaxdp.sample", "--workdir", str(workdir), "--num_chars", "4"])
+  err = capsys.readouterr().err
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert status == 2, err[-2000:]
+  assert len(errors) == 1 and "'mlp'" in errors[0] and "not a byte-level language model" in errors[0], err[-2000:]
+  assert "Traceback" not in err, err[-2000:]

@@ -64,6 +64,7 @@ def test_builder_class_by_module_name_prepares_array_record(tmp_path):
     ("user_datasets:Missing", ["user_datasets:Missing", "has no 'Missing'"]),
     ("no_such_module_h3b:Builder", ["no_such_module_h3b", "cannot import"]),
     ("user_datasets:NotABuilder", ["user_datasets:NotABuilder", "not a TFDS builder"]),
+    ("user_datasets:NoExamples", ["user_datasets:NoExamples", "does not define _generate_examples"]),
 ])
 def test_bad_builder_name_is_a_config_error_naming_it(name, words, tmp_path):
   with pytest.raises(ConfigError) as e:
@@ -233,3 +234,19 @@ def test_user_data_trains_end_to_end(kind, config, tmp_path):
   assert int(result.backend.get(result.state.step)) == config.num_train_steps
   assert result.eval_metrics["eval/num_examples"] == num_test  # Every test example once.
   assert np.isfinite(result.eval_metrics["eval/loss"])
+
+
+def test_float_labels_are_one_error_naming_the_label_feature(tmp_path):
+  """A regression dataset (float labels) is a config error before any model is built (was ZeroDivisionError)."""
+  import subprocess
+  import sys
+  import runs
+  args = runs.flags({"dataset.name": "user_datasets:FloatLabels", "dataset.data_dir": str(tmp_path / "tfds"),
+                     "model.name": "mlp", "num_train_steps": 2, "batch_size": 16})
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.train", *args, "--workdir", str(tmp_path / "run"),
+                         "--cpu_devices", "1"], capture_output=True, text=True, env=env, timeout=240)
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert len(errors) == 1 and "'y'" in errors[0] and "float32" in errors[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]

@@ -39,3 +39,31 @@ class TinyBlobs(tfds.core.GeneratorBasedBuilder):
 
 class NotABuilder:
   """A class that is not a TFDS builder: naming it must be a config error."""
+
+
+class FloatLabels(TinyBlobs):
+  """TinyBlobs with a float target in place of its class: a regression dataset, which jaxdp cannot train yet."""
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({"x": tfds.features.Tensor(shape=(8,), dtype=np.float32),
+                                             "y": tfds.features.Tensor(shape=(), dtype=np.float32)}),
+        supervised_keys=("x", "y"),
+    )
+
+  def _generate_examples(self, n: int, seed: int) -> Iterator[tuple[int, dict]]:
+    for i, example in super()._generate_examples(n, seed):
+      yield i, {**example, "y": np.float32(example["y"]) / 2}
+
+
+class NoExamples(tfds.core.GeneratorBasedBuilder):
+  """A builder that forgot `_generate_examples`: naming it must say what is missing."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return TinyBlobs._info(self)
+
+  def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict:
+    return {}

@@ -111,6 +111,7 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
   if not builder.info.supervised_keys:
     raise ConfigError(f"dataset {config.name!r} has no supervised keys (input, label)")
   input_key = builder.info.supervised_keys[0]
+  _check_class_labels(config.name, builder)
   options = Options.from_config(config, tuple(builder.info.features[input_key].shape))
   if not options.shard_by_process:
     prepare.require_random_access(builder)
@@ -119,6 +120,16 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
     splits = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
     corpus = cache.maybe_cached(corpus, splits, options.cache_mb)
   return Dataset(corpus, options, builder)
+
+
+def _check_class_labels(name: str, builder: tfds.core.DatasetBuilder) -> None:
+  """A ConfigError for float labels: the step trains classification (integer classes), and a float label
+  has no class count (the model was then built with 0 outputs and failed deep inside Flax)."""
+  label_key = builder.info.supervised_keys[1]
+  dtype = np.dtype(getattr(builder.info.features[label_key], "np_dtype", np.int64))
+  if np.issubdtype(dtype, np.floating):
+    raise ConfigError(f"dataset {name!r}: its label feature {label_key!r} is {dtype}, not classes: jaxdp trains "
+                      f"classification on integer class labels (e.g. tfds.features.ClassLabel)")
 
 
 def _token_file(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:

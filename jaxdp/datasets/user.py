@@ -63,6 +63,9 @@ def _builder_class(name: str) -> type[tfds.core.DatasetBuilder]:
 
 
 def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -> tfds.core.DatasetBuilder:
+  if missing := sorted(getattr(cls, "__abstractmethods__", ())):  # Else Python's TypeError reads as bad kwargs.
+    raise ConfigError(f"dataset {name!r} does not define {', '.join(missing)} (a TFDS builder must: see "
+                      f"tfds.core.GeneratorBasedBuilder)")
   if not issubclass(cls, dataset_builder.FileReaderBuilder):
     kwargs.pop("file_format")  # A builder that does not write record files takes no file format.
   try:
