@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from jaxdp import cpu_devices  # noqa: E402
+from jaxdp.runtime import cpu_devices  # noqa: E402
 
 cpu_devices.simulate(8)
 # Every run after the first loads its programs from this cache, so compile time does not dilute the ratio.

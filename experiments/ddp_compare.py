@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 import ddp_common  # noqa: E402
 
-from jaxdp import cpu_devices, distributed, launch  # noqa: E402
+from jaxdp.runtime import cpu_devices, distributed  # noqa: E402
+from jaxdp.tools import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",

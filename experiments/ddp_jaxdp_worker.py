@@ -12,7 +12,7 @@ run unchecked), to see what the all-reduce costs inside the step.
 import os
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 cpu_devices.simulate(cpu_devices.requested([]) or 1)  # Before JAX is imported; keeps the thread flags.
 
@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_common  # noqa: E402
 import step_variants  # noqa: E402
 
-from jaxdp import distributed, models, optim, parallel, strategies  # noqa: E402
+from jaxdp.runtime import distributed  # noqa: E402
+from jaxdp import models, optim, parallel, strategies
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 from jaxdp.strategies import plain  # noqa: E402

@@ -13,7 +13,7 @@ results file, and prints the largest difference from N = 1 per mode.
 
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
   cpu_devices.simulate(8)
@@ -28,7 +28,8 @@ from matplotlib.figure import Figure  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import plot, train  # noqa: E402
+from jaxdp.tools import plot  # noqa: E402
+from jaxdp import train
 from jaxdp.configs import default  # noqa: E402
 
 Curve = tuple[list[int], list[float]]

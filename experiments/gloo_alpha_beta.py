@@ -60,7 +60,7 @@ def main() -> None:
   sizes = [int(s) for s in args.sizes.split(",")]
   if args.worker >= 0:
     return worker(args.worker, args.port, sizes, args.repeats)
-  from jaxdp.launch import free_port
+  from jaxdp.tools.launch import free_port
   port = free_port()
   cmd = [sys.executable, __file__, "--sizes", args.sizes, "--repeats", str(args.repeats), "--port", str(port)]
   procs = [subprocess.Popen(cmd + ["--worker", str(r)], stdout=subprocess.PIPE, text=True,

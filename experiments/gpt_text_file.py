@@ -26,7 +26,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxdp import metrics, models, sample, train  # noqa: E402
+from jaxdp.report import metrics  # noqa: E402
+from jaxdp import models, train
+from jaxdp.tools import sample
 from jaxdp.configs import gpt_text_file  # noqa: E402
 from jaxdp.datasets import text_file  # noqa: E402
 

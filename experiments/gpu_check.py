@@ -34,7 +34,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import flops, models, optim, parallel  # noqa: E402
+from jaxdp.report import flops  # noqa: E402
+from jaxdp import models, optim, parallel
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 

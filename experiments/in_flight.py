@@ -19,7 +19,8 @@ import time
 
 def worker(steps: int) -> None:
   """One process: build the default CNN run, dispatch `steps` steps, print in-flight counts."""
-  from jaxdp import build, cli, data, train
+  from jaxdp import build, data, train
+  from jaxdp.tools import cli
   from jaxdp.configs import default
   config = default.get_config()
   config.dataset.data_dir = os.environ["TFDS_DIR"]

@@ -26,7 +26,7 @@ def child(num_train: int, steps: int, data_dir: str) -> None:
   """Trains `steps` steps on the split of `num_train` images; prints the peak RSS in MiB."""
   sys.path.insert(0, ROOT)
   os.environ["JAXDP_CPU_DEVICES"] = "1"
-  from jaxdp import cpu_devices
+  from jaxdp.runtime import cpu_devices
   cpu_devices.simulate(1)
   from jaxdp import train
   from jaxdp.configs import default

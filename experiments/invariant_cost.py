@@ -8,7 +8,7 @@ devices, fed the same device-resident batch; alternating rounds.
 import os
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
   cpu_devices.simulate(8)

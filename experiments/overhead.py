@@ -24,7 +24,7 @@ contender; the ratios jaxdp / baseline are taken per round and reported as media
 
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
   cpu_devices.simulate(2)

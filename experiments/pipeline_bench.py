@@ -25,7 +25,7 @@ never works in the background); per core = images/s / the machine's cores (both 
 
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 if (_count := cpu_devices.requested(sys.argv)) is not None:  # Before JAX is imported.
   cpu_devices.simulate(_count)

@@ -12,7 +12,7 @@ reported, not judged: fake devices share the same few cores, so more of them is 
 
 import sys
 
-from jaxdp import cpu_devices
+from jaxdp.runtime import cpu_devices
 
 if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
   cpu_devices.simulate(8)
@@ -28,7 +28,9 @@ from matplotlib.figure import Figure  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import build, inspect, units  # noqa: E402
+from jaxdp import build  # noqa: E402
+from jaxdp.tools import inspect
+from jaxdp.report import units
 from jaxdp.configs import default  # noqa: E402
 
 MODES = {"plain": False, "ZeRO-1": True}  # name -> parallel.shard_optimizer_state

@@ -107,7 +107,7 @@ def main() -> None:
   args = parser.parse_args()
   if args.worker:
     return worker(*args.worker, args.rounds, args.repeats)
-  from jaxdp import launch
+  from jaxdp.tools import launch
   env = {**os.environ, "XLA_FLAGS": args.xla_flags}
   ports = [str(launch.free_port()), str(launch.free_port())]
   cmd = [sys.executable, __file__, "--rounds", str(args.rounds), "--repeats", str(args.repeats), "--worker"]

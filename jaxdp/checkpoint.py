@@ -19,7 +19,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import checkpoint_managers
 
-from jaxdp import data, metrics, relayout
+from jaxdp import data
+from jaxdp.report import metrics
+from jaxdp.strategies import relayout
 from jaxdp.config import ConfigError
 from jaxdp.parallel import Backend
 from jaxdp.step import TrainState

@@ -1,86 +1,10 @@
-"""`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: loss and accuracy curves of runs, as one PNG.
+"""`python -m jaxdp.plot`: the command's code lives in `jaxdp.tools.plot`; `jaxdp.plot` is that module."""
 
-Reads each run's `metrics.jsonl`; train curves are solid, eval curves dashed, one color per run. The
-PNG goes to `--out`, by default `WORKDIR/curves.png` for one run and `./curves.png` for several.
-"""
-
-import argparse
-import os
+import importlib
+import runpy
 import sys
 
-from matplotlib.figure import Figure  # No pyplot: no global backend is chosen or changed (Agg canvas).
-
-from jaxdp import metrics
-
-PANELS = (("loss", "loss"), ("accuracy", "accuracy"))
-DEFAULT_NAME = "curves.png"
-
-
-class PlotError(ValueError):
-  """A run that cannot be plotted; the CLI prints it as one `error:` line."""
-
-
-def curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
-  """`train/loss`, `eval/accuracy`, ... -> (steps, values); a step written twice (a resumed run) keeps its last value."""
-  path = os.path.join(workdir, metrics.METRICS_FILE)
-  if not os.path.isfile(path):
-    raise PlotError(f"no {metrics.METRICS_FILE} in {workdir!r}")
-  by_key: dict[str, dict[int, float]] = {}
-  for record in metrics.read(workdir):
-    for key, value in record.items():
-      if key.startswith(("train/", "eval/")) and isinstance(value, int | float):
-        by_key.setdefault(key, {})[int(record["step"])] = float(value)
-  return {key: (sorted(points), [points[s] for s in sorted(points)]) for key, points in by_key.items()}
-
-
-def plot(workdirs: list[str], out: str) -> str:
-  """Draws every run's loss and accuracy curves into the PNG `out`; returns its path."""
-  runs = {_label(w, workdirs): curves(w) for w in workdirs}
-  fig = Figure(figsize=(11, 4), layout="constrained")
-  axes = fig.subplots(1, len(PANELS))
-  drawn = 0
-  for ax, (metric, title) in zip(axes, PANELS):
-    for color, (label, run) in enumerate(runs.items()):
-      for split, style in (("train", "-"), ("eval", "--")):
-        if f"{split}/{metric}" in run:
-          steps, values = run[f"{split}/{metric}"]
-          ax.plot(steps, values, style, color=f"C{color}", marker="o" if split == "eval" or len(steps) < 3 else None,
-                  markersize=4,
-                  label=f"{label} {split}")
-          drawn += 1
-    ax.set(title=title, xlabel="step")
-    ax.grid(alpha=0.3)
-    if ax.lines:
-      ax.legend(fontsize="small")
-  if not drawn:
-    raise PlotError(f"no train/eval loss or accuracy in {', '.join(map(repr, workdirs))}")
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  fig.savefig(out, dpi=110)
-  return out
-
-
-def _label(workdir: str, workdirs: list[str]) -> str:
-  """The run's directory name, or its whole path when two runs share a name."""
-  name = os.path.basename(os.path.normpath(workdir))
-  same = [w for w in workdirs if os.path.basename(os.path.normpath(w)) == name]
-  return name if len(same) == 1 else workdir
-
-
-def main(argv: list[str]) -> int:
-  """Runs the CLI; returns the exit status (2 for a run that cannot be plotted)."""
-  parser = argparse.ArgumentParser(prog="python -m jaxdp.plot", description=__doc__.splitlines()[0])
-  parser.add_argument("workdirs", nargs="+", metavar="WORKDIR", help="run directories holding metrics.jsonl")
-  parser.add_argument("--helpfull", action="help", help="the same as --help (as jaxdp's other tools accept)")
-  parser.add_argument("--out", help=f"PNG path (default: WORKDIR/{DEFAULT_NAME} for one run, ./{DEFAULT_NAME})")
-  args = parser.parse_args(argv)
-  out = args.out or (os.path.join(args.workdirs[0], DEFAULT_NAME) if len(args.workdirs) == 1 else DEFAULT_NAME)
-  try:
-    print(plot(args.workdirs, out))
-  except PlotError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  runpy.run_module("jaxdp.tools.plot", run_name="__main__")
+else:
+  sys.modules[__name__] = importlib.import_module("jaxdp.tools.plot")

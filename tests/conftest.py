@@ -7,7 +7,8 @@ import jax
 import ml_collections
 import pytest
 
-from jaxdp import cpu_devices, data
+from jaxdp.runtime import cpu_devices
+from jaxdp import data
 from jaxdp.configs import default
 
 NUM_DEVICES = 8

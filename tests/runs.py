@@ -8,7 +8,7 @@ import time
 import jax
 import numpy as np
 
-from jaxdp import metrics
+from jaxdp.report import metrics
 from jaxdp.configs import default
 
 

@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import build, data, inspect
+from jaxdp import build, data
+from jaxdp.tools import inspect
 from jaxdp.config import ConfigError
 from jaxdp.strategies import base, plain
 from jaxdp.configs import mlp_digits

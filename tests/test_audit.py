@@ -6,7 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-from jaxdp import audit, metrics, train
+from jaxdp.tools import audit
+from jaxdp.report import metrics
+from jaxdp import parallel, train
 from jaxdp.data import sampler
 from jaxdp.data.reader import INDEX
 
@@ -150,12 +152,12 @@ def test_a_reader_that_reads_another_steps_rows_is_caught(order, process_count):
 
 def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, tmp_path, monkeypatch):
   placed = []
-  real_prefetch = train.parallel.prefetch
+  real_prefetch = parallel.prefetch
 
   def prefetch(backend, batches, size):  # What goes to the devices, hence to the step.
     return real_prefetch(backend, (placed.append(sorted(b)) or b for b in batches), size)
 
-  monkeypatch.setattr(train.parallel, "prefetch", prefetch)
+  monkeypatch.setattr(parallel, "prefetch", prefetch)
   read = []
   real_take = audit.Recorder.take_ids
 

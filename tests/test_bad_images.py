@@ -14,7 +14,8 @@ from PIL import Image
 
 import bad_datasets  # noqa: F401  `bad_datasets:BadJpegs`.
 import runs
-from jaxdp import checkpoint, data, metrics, train
+from jaxdp import checkpoint, data, train
+from jaxdp.report import metrics
 
 CLASSES = ("ant", "bee")
 TIMEOUT = 240  # A run here takes seconds; a hang (the process never exits) fails instead of blocking the suite.

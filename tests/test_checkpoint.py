@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, checkpoint, metrics, train, zero
+from jaxdp import build, checkpoint, train
+from jaxdp.report import metrics
+from jaxdp.strategies import zero
 from jaxdp.configs import default, mlp_digits
 
 STEPS = 120

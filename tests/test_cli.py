@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from jaxdp import cli, plot, train
-from jaxdp import inspect as inspect_cli
+from jaxdp.tools import cli, plot
+from jaxdp import train
+from jaxdp.tools import inspect as inspect_cli
 from jaxdp.config import ConfigError
 from jaxdp.configs import default
 

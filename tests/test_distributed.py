@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from jaxdp import preemption, train
+from jaxdp.loop import preemption
+from jaxdp import train
 from jaxdp.configs import default, mlp_digits
 
 

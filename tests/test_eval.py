@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxdp import build, data, metrics, models, train
+from jaxdp import build, data, models, train
+from jaxdp.report import metrics
 from jaxdp import step as step_lib
 
 SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.

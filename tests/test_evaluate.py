@@ -5,7 +5,9 @@ import json
 import pytest
 import runs
 
-from jaxdp import evaluate, metrics, restore, sample, train
+from jaxdp.tools import evaluate, restore, sample
+from jaxdp.report import metrics
+from jaxdp import train
 
 
 @pytest.fixture(scope="module")

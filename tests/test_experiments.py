@@ -21,7 +21,8 @@ import gpu_check  # noqa: E402
 import overhead  # noqa: E402
 import step_variants  # noqa: E402
 
-from jaxdp import launch, models, parallel  # noqa: E402
+from jaxdp.tools import launch  # noqa: E402
+from jaxdp import models, parallel
 from jaxdp.config import ConfigError  # noqa: E402
 
 

@@ -7,7 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import data, metrics, models, optim, parallel, replicas, train
+from jaxdp import data, models, optim, parallel, train
+from jaxdp.report import metrics
+from jaxdp.loop import replicas
 from jaxdp import step as step_lib
 
 

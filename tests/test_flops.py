@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import flops
+from jaxdp.report import flops
 
 M, K, N = 64, 128, 256
 MATMUL_FLOPS = 2 * M * K * N

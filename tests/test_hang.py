@@ -49,7 +49,7 @@ def test_a_failing_input_worker_ends_the_run_with_one_line(tmp_path):
 # An input stream with calls in flight fails; the error is handled as the CLI handles it, then Python exits.
 _IN_FLIGHT = textwrap.dedent("""
     import sys, time
-    from jaxdp import cli
+    from jaxdp.tools import cli
     import numpy as np
     import tensorflow as tf
 
@@ -82,7 +82,7 @@ def test_exit_ends_the_process_despite_a_thread_that_never_returns():
   """A non-daemon thread blocked forever (a consumer gone) holds a plain exit; `exits.exit` ends it after a grace."""
   script = textwrap.dedent("""
       import threading
-      from jaxdp import exits
+      from jaxdp.runtime import exits
       exits.THREAD_GRACE_S = 0.5
       threading.Thread(target=threading.Event().wait, name="stuck-producer").start()
       exits.exit(3)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxdp import inspect
+from jaxdp.tools import inspect
 from jaxdp.configs import mlp_digits
 
 N = 8

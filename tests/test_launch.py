@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from jaxdp import goodput, launch
+from jaxdp.loop import goodput
+from jaxdp.tools import launch
 
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -129,7 +130,7 @@ if sys.argv[1] == "middle":  # Starts the trainer stand-in, says its pid, waits 
   print(child.pid, flush=True)
   time.sleep(600)
 else:  # Like a trainer under the preemption service: SIGTERM does not end it.
-  from jaxdp import distributed
+  from jaxdp.runtime import distributed
   distributed.die_with_launcher()
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   assert "JAXDP_LAUNCHER_PID" not in os.environ  # Its own children do not take the launcher for their parent.

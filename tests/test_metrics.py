@@ -4,7 +4,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import metrics, train
+from jaxdp.report import metrics
+from jaxdp import train
 
 CONTRACT = {"train/loss", "train/accuracy", "eval/loss", "eval/accuracy", "eval/num_examples"}
 PERF = {"perf/step_time", "perf/examples_per_second", "perf/examples_per_second_per_device"}

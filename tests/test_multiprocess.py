@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import audit, checkpoint, launch, train
+from jaxdp.tools import audit, launch
+from jaxdp import checkpoint, parallel, train
+from jaxdp.report import metrics
 
 K = 20  # Steps before the checkpoint that the elastic restarts resume from; runs go to 2K.
 
@@ -68,12 +70,12 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   _assert_losses_close(runs.train_losses(workdir), runs.train_losses(ref_dir))
   config = runs.config_with(_overrides(data_dir))
   # The 2-process checkpoint restores in 1 process (elastic), and its parameters match.
-  backend = train.parallel.make_backend("mesh")
+  backend = parallel.make_backend("mesh")
   state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, _init_for(config))
   params = backend.get(state.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params, ref_params)
   assert "[0] step" in out and "[1] step" not in out  # Only process 0 reports progress ...
-  steps = [r["step"] for r in train.metrics.read(str(workdir)) if "train/loss" in r]
+  steps = [r["step"] for r in metrics.read(str(workdir)) if "train/loss" in r]
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.
   assert "[Gloo]" not in out and "connected to" not in out  # The launcher keeps gloo's connection lines out.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.

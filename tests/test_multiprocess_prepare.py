@@ -7,7 +7,7 @@ import sys
 import runs
 import tensorflow_datasets as tfds
 
-from jaxdp import metrics
+from jaxdp.report import metrics
 
 
 def test_two_processes_prepare_an_unprepared_dataset_once_and_train(tmp_path):

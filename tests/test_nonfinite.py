@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from jaxdp import data, metrics, train
+from jaxdp import data, train
+from jaxdp.report import metrics
 
 
 def _poison(monkeypatch, steps: set[int]) -> None:

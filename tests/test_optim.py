@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxdp import build, optim, zero
+from jaxdp import build, optim
+from jaxdp.strategies import zero
 from jaxdp.config import ConfigError
 
 LR, WD = 0.1, 0.5

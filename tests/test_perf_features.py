@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 from jax import monitoring
 
-from jaxdp import cli, config as config_lib, goodput, metrics, replicas, train
+from jaxdp.tools import cli
+from jaxdp import config as config_lib, train
+from jaxdp.loop import train as loop_train
+from jaxdp.loop import goodput, replicas
+from jaxdp.report import metrics
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
@@ -20,7 +24,7 @@ def test_metrics_stay_on_device_until_a_log_step_and_only_old_steps_are_waited_f
   fetched, waited = [], []
   backend = types.SimpleNamespace(get=lambda tree: fetched.append(len(tree)) or jax.tree.map(np.asarray, tree))
   monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(int(x)) or x)
-  tracker = train._StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
+  tracker = loop_train._StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
   for step in range(1, 6):
     # "nonfinite" carries the step number here, so the test sees which step the host waited for.
     tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0) + step})

@@ -10,7 +10,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from jaxdp import plot, train
+from jaxdp.tools import plot
+from jaxdp import train
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from jaxdp import config as config_lib
-from jaxdp import data, models, parallel, progress, summary
+from jaxdp import data, models, parallel
+from jaxdp.report import progress, summary
 from jaxdp.configs import default
 
 TRAIN_LINE = re.compile(r"^step +\d+/\d+ +\d+% \| loss \d+\.\d{4} \| acc \d+\.\d% \| [\d,]+ ex/s \([\d,]+/device\) "

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from jaxdp import inspect, projection
+from jaxdp.tools import inspect, projection
 from jaxdp.configs import mlp_digits
 
 LINK = projection.Interconnect(1e9, 1e-5, "test: 1 GB/s, 10 us")

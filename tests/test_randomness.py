@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, data, metrics, train
+from jaxdp import build, data, train
+from jaxdp.report import metrics
 
 
 def _model(config, name, **kwargs):

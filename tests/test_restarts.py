@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import audit, checkpoint, data, metrics, models, optim, parallel
+from jaxdp.tools import audit
+from jaxdp import checkpoint, data, models, optim, parallel
+from jaxdp.report import metrics
 from jaxdp import step as step_lib
 
 STEPS, EVERY = 120, 10  # Steps of each run; a checkpoint every EVERY steps.

@@ -14,7 +14,8 @@ import pytest
 import runs
 import tensorflow_datasets as tfds
 
-from jaxdp import build, checkpoint, data, train, zero
+from jaxdp import build, checkpoint, data, train
+from jaxdp.strategies import zero
 from jaxdp.config import ConfigError
 from jaxdp.data import convert, images
 from jaxdp.configs import mlp_digits

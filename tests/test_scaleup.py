@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, config as config_lib, data, flops, train
+from jaxdp import build, config as config_lib, data, train
+from jaxdp.report import flops, metrics
 
 
 def _train(config, workdir):
@@ -65,7 +66,7 @@ def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
     ten_steps.dtype, ten_steps.parallel.allreduce_dtype = dtype, dtype
     _, params = _train(ten_steps, tmp_path / dtype)
     assert all(x.dtype == np.float32 for x in jax.tree.leaves(params))  # Parameters stay float32.
-    losses = [r["train/loss"] for r in train.metrics.read(str(tmp_path / dtype)) if "train/loss" in r]
+    losses = [r["train/loss"] for r in metrics.read(str(tmp_path / dtype)) if "train/loss" in r]
     assert losses[-1] < 0.5 * losses[0]
     final[dtype] = losses[-1]
   # bfloat16 keeps 8 bits of mantissa: the curves agree to a few percent, not to float32 rounding.

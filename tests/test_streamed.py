@@ -9,7 +9,8 @@ import tensorflow_datasets as tfds
 
 import jaxdp.datasets  # noqa: F401  Registers digits.
 import runs
-from jaxdp import audit, data, train
+from jaxdp.tools import audit
+from jaxdp import data, train
 from jaxdp.data import convert
 from jaxdp.data.reader import INDEX
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxdp import data, metrics, train
+from jaxdp import data, train
+from jaxdp.report import metrics
 from jaxdp.config import ConfigError
 from jaxdp.configs import gpt_token_file
 from jaxdp.datasets import token_file

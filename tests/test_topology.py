@@ -6,7 +6,7 @@ import json
 import pytest
 import runs
 
-from jaxdp import inspect, topology
+from jaxdp.tools import inspect, topology
 from jaxdp.config import ConfigError
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,

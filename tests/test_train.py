@@ -8,7 +8,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import checkpoint, compilation_cache, data, evaluate, metrics, preemption, progress, sample, train
+from jaxdp import checkpoint, data, train
+from jaxdp.runtime import compilation_cache
+from jaxdp.tools import evaluate, sample
+from jaxdp.report import metrics, progress
+from jaxdp.loop import preemption
 from jaxdp.configs import gpt_text_file
 
 

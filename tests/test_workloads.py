@@ -10,7 +10,9 @@ import tensorflow_datasets as tfds
 from pydoc_data import topics
 
 from jaxdp import config as config_lib
-from jaxdp import metrics, models, optim, sample, train
+from jaxdp.report import metrics
+from jaxdp import models, optim, train
+from jaxdp.tools import sample
 from jaxdp import step as step_lib
 from jaxdp.configs import cifar10_resnet18, gpt_text_file, gpt_tiny_shakespeare
 from jaxdp.datasets import text_file, tiny_shakespeare_chars

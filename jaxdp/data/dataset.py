@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from jaxdp import quiet
+from jaxdp.runtime import quiet
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, prepare
 from jaxdp.data.preprocess import Preprocess

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxdp import zero
+from jaxdp.strategies import zero
 from jaxdp.strategies.base import DataAxis, PyTree, all_finite
 from jaxdp.strategies.plain import DataParallel
 

@@ -18,8 +18,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxdp import build, flops, units
-from jaxdp import inspect as inspect_lib
+from jaxdp import build
+from jaxdp.report import flops, units
+from jaxdp.tools import inspect as inspect_lib
 from jaxdp.config import ConfigError
 
 GiB = 2**30

@@ -26,8 +26,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxdp import build, units
-from jaxdp import inspect as inspect_lib
+from jaxdp import build
+from jaxdp.report import units
+from jaxdp.tools import inspect as inspect_lib
 from jaxdp.config import ConfigError
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdp import zero
+from jaxdp.strategies import zero
 from jaxdp.step import TrainState
 
 PyTree = Any

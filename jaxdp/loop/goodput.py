@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import jax
 from jax import monitoring
 
-from jaxdp import units
+from jaxdp.report import units
 
 FILE = "goodput.json"
 # In print order; "train" is the steps themselves (dispatch and waiting for the device).

@@ -8,7 +8,8 @@ import ml_collections
 import numpy as np
 
 from jaxdp import config as config_lib
-from jaxdp import data, parallel, units
+from jaxdp import data, parallel
+from jaxdp.report import units
 from jaxdp.models import Model
 
 

@@ -13,8 +13,8 @@ import jax
 import tqdm
 from tqdm.contrib import logging as tqdm_logging
 
-from jaxdp import units
-from jaxdp import flops as flops_lib
+from jaxdp.report import units
+from jaxdp.report import flops as flops_lib
 
 REDRAW_SECONDS = 0.1  # tqdm's `mininterval`: a bar redrawn every step would cost more than a tiny step.
 

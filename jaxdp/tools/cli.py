@@ -19,7 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp import compilation_cache, cpu_devices, exits
+from jaxdp.runtime import compilation_cache, cpu_devices, exits
 
 log = logging.getLogger("jaxdp")
 
@@ -72,7 +72,7 @@ def help_text(usage: str, extra_help: str = "") -> str:
 
 def setup_logging() -> None:
   """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING."""
-  from jaxdp import distributed  # JAX: not before a command needs it (`--help` starts without it).
+  from jaxdp.runtime import distributed  # JAX: not before a command needs it (`--help` starts without it).
   if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
     sys.stdout = sys.stderr
   logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
@@ -83,7 +83,7 @@ def init_process(config: ml_collections.ConfigDict) -> None:
   """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
   import jax
   use_compilation_cache(config)
-  from jaxdp import distributed
+  from jaxdp.runtime import distributed
   if distributed.initialize(config) and jax.process_index() != 0:
     log.setLevel(logging.WARNING)
 
@@ -141,7 +141,7 @@ def guarded(run: Callable[[], object], failures: tuple[type[Exception], ...] = (
 
 def _one_line_failures() -> tuple[type[Exception], ...]:
   """Failures every command reports in one line: a failed distributed start (once jax.distributed is loaded)."""
-  distributed = sys.modules.get("jaxdp.distributed")
+  distributed = sys.modules.get("jaxdp.runtime.distributed")
   return (distributed.DistributedInitError,) if distributed else ()
 
 

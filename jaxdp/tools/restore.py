@@ -12,7 +12,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from jaxdp import cli, cpu_devices
+from jaxdp.tools import cli
+from jaxdp.runtime import cpu_devices
 from jaxdp.config import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"  # As jaxdp.checkpoint writes it; read here without importing JAX.

@@ -1,0 +1,333 @@
+"""The training loop: `train_and_evaluate(config, workdir)` trains to `num_train_steps`, resuming from
+WORKDIR/checkpoints/; also called by tests and notebooks. The command line is `jaxdp.tools.train`.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import ml_collections
+
+from jaxdp import build, checkpoint, data, models, parallel
+from jaxdp import config as config_lib
+from jaxdp import step as step_lib
+from jaxdp.loop import goodput, preemption, profiling, replicas
+from jaxdp.report import flops as flops_lib
+from jaxdp.report import metrics, progress, summary
+from jaxdp.runtime import compilation_cache
+from jaxdp.tools import audit, evaluate
+
+log = logging.getLogger("jaxdp")
+PyTree = Any
+
+
+@dataclasses.dataclass
+class Result:
+  """What a run leaves: the final (device) state, its backend and model, the last eval metrics.
+
+  `params` and `model_state` are one host copy (no device axis, for either backend), so that
+  `sample.sample_text(result.model, result.params, result.model_state, ...)` works on any run.
+  """
+  state: step_lib.TrainState
+  backend: parallel.Backend
+  eval_metrics: dict[str, float]
+  preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
+  model: models.Model | None = None  # The model as the run built it.
+
+  @functools.cached_property
+  def params(self) -> PyTree:
+    """The trained parameters on the host, one copy."""
+    return self.backend.get(self.state.params)
+
+  @functools.cached_property
+  def model_state(self) -> PyTree:
+    """The model's non-parameter state (e.g. BatchNorm statistics) on the host, one copy."""
+    return self.backend.get(self.state.model_state)
+
+
+class NonFiniteError(RuntimeError):
+  """The loss or gradients stayed NaN/Inf for too many consecutive steps."""
+
+
+@dataclasses.dataclass
+class _Run:
+  """Everything a run is built from, before the loop starts."""
+  parts: build.Parts
+  workdir: str
+  checkpointer: checkpoint.Checkpointer
+  state: step_lib.TrainState
+  recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
+  clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
+  """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
+  # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
+  # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
+  compilation_cache.use(config)  # As the CLI does: the Python API compiles through the same cache.
+  with contextlib.ExitStack() as stack:
+    compiles = stack.enter_context(goodput.CompileWatch())
+    clock = goodput.Clock(workdir, compiles)
+    run = _setup(config, workdir, stack, clock)
+    watcher = stack.enter_context(preemption.Watcher(config.get("preemption_sync_every_steps", 1)))
+    return _train(run, watcher, stack)
+
+
+def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack,
+           clock: goodput.Clock) -> _Run:
+  """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
+  with clock.span("setup"):
+    parts = build.build(config)
+    _check_workdir(workdir)
+    profiling.parse_steps(config.get("profile_steps", ()))  # A bad value fails before anything is restored.
+    summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
+    stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
+                              global_batch=parts.layout.global_batch, process_count=jax.process_count())
+    # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
+    checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
+  with clock.span("restore"):
+    state = checkpointer.restore_or_init(parts.backend, parts.init)
+  with clock.span("setup"):
+    recorder = stack.enter_context(contextlib.closing(audit.start(
+        workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
+        checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
+  return _Run(parts, workdir, checkpointer, state, recorder, clock)
+
+
+def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
+  """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
+  parts, config, state, clock = run.parts, run.parts.config, run.state, run.clock
+  backend, total = parts.backend, config.num_train_steps
+  start = int(backend.get(state.step))
+  if start:
+    log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
+             "; already at num_train_steps, nothing to train" if start >= total else "")
+  with clock.span("setup"):
+    stream = data.train_batches(
+        parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
+        start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
+        with_ids=run.recorder.recording)
+    # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
+    batches = parallel.prefetch(backend, run.recorder.take_ids(stream), config.parallel.prefetch)
+  with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
+    step_flops, batches = _count_flops(parts, state, batches, start < total)
+  summary.report({"compile": run.clock.compiles.describe()}, title=None)
+  with clock.span("setup"):
+    writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
+    reporter = stack.enter_context(contextlib.closing(progress.Reporter(
+        total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
+        peak_flops=flops_lib.peak_flops(backend.devices[0]))))
+  tracker = _StepMetrics(backend, _steps_in_flight(config, backend), config.get("max_consecutive_nonfinite", 5))
+  profiler = profiling.Profiler(run.workdir, config.get("profile_steps", ()))
+  stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
+  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream)
+  with loop.saving_on_error():
+    for step in range(start + 1, total + 1):
+      with clock.span("input"):
+        batch = next(batches)
+      profiler.before(step)
+      with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
+        state, step_metrics = parts.train_step(state, batch)
+        tracker.push(step, step_metrics)
+      loop.completed = (step, state)
+      run.recorder.record(step)
+      reporter.on_step(step)
+      loop.periodic(step, state)
+      profiler.after(step, state)
+      if watcher.should_stop(step):
+        if loop.saved != step:
+          loop.save(step, state, force=True)
+        log.info("step %d: stop requested; checkpoint saved, exiting", step)
+        loop.finish(step)
+        return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
+  reporter.done()
+  loop.finish(total)
+  return Result(state, backend, loop.eval_metrics, model=parts.model)
+
+
+@dataclasses.dataclass
+class _Loop:
+  """The loop's periodic work (log, replica check, eval, checkpoint) and what it remembers between steps."""
+  run: _Run
+  writer: metrics.MultiWriter
+  reporter: progress.Reporter
+  tracker: "_StepMetrics"
+  sentinel: replicas.Sentinel
+  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  saved: int = -1  # The last step checkpointed by this run.
+  completed: tuple[int, step_lib.TrainState] | None = None  # The last step dispatched whose metrics were taken.
+  stream: Iterator | None = None  # The train stream, which counts the bad examples it replaced.
+
+  def periodic(self, step: int, state: step_lib.TrainState) -> None:
+    """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
+    config, total, clock = self.run.parts.config, self.run.parts.config.num_train_steps, self.run.clock
+    if _itstime(step, config.log_every_steps, total):
+      with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
+        train_metrics = self.tracker.flush()
+      self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
+                               **self.run.recorder.metrics(step), **self._skipped(step), **clock.scalars()})
+      clock.save()
+    if _itstime(step, config.get("check_replicas_every_steps", 0), total):
+      with clock.span("train"):
+        self.sentinel.check(state.params)
+    evaluated = _itstime(step, config.eval_every_steps, total)
+    if evaluated:
+      with self.reporter.untimed() as span, clock.span("eval"):
+        self.eval_metrics = evaluate.run(self.run.parts, state)
+      self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
+      self.reporter.on_eval(step, self.eval_metrics)
+    if _itstime(step, config.get("checkpoint_every_steps", 0), total):
+      self.save(step, state, self.eval_metrics if evaluated else None)
+
+  def save(self, step: int, state: step_lib.TrainState, eval_metrics: dict[str, float] | None = None,
+           force: bool = False) -> None:
+    """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
+    with self.run.clock.span("train"):
+      jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
+    with self.reporter.untimed() as span, self.run.clock.span("checkpoint"):
+      self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
+    self.run.recorder.saved(step)
+    self.writer.write(step, {"time/checkpoint": span.seconds})
+    self.run.clock.save()
+    self.saved = step
+
+  def _skipped(self, step: int) -> dict[str, float]:
+    """`train/skipped_examples`: bad examples replaced in this process's rows so far (with skip_bad_examples)."""
+    if not self.run.parts.config.dataset.get("skip_bad_examples", False):
+      return {}
+    return {"train/skipped_examples": float(data.skipped_through(self.stream, step))}
+
+  @contextlib.contextmanager
+  def saving_on_error(self) -> Iterator[None]:
+    """On an exception, checkpoints the last completed step (when checkpointing is on) before it propagates.
+
+    A failure in the input or in an eval (a bad example, a full disk) then loses no step. Not after a
+    NaN/Inf run or a replica mismatch: that state is not good. Single process only: a save is collective,
+    and the other processes, still training, would never join it.
+    """
+    try:
+      yield
+    except (NonFiniteError, replicas.ReplicaMismatchError):
+      raise
+    except Exception:
+      if self._unsaved_step():
+        self._save_on_the_way_out(*self.completed)
+      raise
+
+  def _unsaved_step(self) -> bool:
+    """Whether a completed step is not checkpointed yet and may be (checkpointing on, one process)."""
+    every = self.run.parts.config.get("checkpoint_every_steps", 0)
+    return self.completed is not None and self.completed[0] != self.saved and every > 0 and jax.process_count() == 1
+
+  def _save_on_the_way_out(self, step: int, state: step_lib.TrainState) -> None:
+    """Saves `state` as step `step` and waits for it; a failing save is logged, never raised over the error."""
+    try:
+      self.save(step, state, force=True)
+      self.run.checkpointer.wait()
+      log.warning("step %d: checkpoint saved before stopping on the error below", step)
+    except Exception as e:  # The original error is the one to report; this one only explains a missing save.
+      log.warning("step %d: could not checkpoint before stopping: %s", step, e)
+
+  def finish(self, step: int) -> None:
+    """The run's time per category (summed over this workdir's runs): the last record and line."""
+    with self.run.clock.span("checkpoint"):
+      self.run.checkpointer.wait()  # Pending asynchronous saves are part of the run.
+    self.writer.write(step, self.run.clock.scalars())
+    self.run.clock.save()
+    self.reporter.note(self.run.clock.line())
+
+
+def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterator,
+                 will_train: bool) -> tuple[float | None, Iterator]:
+  """The step's FLOPs per device (XLA cost analysis of the compiled step on the first batch), printed.
+
+  Returns the FLOPs and `batches` with the first batch put back. With no accumulation loop the compile
+  done here is the one the first real step reuses (JAX caches the executable).
+  """
+  step_flops = None
+  if will_train:
+    first = next(batches)
+    batches = itertools.chain([first], batches)
+    step_flops = flops_lib.step_flops(parts.flops_step or parts.train_step, state, first)
+  device = parts.backend.devices[0]
+  summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
+  return step_flops, batches
+
+
+class _StepMetrics:
+  """Keeps each step's metrics on the device until a log step fetches them all at once; guards NaNs.
+
+  The host never waits for a step in order to log it. It waits only for the step `max_in_flight` steps
+  back when that bound is set (fake CPU devices deadlock without one), and copies nothing to do so.
+  A run of `max_nonfinite` consecutive NaN/Inf steps is found when the metrics are fetched: at the next
+  log step, or after FETCH_EVERY steps, whichever comes first.
+  """
+  FETCH_EVERY = 256  # Without log steps, metrics are still fetched this often (bounded memory, NaN guard).
+
+  def __init__(self, backend: parallel.Backend, max_in_flight: int, max_nonfinite: int):
+    self.backend, self.max_in_flight, self.max_nonfinite = backend, max_in_flight, max_nonfinite
+    self.pending: list[tuple[int, dict]] = []  # (step, device metrics), oldest first.
+    self.finished = 0  # pending[:finished] are known to have run.
+    self.history: list[dict] = []  # Host copies since the last flush.
+    self.nonfinite_run: list[int] = []
+    self.last_step = 0
+
+  def push(self, step: int, step_metrics: dict) -> None:
+    self.pending.append((step, step_metrics))
+    while self.max_in_flight and len(self.pending) - self.finished > self.max_in_flight:
+      jax.block_until_ready(self.pending[self.finished][1]["nonfinite"])  # A tiny output; nothing copied.
+      self.finished += 1
+    if len(self.pending) >= self.FETCH_EVERY:
+      self._fetch()
+
+  def flush(self) -> dict[str, float]:
+    """Mean train metrics since the last flush (`train/loss`, ...), with the skipped steps counted."""
+    self._fetch()
+    history, self.history = self.history, []
+    out = metrics.mean(history, "train")
+    out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
+    log.debug("step %d: %s", self.last_step, out)  # The progress reporter prints the readable line.
+    return out
+
+  def _fetch(self) -> None:
+    """Copies the pending steps' metrics to the host (one sync), in step order, checking the NaN run."""
+    pending, self.pending, self.finished = self.pending, [], 0
+    for step, host in zip([s for s, _ in pending], self.backend.get([m for _, m in pending])):
+      self.history.append(host)
+      self.last_step = step
+      self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
+      if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
+        raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
+                             f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training "
+                             "stopped; the last checkpoint is intact")
+
+
+def _steps_in_flight(config: ml_collections.ConfigDict, backend: parallel.Backend) -> int:
+  """The bound on unfinished steps: `parallel.max_steps_in_flight` on CPU; none (0) on GPU/TPU.
+
+  Fake CPU devices on few cores deadlock with hundreds of steps queued; GPU and TPU runtimes bound
+  their own queue of executions.
+  """
+  return config.parallel.max_steps_in_flight if backend.devices[0].platform == "cpu" else 0
+
+
+def _itstime(step: int, every: int, total: int) -> bool:
+  """Periodic work runs every `every` steps and at the last step; never when `every` is 0."""
+  return every > 0 and (step % every == 0 or step == total)
+
+
+def _check_workdir(workdir: str) -> None:
+  """Fails early, with the path, when the workdir cannot be written."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=workdir):
+      pass
+  except OSError as e:
+    raise config_lib.ConfigError(f"workdir {workdir!r} is not writable: {e.strerror or e}") from None

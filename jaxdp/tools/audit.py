@@ -1,0 +1,389 @@
+"""Data-order audit: which examples every step trained on, and `python -m jaxdp.audit WORKDIR [OTHER]`.
+
+Recording (`config.audit_data=True`): each process appends the example ids (positions in the train split)
+of its rows of every global batch to WORKDIR/audit/SEGMENT.pINDEX.ids (int64: step, then the ids), with a
+JSON header beside it; process 0 appends every checkpointed step to SEGMENT.saves. A segment is one run of
+the loop (a start or a resume); it records the checkpoint it restored and the step it started from.
+
+Checking: the segments, in order, give the lineage of the final state: a resume keeps the steps up to the
+checkpoint it restored (later steps of the segment before were lost with it) and continues. The lineage must
+be steps 1, 2, 3, ... (a replayed or skipped step is named), every global batch must be whole, and every
+completed epoch must hold each example at most once (n - n % B distinct ones). Two workdirs are compared
+step by step; the first step whose global batches differ is named.
+
+The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
+split (`data.reader.INDEX`; under the streaming fallback, the position of the record it delivered), and
+`Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
+of the loop, the state's step after it, trains the stream's batch s - 1). The check then also compares
+them with the order the stream reads by (`jaxdp.data.sampler`), where it is one: a reader that read other
+rows than its order names is caught even when every example is still seen once per epoch. The
+`data/digest` metric is the sampler's global batch (no process holds the whole batch as read).
+"""
+
+import collections
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+AUDIT_DIR = "audit"
+USAGE = "usage: python -m jaxdp.audit WORKDIR [OTHER_WORKDIR]"
+
+
+class AuditError(Exception):
+  """The audit failed: the message names the first step (and example) where it did."""
+
+
+def batch_digest(ids: np.ndarray) -> str:
+  """A short hash of a global batch's example ids, in row order (the `data/digest` metric)."""
+  return hashlib.sha256(np.ascontiguousarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------------- recording
+
+
+class Recorder:
+  """Per process: appends the example ids this process read for each trained step; gives each step's digest."""
+
+  def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None):
+    self.header, self.global_order = header, global_order
+    self._read: collections.deque[np.ndarray] = collections.deque()  # Ids of batches taken, not yet trained.
+    self._ids = self._saves = None
+    if directory is not None:  # Recording; otherwise only digests.
+      os.makedirs(directory, exist_ok=True)
+      stem = os.path.join(directory, f"{header['segment']}.p{header['process_index']:05d}")
+      with open(stem + ".json", "w") as f:
+        json.dump(header, f)
+      self._ids = open(stem + ".ids", "ab")
+      if header["process_index"] == 0:
+        self._saves = open(os.path.join(directory, f"{header['segment']}.saves"), "a")
+
+  @property
+  def recording(self) -> bool:
+    """Whether ids are recorded: the train stream must then carry them (`with_ids`)."""
+    return self._ids is not None
+
+  def take_ids(self, batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
+    """`batches` without their ids (`data.reader.INDEX`), which are kept, in order, for `record`."""
+    from jaxdp.data.reader import INDEX
+    for batch in batches:
+      if INDEX in batch:
+        batch = dict(batch)
+        self._read.append(np.asarray(batch.pop(INDEX), np.int64))
+      yield batch
+
+  def record(self, step: int) -> None:
+    """Appends `step` and the ids read for it, the oldest batch taken (flushed: a killed run keeps them)."""
+    if self._ids is not None:
+      if not self._read:
+        raise RuntimeError(f"step {step}: no example ids were read for it (train the stream through take_ids, "
+                           "asked with_ids=recording)")
+      self._ids.write(np.concatenate([[step], self._read.popleft()]).astype("<i8").tobytes())
+      self._ids.flush()
+
+  def saved(self, step: int) -> None:
+    """Notes that the state after `step` was checkpointed (process 0)."""
+    if self._saves is not None:
+      self._saves.write(f"{step}\n")
+      self._saves.flush()
+
+  def digest(self, step: int) -> str | None:
+    """The digest of global batch `step`; None when this process cannot know it (dataset.shard_by_process)."""
+    if self.global_order is None:
+      return None
+    return batch_digest(self.global_order.rows(step - 1, 0, self.header["global_batch"]))
+
+  def metrics(self, step: int) -> dict[str, str]:
+    """{"data/digest": ...} for a logged step's metrics (empty when the digest is unknown)."""
+    digest = self.digest(step)
+    return {} if digest is None else {"data/digest": digest}
+
+  def close(self) -> None:
+    for f in (self._ids, self._saves):
+      if f is not None:
+        f.close()
+    self._ids = self._saves = None
+
+
+def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
+          process_index: int, process_count: int, num_devices: int) -> Recorder:
+  """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
+  from jaxdp.data import resume, sampler  # The input pipeline's own orders of examples.
+  order = resume.order_kind(ds)
+  if order != resume.GLOBAL and not config.get("audit_data", False):
+    return Recorder({}, None)  # Each process its own order: no digest of the global batch.
+  split = config.dataset.train_split
+  n = ds.num_examples(split)
+  rows = global_batch // process_count
+  global_order = sampler.GlobalOrder(n, global_batch, config.seed, split) if order == resume.GLOBAL else None
+  # The streaming fallback's shards are the by-index shard order's sizes (equal shards of n // P).
+  epoch = global_order or sampler.ShardOrder(n, rows, config.seed, split, process_index, process_count)
+  header = {"version": 2, "segment": _segment_id(process_count), "process_index": process_index,
+            "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
+            "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
+            "steps_per_epoch": epoch.steps_per_epoch,
+            "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
+            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": order}
+  directory = os.path.join(workdir, AUDIT_DIR) if config.get("audit_data", False) else None
+  return Recorder(header, directory, global_order)
+
+
+def _segment_id(process_count: int) -> str:
+  """Process 0's clock in ns, shared by every process: sorts segments in order of their start."""
+  now = time.time_ns()
+  if process_count > 1:
+    from jax.experimental import multihost_utils
+    parts = np.array([now // 2**31, now % 2**31], np.int32)  # int32: JAX without x64 would truncate int64.
+    hi, lo = (int(x) for x in multihost_utils.broadcast_one_to_all(parts))
+    now = hi * 2**31 + lo
+  return f"{now:020d}"
+
+
+# ------------------------------------------------------------------------------------------------ checking
+
+
+@dataclasses.dataclass
+class Segment:
+  """One run of the loop: its header (from process 0) and its whole global batches, step -> ids."""
+  header: dict[str, Any]
+  steps: dict[int, np.ndarray]
+  saves: list[int]
+  problem: str | None = None  # A gap in what the processes recorded.
+
+  @property
+  def name(self) -> str:
+    h = self.header
+    return f"segment {h['segment']} ({h['process_count']} process(es) x {h['num_devices']} devices)"
+
+
+@dataclasses.dataclass
+class Entry:
+  """One step of the lineage: which step it was, in which segment, its global batch."""
+  step: int
+  segment: Segment
+  ids: np.ndarray
+
+
+def load(workdir: str) -> list[Segment]:
+  """The recorded segments of a workdir, oldest first."""
+  directory = os.path.join(workdir, AUDIT_DIR)
+  headers = sorted(glob.glob(os.path.join(directory, "*.p*.json")))
+  if not headers:
+    raise FileNotFoundError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
+  by_segment: dict[str, list[dict]] = {}
+  for path in headers:
+    with open(path) as f:
+      header = json.load(f)
+    by_segment.setdefault(header["segment"], []).append(header)
+  return [_segment(directory, sorted(hs, key=lambda h: h["process_index"])) for _, hs in sorted(by_segment.items())]
+
+
+def _segment(directory: str, headers: list[dict]) -> Segment:
+  """Assembles the global batches of one segment from its processes' records."""
+  head = headers[0]
+  seg = Segment(head, {}, _read_saves(os.path.join(directory, f"{head['segment']}.saves")))
+  found = [h["process_index"] for h in headers]
+  if found != list(range(head["process_count"])):
+    seg.problem = f"the records of processes {sorted(set(range(head['process_count'])) - set(found))} are missing"
+    return seg
+  per_process = [_read_ids(directory, h) for h in headers]
+  last = min((max(p) if p else head["start_step"]) for p in per_process)  # A killed run: the steps all recorded.
+  for step in range(head["start_step"] + 1, last + 1):
+    parts = [p.get(step) for p in per_process]
+    if any(x is None for x in parts):
+      missing = [h["process_index"] for h, x in zip(headers, parts) if x is None]
+      seg.problem = f"step {step} was not recorded by process(es) {missing}"
+      break
+    seg.steps[step] = np.concatenate(parts)
+  return seg
+
+
+def _read_ids(directory: str, header: dict) -> dict[int, np.ndarray]:
+  """step -> this process's ids, from its .ids file (a torn last record is dropped)."""
+  width = 1 + header["rows"][1] - header["rows"][0]
+  raw = np.fromfile(os.path.join(directory, f"{header['segment']}.p{header['process_index']:05d}.ids"), "<i8")
+  records = raw[:len(raw) // width * width].reshape(-1, width)
+  return {int(r[0]): r[1:] for r in records}
+
+
+def _read_saves(path: str) -> list[int]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [int(line) for line in f if line.strip()]
+
+
+def lineage(segments: list[Segment]) -> list[Entry]:
+  """The steps the final state trained on, in order: each resume keeps what its checkpoint held, then continues."""
+  entries: list[Entry] = []
+  saved_at: dict[int, int] = {}  # checkpointed step -> length of the lineage it held (the latest save of it).
+  for seg in segments:
+    h = seg.header
+    restored = h["restored_from"]
+    if restored is None:
+      entries = []  # A fresh start (no checkpoint): nothing before it is in this state.
+    elif restored in saved_at:
+      entries = entries[:saved_at[restored]]
+    elif entries or saved_at:
+      raise AuditError(f"{seg.name} resumed from checkpoint {restored}, which no audited segment saved: the steps "
+                       f"before it cannot be checked")
+    else:
+      raise AuditError(f"{seg.name} resumed from checkpoint {restored}, saved before the audit was recorded: steps "
+                       f"1..{h['start_step']} cannot be checked")
+    base = len(entries)
+    for step in sorted(seg.steps):
+      entries.append(Entry(step, seg, seg.steps[step]))
+    for step in seg.saves:
+      if step in seg.steps or step == h["start_step"]:
+        saved_at[step] = base + step - h["start_step"]
+    if seg.problem:
+      raise AuditError(f"{seg.name}: {seg.problem}")
+  return entries
+
+
+def check(workdir: str) -> str:
+  """Proves exactly-once per completed epoch (and no replayed or skipped step); returns the summary line."""
+  segments = load(workdir)
+  return f"{workdir}: {check_entries(segments, lineage(segments))}"
+
+
+def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
+  """The checks of `check` on a loaded lineage; returns the summary (raises AuditError naming the first failure)."""
+  _check_headers(segments)
+  first = segments[0].header
+  spe, batch, n = first["steps_per_epoch"], first["global_batch"], first["num_examples"]
+  for i, entry in enumerate(entries):
+    if entry.step != i + 1:
+      _not_in_order(entries, i)
+    if len(entry.ids) != batch:
+      raise AuditError(f"step {entry.step}: {len(entry.ids)} examples recorded, the global batch is {batch}")
+  _check_order(entries)
+  complete = len(entries) // spe
+  for epoch in range(complete + (len(entries) % spe > 0)):
+    _check_epoch(entries[epoch * spe:(epoch + 1) * spe], epoch, n)
+  layouts = sorted({(s.header["process_count"], s.header["num_devices"]) for s in segments})
+  return (f"steps 1..{len(entries)} in {len(segments)} segment(s) "
+          f"({', '.join(f'{p}x{d // p}' for p, d in layouts)} processes x devices); "
+          f"{complete} completed epoch(s) of {spe} steps, each trained on every one of {spe * batch} examples exactly "
+          f"once ({n - spe * batch} of {n} sit out: split size % global batch); the partial epoch repeats none")
+
+
+def _check_headers(segments: list[Segment]) -> None:
+  """The stream's facts must not change between segments (the resume guard refuses that too)."""
+  keys = ("global_batch", "num_examples", "seed", "split", "dataset", "shard_by_process")
+  first = segments[0].header
+  for seg in segments[1:]:
+    changed = [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in keys if seg.header[k] != first[k]]
+    if changed:
+      raise AuditError(f"{seg.name}: the input stream changed ({'; '.join(changed)})")
+
+
+def _not_in_order(entries: list[Entry], i: int) -> None:
+  """Names the first replayed or skipped step (position i of the lineage holds the wrong step)."""
+  entry = entries[i]
+  if entry.step <= i:
+    earlier = next(e for e in entries[:i] if e.step == entry.step)
+    raise AuditError(
+        f"step {entry.step} trained twice: in {earlier.segment.name}, and again in {entry.segment.name} after it "
+        f"resumed at step {entry.segment.header['start_step']} from checkpoint "
+        f"{entry.segment.header['restored_from']}; example {int(entry.ids[0])} (row 0) was seen twice")
+  raise AuditError(f"steps {i + 1}..{entry.step - 1} were never trained: {entry.segment.name} continued at step "
+                   f"{entry.step}; example {int(entries[i].ids[0])}'s epoch misses them")
+
+
+def _check_order(entries: list[Entry]) -> None:
+  """Every recorded global batch is the one its order names, where the stream reads by one (not streamed)."""
+  orders: dict[tuple, Callable[[int], np.ndarray] | None] = {}
+  for entry in entries:
+    h = entry.segment.header
+    key = (h.get("order"), h["num_examples"], h["global_batch"], h["seed"], h["split"], h["process_count"])
+    if key not in orders:
+      orders[key] = _expected_order(*key)
+    if orders[key] is None:
+      continue
+    expected = orders[key](entry.step - 1)
+    if not np.array_equal(entry.ids, expected):
+      row = _first_difference(entry.ids, expected)
+      raise AuditError(f"step {entry.step}: row {row} read example {_at(entry.ids, row)}, but the {h['order']} order "
+                       f"of seed {h['seed']} puts example {_at(expected, row)} there: the reader read other rows "
+                       f"than its order names (as a bad example replaced under dataset.skip_bad_examples does)")
+
+
+def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
+                    process_count: int) -> Callable[[int], np.ndarray] | None:
+  """Stream step -> the global batch the order names; None where none is known (streamed, or ids not read)."""
+  from jaxdp.data import resume, sampler
+  if order == resume.GLOBAL:
+    whole = sampler.GlobalOrder(n, batch, seed, split)
+    return lambda step: whole.rows(step, 0, batch)
+  if order == resume.SHARD:
+    rows = batch // process_count
+    shards = [sampler.ShardOrder(n, rows, seed, split, p, process_count) for p in range(process_count)]
+    return lambda step: np.concatenate([shard.rows(step, 0, rows) for shard in shards])
+  return None
+
+
+def _check_epoch(epoch_entries: list[Entry], epoch: int, n: int) -> None:
+  """No example twice in the epoch, and every id is a position in the split."""
+  seen: dict[int, int] = {}
+  for entry in epoch_entries:
+    for row, example in enumerate(entry.ids.tolist()):
+      if not 0 <= example < n:
+        raise AuditError(f"step {entry.step}: example {example} (row {row}) is not in the split of {n} examples")
+      if example in seen:
+        raise AuditError(f"step {entry.step}: example {example} (row {row}) was already trained on at step "
+                         f"{seen[example]} of epoch {epoch}")
+      seen[example] = entry.step
+
+
+def compare(workdir: str, other: str) -> str:
+  """Proves two runs trained on the same global batches in the same order; returns the summary line."""
+  a, b = lineage(load(workdir)), lineage(load(other))
+  for x, y in zip(a, b):
+    if x.step != y.step or not np.array_equal(x.ids, y.ids):
+      row = _first_difference(x.ids, y.ids)
+      raise AuditError(f"step {x.step}: the global batches differ (row {row}: example {_at(x.ids, row)} in "
+                       f"{workdir}, {_at(y.ids, row)} in {other})")
+  longer = f"; {other if len(b) > len(a) else workdir} has {abs(len(a) - len(b))} more" if len(a) != len(b) else ""
+  return f"{workdir} and {other}: the same global batches in the same order for steps 1..{min(len(a), len(b))}{longer}"
+
+
+def _first_difference(x: np.ndarray, y: np.ndarray) -> int:
+  m = min(len(x), len(y))
+  diff = np.flatnonzero(x[:m] != y[:m])
+  return int(diff[0]) if len(diff) else m
+
+
+def _at(ids: np.ndarray, row: int) -> str:
+  return str(int(ids[row])) if row < len(ids) else "none"
+
+
+def main(argv: list[str]) -> int:
+  """0: the audit holds; 1: it does not (one line naming the first step); 2: bad usage or no records."""
+  args = argv[1:]
+  if args and args[0] in ("-h", "--help"):
+    print(f"{USAGE}\n\n{__doc__}")
+    return 0
+  if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
+    print(f"error: expected one or two workdirs, got {args!r} ({USAGE})", file=sys.stderr)
+    return 2
+  try:
+    print(check(args[0]) if len(args) == 1 else compare(*args))
+    return 0
+  except AuditError as e:
+    print(f"audit failed: {e}")
+    return 1
+  except FileNotFoundError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,134 @@
+"""Text from a trained byte-level language model (the `gpt` workload).
+
+`generate` samples token ids from any model with the adapter's pure `apply`; `sample_text` wraps it for
+strings (UTF-8 bytes in and out). The CLI samples from the newest checkpoint of a training workdir:
+
+    python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] \
+        [--prompt TEXT] [--num_chars N] [--temperature T] [--seed S] [--step N]
+
+(--config is optional: the checkpoint's stored config, the training run's, is the default).
+"""
+
+import argparse
+import functools
+import os
+import sys
+from typing import Any
+
+from jaxdp.tools import cli
+from jaxdp.runtime import exits
+
+USAGE = ("python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] [--prompt TEXT] "
+         "[--num_chars N] [--temperature T] [--seed S] [--step N]")
+EXTRA_HELP = ("  --prompt, --num_chars, --temperature, --seed: what to sample (defaults: newline, 500, 0.8, 0).\n"
+              "  --step: the checkpoint to sample from (default: the newest).\n"
+              "  --config is optional: the checkpoint's stored config is the default.")
+if __name__ == "__main__":
+  cli.exit_if_help(sys.argv, USAGE, EXTRA_HELP)  # Before JAX and TensorFlow load: `--help` answers at once.
+
+import jax  # noqa: E402  (below the help check)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxdp.config import ConfigError  # noqa: E402
+from jaxdp.datasets.text_file import VOCAB_SIZE, decode, encode  # noqa: E402
+from jaxdp.models import Model  # noqa: E402
+
+PyTree = Any
+
+
+def generate(model: Model, params: PyTree, model_state: PyTree, prompt_tokens: np.ndarray, num_tokens: int,
+             rng: jax.Array, temperature: float = 1.0, *, seq_len: int) -> np.ndarray:
+  """`num_tokens` ids sampled after `prompt_tokens` (non-empty); the model sees the last `seq_len` tokens.
+
+  temperature 0 picks the most likely token (greedy); otherwise softmax(logits / temperature) is sampled.
+  """
+  prompt = np.asarray(prompt_tokens, np.int32).reshape(-1)
+  if prompt.size == 0:
+    raise ValueError("the prompt needs at least one token")
+  if num_tokens <= 0:
+    return np.zeros((0,), np.int32)
+  total = prompt.size + num_tokens
+  tokens = jnp.zeros((max(total, seq_len),), jnp.int32).at[:prompt.size].set(prompt)
+  out = _generate(model, seq_len, params, model_state, tokens, prompt.size, total, rng, jnp.float32(temperature))
+  return np.asarray(out[prompt.size:total])
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _generate(model: Model, seq_len: int, params: PyTree, model_state: PyTree, tokens: jax.Array, start: jax.Array,
+              total: jax.Array, rng: jax.Array, temperature: jax.Array) -> jax.Array:
+  """Fills tokens[start:total] one at a time; each step reads a window of `seq_len` ending at cur - 1."""
+
+  def body(cur: jax.Array, tokens: jax.Array) -> jax.Array:
+    first = jnp.maximum(cur - seq_len, 0)
+    window = jax.lax.dynamic_slice(tokens, (first,), (seq_len,))  # Causal: what follows cur - 1 is ignored.
+    logits, _ = model.apply(params, model_state, window[None].astype(jnp.float32), train=False)
+    logits = logits[0, cur - 1 - first].astype(jnp.float32)
+    sampled = jax.random.categorical(jax.random.fold_in(rng, cur), logits / jnp.maximum(temperature, 1e-6))
+    token = jnp.where(temperature > 0, sampled, jnp.argmax(logits))
+    return tokens.at[cur].set(token.astype(jnp.int32))
+
+  return jax.lax.fori_loop(start, total, body, tokens)
+
+
+def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, num_chars: int, *, seq_len: int,
+                seed: int = 0, temperature: float = 0.8) -> str:
+  """`prompt` followed by `num_chars` sampled bytes, decoded as UTF-8 (a cut multi-byte character: U+FFFD)."""
+  tokens = generate(model, params, model_state, encode(prompt), num_chars, jax.random.PRNGKey(seed), temperature,
+                    seq_len=seq_len)
+  return prompt + decode(tokens)
+
+
+def restore(config: Any, workdir: str, step: int | None = None, *,
+            language_model: bool = False) -> tuple[Model, PyTree, PyTree, int]:
+  """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
+
+  The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
+  every checkpoint the trainer writes restores; the parameters come back as one host copy.
+  """
+  from jaxdp.tools import restore as restore_lib  # JAX and the input pipeline: only the CLI needs them.
+  parts, state, step = restore_lib.restore(config, workdir, step)
+  if language_model:
+    _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
+  # stderr: stdout carries only the sampled text.
+  print(f"sampling from checkpoint {os.path.abspath(workdir)}/{restore_lib.CHECKPOINT_DIR}/{step}", file=sys.stderr)
+  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
+
+
+def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
+  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload), which sampling needs."""
+  if ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape) and ds.num_classes == VOCAB_SIZE:
+    return
+  raise ConfigError(f"the checkpoint in {workdir!r} is model {model_name!r} on {ds.name!r} (input {tuple(ds.input_shape)}, "
+                    f"{ds.num_classes} classes), not a byte-level language model: jaxdp.sample needs a run of the gpt "
+                    f"workload (next-token labels over {VOCAB_SIZE} byte tokens, e.g. --config "
+                    f"jaxdp/configs/gpt_tiny_shakespeare.py)")
+
+
+def main(argv: list[str]) -> int:
+  """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
+  cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
+  cli.setup_logging()
+  return cli.guarded(lambda: _sample_command(argv))
+
+
+def _sample_command(argv: list[str]) -> None:
+  """Parses `argv`, restores the checkpoint and prints the prompt with its sampled continuation."""
+  from jaxdp.tools import restore as restore_lib
+  parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
+  parser.add_argument("--prompt", default="\n")
+  parser.add_argument("--num_chars", type=int, default=500)
+  parser.add_argument("--temperature", type=float, default=0.8)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--step", type=int, default=None)
+  ours, rest = parser.parse_known_args(argv[1:])
+  config, workdir = restore_lib.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+  if not ours.prompt:
+    raise ConfigError("--prompt must not be empty")
+  model, params, model_state, seq_len = restore(config, workdir, ours.step, language_model=True)
+  print(sample_text(model, params, model_state, ours.prompt, ours.num_chars, seq_len=seq_len, seed=ours.seed,
+                    temperature=ours.temperature))
+
+
+if __name__ == "__main__":
+  exits.exit(main(sys.argv))
