@@ -55,6 +55,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
 
   `devices`: build over these instead of `jax.devices()` (e.g. a TPU topology's, to compile ahead of time).
   """
+  config = config_lib.with_defaults(config)
   num_devices = len(devices) if devices else config.parallel.get("num_devices", 0) or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
   strategy_cls = strategy_class(config)

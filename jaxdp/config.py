@@ -4,6 +4,8 @@ import dataclasses
 
 import ml_collections
 
+from jaxdp.configs import default
+
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -30,6 +32,32 @@ class Layout:
   @property
   def eval_process_batch(self) -> int:
     return self.eval_global_batch // self.num_processes
+
+
+# Sub-configs that are someone else's keyword arguments (the model's, the builder's): a default there
+# would be an argument the user never gave.
+_OWN_FIELDS = ("model", "builder_kwargs")
+
+
+def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A copy of `config` with every key it lacks from `configs/default.py`, where each default is declared.
+
+  The rest of jaxdp reads `config.key`, never `config.get(key, fallback)`: a fallback re-typed in code
+  is a second home for the default. Idempotent; the model's fields and the builder's kwargs are left alone.
+  """
+  full = ml_collections.ConfigDict(config.to_dict(preserve_field_references=False))
+  _fill(full, default.get_config())
+  return full
+
+
+def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> None:
+  """Adds to `config`, in place and recursively, every field of `defaults` that it lacks."""
+  for key, value in defaults.items(preserve_field_references=True):
+    if key not in config:
+      config[key] = value
+    elif (key not in _OWN_FIELDS and isinstance(value, ml_collections.ConfigDict)
+          and isinstance(config[key], ml_collections.ConfigDict)):
+      _fill(config[key], value)
 
 
 def eval_batch_size(config: ml_collections.ConfigDict) -> int:

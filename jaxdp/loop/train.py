@@ -69,6 +69,7 @@ class _Run:
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
+  config = config_lib.with_defaults(config)
   # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
   # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
   compilation_cache.use(config)  # As the CLI does: the Python API compiles through the same cache.

@@ -51,7 +51,7 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
     raise config_lib.ConfigError("--workdir is required")
   config = _load(fv)
   _set_model_keys(config, [a for a in argv if _model_key(a) in new_model_keys])
-  return config, fv.workdir
+  return config_lib.with_defaults(config), fv.workdir
 
 
 def exit_if_help(argv: list[str], usage: str = "", extra_help: str = "") -> None:
