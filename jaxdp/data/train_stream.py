@@ -28,6 +28,16 @@ from jaxdp.data.reader import INDEX, example_decodes, no_autograph, read_steps, 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
 
+def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_index: int,
+                process_count: int) -> sampler.GlobalOrder | sampler.ShardOrder:
+  """The order of the train stream's examples: one global order, or (dataset.shard_by_process) this process's
+  shard order; under the streaming fallback only its steps_per_epoch holds (its shards are as large)."""
+  if ds.options.shard_by_process:
+    return sampler.ShardOrder(ds.num_examples(split), global_batch // process_count, seed, split, process_index,
+                              process_count)
+  return sampler.GlobalOrder(ds.num_examples(split), global_batch, seed, split)
+
+
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,
                   process_index: int, process_count: int, stop_step: int | None = None,
                   with_ids: bool = False) -> Iterator[Batch]:
@@ -42,10 +52,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step,
                                   with_ids)
   source = ds.source(split)
-  if ds.options.shard_by_process:
-    order = sampler.ShardOrder(len(source), rows, seed, split, process_index, process_count)
-  else:
-    order = sampler.GlobalOrder(len(source), global_batch, seed, split)
+  order = train_order(ds, split, seed, global_batch, process_index, process_count)
   pre = ds.options.preprocess
 
   def ids(step: int) -> np.ndarray:
