@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from jaxdp.loop import audit as recording
 from jaxdp.tools import audit
 from jaxdp.report import metrics
 from jaxdp import parallel, train
@@ -54,7 +55,7 @@ def test_resume_mid_epoch_after_losing_steps_is_exactly_once(audited, tmp_path, 
     np.testing.assert_array_equal(entry.ids, order.rows(i, 0, B))
   # The digests in metrics.jsonl name each logged step's global batch.
   digests = {r["step"]: r["data/digest"] for r in metrics.read(str(tmp_path)) if "data/digest" in r}
-  assert digests and all(d == audit.batch_digest(entries[s - 1].ids) for s, d in digests.items())
+  assert digests and all(d == recording.batch_digest(entries[s - 1].ids) for s, d in digests.items())
   assert len(set(digests.values())) == len(digests)
 
 
@@ -159,12 +160,12 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
 
   monkeypatch.setattr(parallel, "prefetch", prefetch)
   read = []
-  real_take = audit.Recorder.take_ids
+  real_take = recording.Recorder.take_ids
 
   def take_ids(self, batches):  # What the reader delivered, ids included.
     return real_take(self, (read.append(b[INDEX].copy()) or b for b in batches))
 
-  monkeypatch.setattr(audit.Recorder, "take_ids", take_ids)
+  monkeypatch.setattr(recording.Recorder, "take_ids", take_ids)
   _train(audited, tmp_path, 6, dataset=dict(audited.dataset, shard_by_process=True))
   assert placed and all(keys == ["inputs", "labels"] for keys in placed)
   entries = audit.lineage(audit.load(str(tmp_path)))

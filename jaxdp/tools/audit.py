@@ -1,152 +1,34 @@
-"""Data-order audit: which examples every step trained on, and `python -m jaxdp.audit WORKDIR [OTHER]`.
+"""`python -m jaxdp.audit WORKDIR [OTHER]`: checks the data order `config.audit_data=True` recorded.
 
-Recording (`config.audit_data=True`): each process appends the example ids (positions in the train split)
-of its rows of every global batch to WORKDIR/audit/SEGMENT.pINDEX.ids (int64: step, then the ids), with a
-JSON header beside it; process 0 appends every checkpointed step to SEGMENT.saves. A segment is one run of
-the loop (a start or a resume); it records the checkpoint it restored and the step it started from.
-
-Checking: the segments, in order, give the lineage of the final state: a resume keeps the steps up to the
-checkpoint it restored (later steps of the segment before were lost with it) and continues. The lineage must
-be steps 1, 2, 3, ... (a replayed or skipped step is named), every global batch must be whole, and every
-completed epoch must hold each example at most once (n - n % B distinct ones). Two workdirs are compared
-step by step; the first step whose global batches differ is named.
-
-The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
-split (`data.reader.INDEX`; under the streaming fallback, the position of the record it delivered), and
-`Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
-of the loop, the state's step after it, trains the stream's batch s - 1). The check then also compares
-them with the order the stream reads by (`jaxdp.data.sampler`), where it is one: a reader that read other
-rows than its order names is caught even when every example is still seen once per epoch. The
-`data/digest` metric is the sampler's global batch (no process holds the whole batch as read).
+What is recorded, and how, is `jaxdp.loop.audit` (the loop's recorder). The segments, in order, give the
+lineage of the final state: a resume keeps the steps up to the checkpoint it restored (later steps of the
+segment before were lost with it) and continues. The lineage must be steps 1, 2, 3, ... (a replayed or
+skipped step is named), every global batch must be whole, and every completed epoch must hold each example
+at most once (n - n % B distinct ones). Two workdirs are compared step by step; the first step whose global
+batches differ is named. The check also compares the ids with the order the stream reads by
+(`jaxdp.data.sampler`), where it is one: a reader that read other rows than its order names is caught even
+when every example is still seen once per epoch.
 """
 
-import collections
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-AUDIT_DIR = "audit"
+from jaxdp.loop.audit import AUDIT_DIR, IDS_DTYPE, saves_path, stem
+# Temporary, until loop/train.py imports the recorder from jaxdp.loop.audit:
+from jaxdp.loop.audit import Recorder, batch_digest, start  # noqa: F401
+
 USAGE = "usage: python -m jaxdp.audit WORKDIR [OTHER_WORKDIR]"
 
 
 class AuditError(Exception):
   """The audit failed: the message names the first step (and example) where it did."""
-
-
-def batch_digest(ids: np.ndarray) -> str:
-  """A short hash of a global batch's example ids, in row order (the `data/digest` metric)."""
-  return hashlib.sha256(np.ascontiguousarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
-
-
-# ----------------------------------------------------------------------------------------------- recording
-
-
-class Recorder:
-  """Per process: appends the example ids this process read for each trained step; gives each step's digest."""
-
-  def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None):
-    self.header, self.global_order = header, global_order
-    self._read: collections.deque[np.ndarray] = collections.deque()  # Ids of batches taken, not yet trained.
-    self._ids = self._saves = None
-    if directory is not None:  # Recording; otherwise only digests.
-      os.makedirs(directory, exist_ok=True)
-      stem = os.path.join(directory, f"{header['segment']}.p{header['process_index']:05d}")
-      with open(stem + ".json", "w") as f:
-        json.dump(header, f)
-      self._ids = open(stem + ".ids", "ab")
-      if header["process_index"] == 0:
-        self._saves = open(os.path.join(directory, f"{header['segment']}.saves"), "a")
-
-  @property
-  def recording(self) -> bool:
-    """Whether ids are recorded: the train stream must then carry them (`with_ids`)."""
-    return self._ids is not None
-
-  def take_ids(self, batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    """`batches` without their ids (`data.reader.INDEX`), which are kept, in order, for `record`."""
-    from jaxdp.data.reader import INDEX
-    for batch in batches:
-      if INDEX in batch:
-        batch = dict(batch)
-        self._read.append(np.asarray(batch.pop(INDEX), np.int64))
-      yield batch
-
-  def record(self, step: int) -> None:
-    """Appends `step` and the ids read for it, the oldest batch taken (flushed: a killed run keeps them)."""
-    if self._ids is not None:
-      if not self._read:
-        raise RuntimeError(f"step {step}: no example ids were read for it (train the stream through take_ids, "
-                           "asked with_ids=recording)")
-      self._ids.write(np.concatenate([[step], self._read.popleft()]).astype("<i8").tobytes())
-      self._ids.flush()
-
-  def saved(self, step: int) -> None:
-    """Notes that the state after `step` was checkpointed (process 0)."""
-    if self._saves is not None:
-      self._saves.write(f"{step}\n")
-      self._saves.flush()
-
-  def digest(self, step: int) -> str | None:
-    """The digest of global batch `step`; None when this process cannot know it (dataset.shard_by_process)."""
-    if self.global_order is None:
-      return None
-    return batch_digest(self.global_order.rows(step - 1, 0, self.header["global_batch"]))
-
-  def metrics(self, step: int) -> dict[str, str]:
-    """{"data/digest": ...} for a logged step's metrics (empty when the digest is unknown)."""
-    digest = self.digest(step)
-    return {} if digest is None else {"data/digest": digest}
-
-  def close(self) -> None:
-    for f in (self._ids, self._saves):
-      if f is not None:
-        f.close()
-    self._ids = self._saves = None
-
-
-def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
-          process_index: int, process_count: int, num_devices: int) -> Recorder:
-  """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
-  from jaxdp.data import resume, sampler  # The input pipeline's own orders of examples.
-  order = resume.order_kind(ds)
-  if order != resume.GLOBAL and not config.get("audit_data", False):
-    return Recorder({}, None)  # Each process its own order: no digest of the global batch.
-  split = config.dataset.train_split
-  n = ds.num_examples(split)
-  rows = global_batch // process_count
-  global_order = sampler.GlobalOrder(n, global_batch, config.seed, split) if order == resume.GLOBAL else None
-  # The streaming fallback's shards are the by-index shard order's sizes (equal shards of n // P).
-  epoch = global_order or sampler.ShardOrder(n, rows, config.seed, split, process_index, process_count)
-  header = {"version": 2, "segment": _segment_id(process_count), "process_index": process_index,
-            "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
-            "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
-            "steps_per_epoch": epoch.steps_per_epoch,
-            "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
-            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": order}
-  directory = os.path.join(workdir, AUDIT_DIR) if config.get("audit_data", False) else None
-  return Recorder(header, directory, global_order)
-
-
-def _segment_id(process_count: int) -> str:
-  """Process 0's clock in ns, shared by every process: sorts segments in order of their start."""
-  now = time.time_ns()
-  if process_count > 1:
-    from jax.experimental import multihost_utils
-    parts = np.array([now // 2**31, now % 2**31], np.int32)  # int32: JAX without x64 would truncate int64.
-    hi, lo = (int(x) for x in multihost_utils.broadcast_one_to_all(parts))
-    now = hi * 2**31 + lo
-  return f"{now:020d}"
-
-
-# ------------------------------------------------------------------------------------------------ checking
 
 
 @dataclasses.dataclass
@@ -188,7 +70,7 @@ def load(workdir: str) -> list[Segment]:
 def _segment(directory: str, headers: list[dict]) -> Segment:
   """Assembles the global batches of one segment from its processes' records."""
   head = headers[0]
-  seg = Segment(head, {}, _read_saves(os.path.join(directory, f"{head['segment']}.saves")))
+  seg = Segment(head, {}, _read_saves(saves_path(directory, head["segment"])))
   found = [h["process_index"] for h in headers]
   if found != list(range(head["process_count"])):
     seg.problem = f"the records of processes {sorted(set(range(head['process_count'])) - set(found))} are missing"
@@ -208,7 +90,7 @@ def _segment(directory: str, headers: list[dict]) -> Segment:
 def _read_ids(directory: str, header: dict) -> dict[int, np.ndarray]:
   """step -> this process's ids, from its .ids file (a torn last record is dropped)."""
   width = 1 + header["rows"][1] - header["rows"][0]
-  raw = np.fromfile(os.path.join(directory, f"{header['segment']}.p{header['process_index']:05d}.ids"), "<i8")
+  raw = np.fromfile(stem(directory, header["segment"], header["process_index"]) + ".ids", IDS_DTYPE)
   records = raw[:len(raw) // width * width].reshape(-1, width)
   return {int(r[0]): r[1:] for r in records}
 
