@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, parallel
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, reader

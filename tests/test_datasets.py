@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, train
 from jaxdp.data import offline
 from jaxdp.data import convert

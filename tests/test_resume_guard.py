@@ -14,6 +14,7 @@ import pytest
 import runs
 import tensorflow_datasets as tfds
 
+import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import build, checkpoint, data, train
 from jaxdp.strategies import zero
 from jaxdp.config import ConfigError

@@ -10,7 +10,8 @@ from PIL import Image
 
 from jaxdp import train
 from jaxdp.config import ConfigError
-from jaxdp.datasets import image_folder, user
+from jaxdp.data import kinds
+from jaxdp.datasets import image_folder
 
 CLASSES = ("ant", "bee", "cat")
 SIZES = ((12, 10), (16, 16), (9, 14))  # (H, W): three sizes.
@@ -29,6 +30,12 @@ def make_folder(root, per_class: int = 8, sizes=SIZES, splits: tuple[str, ...] =
   return str(root)
 
 
+def builder_for(name: str, data_dir: str, kwargs: dict) -> tfds.core.DatasetBuilder | None:
+  """The builder the kind that claims `name` makes (`jaxdp.data.kinds`); None for a registered TFDS name."""
+  kind = kinds.find(name)
+  return None if kind is kinds.TFDS_NAME else kind.make(name, data_dir, kwargs)
+
+
 def _files(root) -> list[str]:
   """Every image file under root."""
   return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs)
@@ -41,18 +48,18 @@ def prepared(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
 
 @pytest.mark.parametrize("name", ["digits", "mnist", "mnist:3.0.1", "cifar10/plain:3.*.*", "text_file"])
 def test_registered_tfds_names_are_not_claimed(name, tmp_path):
-  assert user.builder_for(name, str(tmp_path), {}) is None
+  assert builder_for(name, str(tmp_path), {}) is None
 
 
 def test_a_folder_is_named_as_a_path_not_as_a_bare_tfds_name(tmp_path, monkeypatch):
   make_folder(tmp_path / "mnist", per_class=2)
   monkeypatch.chdir(tmp_path)
-  assert user.builder_for("mnist", str(tmp_path / "tfds"), {}) is None  # Still TFDS's mnist.
-  assert user.builder_for("./mnist", str(tmp_path / "tfds"), {}).name == "image_folder"
+  assert builder_for("mnist", str(tmp_path / "tfds"), {}) is None  # Still TFDS's mnist.
+  assert builder_for("./mnist", str(tmp_path / "tfds"), {}).name == "image_folder"
 
 
 def test_builder_class_by_module_name_prepares_array_record(tmp_path):
-  builder = user.builder_for("user_datasets:TinyBlobs", str(tmp_path), {"spread": 0.1})
+  builder = builder_for("user_datasets:TinyBlobs", str(tmp_path), {"spread": 0.1})
   assert type(builder).__name__ == "TinyBlobs" and builder.spread == 0.1  # builder_kwargs reach the class.
   prepared(builder)
   assert builder.info.file_format.value == "array_record"
@@ -68,13 +75,13 @@ def test_builder_class_by_module_name_prepares_array_record(tmp_path):
 ])
 def test_bad_builder_name_is_a_config_error_naming_it(name, words, tmp_path):
   with pytest.raises(ConfigError) as e:
-    user.builder_for(name, str(tmp_path), {})
+    builder_for(name, str(tmp_path), {})
   assert all(w in str(e.value) for w in words), str(e.value)
 
 
 def test_image_folder_of_varying_sizes(tmp_path):
   root = make_folder(tmp_path / "photos")
-  builder = prepared(user.builder_for(root, str(tmp_path / "tfds"), {}))
+  builder = prepared(builder_for(root, str(tmp_path / "tfds"), {}))
   image = builder.info.features["image"]
   assert image.shape == (None, None, 3)
   assert builder.info.features["label"].names == list(CLASSES)
@@ -90,7 +97,7 @@ def test_image_folder_of_varying_sizes(tmp_path):
 
 def test_image_folder_keeps_pixels_and_split_subfolders(tmp_path):
   root = make_folder(tmp_path / "photos", per_class=2, sizes=((6, 5),), splits=("train", "test"))
-  builder = prepared(user.builder_for(root, str(tmp_path / "tfds"), {}))
+  builder = prepared(builder_for(root, str(tmp_path / "tfds"), {}))
   assert builder.info.features["image"].shape == (6, 5, 3)  # One size: a fixed shape.
   assert {s: builder.info.splits[s].num_examples for s in ("train", "test")} == {"train": 6, "test": 6}
   test = builder.as_data_source("test")
@@ -105,11 +112,11 @@ def test_image_folder_grayscale_and_mixed_modes(tmp_path):
     os.makedirs(root / c)
     for i in range(3):
       Image.fromarray(np.full((4, 4), 40 * i, np.uint8)).save(root / c / f"{i}.png")
-  gray = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
+  gray = prepared(builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
   assert gray.info.features["image"].shape == (4, 4, 1)
   assert gray.info.splits["test"].num_examples + gray.info.splits["train"].num_examples == 6
   Image.fromarray(np.zeros((4, 4, 4), np.uint8), "RGBA").save(root / "ant" / "rgba.png")
-  builder = prepared(user.builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
+  builder = prepared(builder_for(str(root), str(tmp_path / "tfds"), {"test_fraction": 0.5}))
   assert builder.info.features["image"].shape == (4, 4, 3)  # Not all grayscale: RGB, the RGBA one converted.
   train = builder.as_data_source("train")
   assert {train[i]["image"].shape for i in range(len(train))} == {(4, 4, 3)}
@@ -154,28 +161,28 @@ def test_prepared_copy_depends_on_the_source_identity(tmp_path):
   a = make_folder(tmp_path / "a", per_class=2)
   b = make_folder(tmp_path / "b", per_class=2)  # Same files, another folder.
   data_dir = str(tmp_path / "tfds")
-  first = user.builder_for(a, data_dir, {})
-  assert first.data_dir != user.builder_for(b, data_dir, {}).data_dir
-  assert first.data_dir == user.builder_for(a, data_dir, {}).data_dir  # Stable: reused.
+  first = builder_for(a, data_dir, {})
+  assert first.data_dir != builder_for(b, data_dir, {}).data_dir
+  assert first.data_dir == builder_for(a, data_dir, {}).data_dir  # Stable: reused.
   path = os.path.join(a, "ant", "0.png")
   os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # "Changed" file.
-  assert first.data_dir != user.builder_for(a, data_dir, {}).data_dir
+  assert first.data_dir != builder_for(a, data_dir, {}).data_dir
 
 
 def test_missing_paths_are_config_errors(tmp_path):
   for name in (str(tmp_path / "nowhere"), "./nowhere_h3b", str(tmp_path / "x.npz")):
     with pytest.raises(ConfigError, match="not found"):
-      user.builder_for(name, str(tmp_path), {})
+      builder_for(name, str(tmp_path), {})
   os.makedirs(tmp_path / "empty" / "cls")
   with pytest.raises(ConfigError, match="no class subfolders of images"):
-    user.builder_for(str(tmp_path / "empty"), str(tmp_path), {})
+    builder_for(str(tmp_path / "empty"), str(tmp_path), {})
 
 
 def test_npz_with_one_set_is_split_deterministically(tmp_path):
   rng = np.random.RandomState(0)
   x, y = rng.randn(50, 4), rng.randint(0, 3, 50)
   np.savez(tmp_path / "blobs.npz", x=x, y=y)
-  builder = prepared(user.builder_for(str(tmp_path / "blobs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.2}))
+  builder = prepared(builder_for(str(tmp_path / "blobs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.2}))
   assert builder.info.features["inputs"].shape == (4,) and builder.info.features["inputs"].np_dtype == np.float32
   assert builder.info.features["label"].num_classes == 3
   order = np.random.RandomState(0).permutation(50)  # The documented split: seed 0, first 20% -> test.
@@ -189,7 +196,7 @@ def test_npz_keras_layout_uint8_images(tmp_path):
   arrays = {"x_train": rng.randint(0, 255, (20, 6, 6), np.uint8), "y_train": rng.randint(0, 4, 20),
             "x_test": rng.randint(0, 255, (7, 6, 6), np.uint8), "y_test": rng.randint(0, 4, 7)}
   np.savez(tmp_path / "pics.npz", **arrays)
-  builder = prepared(user.builder_for(str(tmp_path / "pics.npz"), str(tmp_path / "tfds"), {}))
+  builder = prepared(builder_for(str(tmp_path / "pics.npz"), str(tmp_path / "tfds"), {}))
   assert isinstance(builder.info.features["inputs"], tfds.features.Image)
   assert builder.info.features["inputs"].shape == (6, 6, 1)
   test = builder.as_data_source("test")
@@ -205,7 +212,7 @@ def test_npz_keras_layout_uint8_images(tmp_path):
 def test_bad_npz_is_a_config_error_naming_it(arrays, words, tmp_path):
   np.savez(tmp_path / "bad.npz", **arrays)
   with pytest.raises(ConfigError) as e:
-    user.builder_for(str(tmp_path / "bad.npz"), str(tmp_path), {})
+    builder_for(str(tmp_path / "bad.npz"), str(tmp_path), {})
   assert "bad.npz" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
 
 

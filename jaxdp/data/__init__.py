@@ -3,9 +3,10 @@ every global batch -> numpy host batches. Knows nothing of models or devices.
 
 The modules, in the order the data flows through them:
 
-- `dataset`: `load(config)` -> `Dataset` (a `Corpus` of splits, its facts, `Options`), opening TFDS
-  builders through `prepare` (prepared once as ArrayRecord; `offline`: fail fast without network;
-  `convert`: TFRecord -> ArrayRecord) or a token file; `source`: the random-access `Source` interface.
+- `kinds`: `load(config)` -> `Dataset` (`dataset`: a `Corpus` of splits, its facts, `Options`), by the kind
+  of dataset its name names (one table of matcher and opener): TFDS builders through `tfds_dataset` and
+  `prepare` (prepared once as ArrayRecord; `offline`: fail fast without network; `convert`: TFRecord ->
+  ArrayRecord), or a token file (`token_file`); `source`: the random-access `Source` interface.
 - `sampler`: which examples global batch `step` holds, a pure function of (seed, step).
 - `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order).
 - `images`, `preprocess`: crops of images of varying size (per example); augmentation, normalization (per batch).
@@ -19,8 +20,9 @@ import tensorflow as tf
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
 from jaxdp.data.bad_examples import BadExampleError, skipped_through
-from jaxdp.data.dataset import Batch, Dataset, Options, load
+from jaxdp.data.dataset import Batch, Dataset, Options
 from jaxdp.data.eval_stream import eval_batches, num_eval_steps
+from jaxdp.data.kinds import load
 from jaxdp.data.resume import check_resume, stream_spec
 from jaxdp.data.train_stream import train_batches
 

@@ -15,22 +15,6 @@ from jaxdp.data import offline
 RANDOM_ACCESS = tfds.core.file_adapters.FileFormat.ARRAY_RECORD
 
 
-def make_builder(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False,
-                 **extra) -> tfds.core.DatasetBuilder:
-  """A user's builder (`module:Class`, an image folder, an .npz file), else the TFDS builder of that name.
-
-  `skip_bad` (`dataset.skip_bad_examples`): an image folder leaves out the files that do not decode.
-  """
-  from jaxdp.datasets import user
-  builder = user.builder_for(name, data_dir, {**kwargs, **extra}, skip_bad=skip_bad)
-  if builder is not None:
-    return builder
-  try:
-    return tfds.builder(name, data_dir=data_dir, **kwargs, **extra)
-  except tfds.core.registered.DatasetNotFoundError:
-    raise ConfigError(f"unknown dataset {name!r}: no TFDS builder of that name is registered") from None
-
-
 def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
   """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet.
 

@@ -36,9 +36,9 @@ class Preprocess:
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
-    """Reads and checks the fields against the dataset's input shape."""
-    pre = cls(tuple(config.get("mean", ())), tuple(config.get("std", ())), config.get("crop_padding", 0),
-              bool(config.get("flip", False)), config.get("image_size", 0), config.get("crop_ratio", 0.875))
+    """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`) against the input shape."""
+    pre = cls(tuple(config.mean), tuple(config.std), config.crop_padding, bool(config.flip), config.image_size,
+              config.crop_ratio)
     channels = input_shape[-1] if input_shape else 1
     for key, value in (("mean", pre.mean), ("std", pre.std)):
       if len(value) not in (0, 1, channels):

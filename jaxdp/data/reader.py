@@ -84,10 +84,8 @@ def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
   """`batches`, `prefetch` deep, autotuned only when `prefetch` is -1."""
   if prefetch:
     batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
-  # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread, which held 2-4 s in
-  # about 1 of 3 two-process runs (the loop stood still at the last steps; with it off, 0 of 14). The
-  # parallel maps keep a fixed parallelism then, and decoding measured the same: 1,074 against 1,090 JPEG
-  # images/s (experiments/pipeline_bench.py).
+  # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread (seconds), so it is
+  # off unless asked for; decoding is as fast with the fixed parallelism (measurements: experiments/data_notes.md).
   options = tf.data.Options()
   options.autotune.enabled = prefetch == -1
   return batches.with_options(options)

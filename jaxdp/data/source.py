@@ -12,14 +12,12 @@ tf.data workers) to `{"inputs": ..., "labels": ...}` (with `dataset.image_size`:
 bytes, which the pipeline decodes together with their crop); a corpus whose `read` already returns those two
 keys as final arrays sets `decode = None` (e.g. a token file: int32 windows, nothing to decode).
 
-    class TokenCorpus:                     # e.g. jaxdp/datasets/token_file.py
-      facts = Facts(name="token_file:train.bin@<digest>", input_shape=(T,), label_shape=(T,),
-                    num_classes=vocab_size, integer_inputs=True)
-      decode = None
-      def source(self, split: str) -> Source: ...   # "train" / "test"; ConfigError for anything else
+A kind of dataset (`jaxdp.data.kinds`) opens a corpus: `tfds_dataset` a `TfdsCorpus` for TFDS builders
+(or, when small, `cache.CachedCorpus`); `token_file` an `ArrayCorpus` of token windows, e.g.
 
-`jaxdp.data.load` builds a `TfdsCorpus` for TFDS builders; for `dataset.name == "token_file"` it calls
-`jaxdp.datasets.token_file.corpus(data_dir=..., **builder_kwargs) -> Corpus`.
+    facts = Facts(name="token_file:train.bin@<digest>", input_shape=(T,), label_shape=(T,),
+                  num_classes=vocab_size, integer_inputs=True)
+    ArrayCorpus(facts, {"train": TokenWindows(...), "test": TokenWindows(...)})   # decode = None
 """
 
 import dataclasses

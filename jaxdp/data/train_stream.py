@@ -44,7 +44,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   """This process's rows of global batches start_step, start_step+1, ..., stop_step - 1 (None: forever).
 
   A stream that ends lets tf.data's workers finish with it: an endless one is cancelled when it is released,
-  which at the end of a 2-process run was seen to hold the exit for 14-21 s.
+  which can hold the process's exit for seconds (experiments/data_notes.md).
   """
   rows = global_batch // process_count
   first_row = process_index * rows

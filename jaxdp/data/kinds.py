@@ -1,0 +1,70 @@
+"""What `dataset.name` names, and how each kind of dataset opens: one table of (matcher, opener), and `load`.
+
+jaxdp's own kinds are registered here: a token file (`token_file`) and a TFDS builder class
+("package.module:Class"); a registered TFDS name ("mnist", "mnist:3.0.1") is the fallback for any name no
+kind claims. Importing `jaxdp.datasets` registers the kinds whose builders live there (an `.npz` file, an
+image folder) and the TFDS builders jaxdp ships; this package never imports it: what loads a dataset does.
+The matchers are disjoint (a name is claimed by one kind at most), so no kind depends on the order of
+registration; a kind registered again under its name replaces the old one.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import ml_collections
+
+from jaxdp import config as config_lib
+from jaxdp.data import tfds_dataset, token_file
+from jaxdp.data.dataset import Dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A kind of dataset: which names it claims and how it opens them."""
+  name: str                                                 # What the name is, for messages ("an image folder").
+  matches: Callable[[str], bool]                            # Whether `dataset.name` is of this kind.
+  open: Callable[[ml_collections.ConfigDict, dict], Dataset]  # (complete config.dataset, builder_kwargs) -> Dataset.
+  make: tfds_dataset.MakeBuilder | None = None              # A TFDS-backed kind's builder maker (`tfds_dataset`).
+
+
+def tfds_kind(name: str, matches: Callable[[str], bool], make: tfds_dataset.MakeBuilder) -> Kind:
+  """A kind whose datasets are TFDS builders made by `make`, opened by `tfds_dataset.open_builder`."""
+  return Kind(name, matches, tfds_dataset.opener(make), make)
+
+
+TFDS_NAME = tfds_kind("a registered TFDS name", lambda name: True, tfds_dataset.registered)
+_KINDS: dict[str, Kind] = {}  # Every kind but the fallback, by its name.
+
+
+def register(kind: Kind) -> Kind:
+  """Adds `kind` to the table (replacing a kind of the same name); returns it."""
+  _KINDS[kind.name] = kind
+  return kind
+
+
+def find(name: str) -> Kind:
+  """The kind that claims `name`: the registered kind that matches it, else a registered TFDS name."""
+  claims = [kind for kind in _KINDS.values() if kind.matches(name)]
+  if len(claims) > 1:
+    raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
+                     "disjoint")
+  return claims[0] if claims else TFDS_NAME
+
+
+def load(config: ml_collections.ConfigDict) -> Dataset:
+  """Opens the dataset `config` (a `config.dataset`) names, preparing it once (as ArrayRecord) if needed.
+
+  Fields it lacks take their defaults from `configs/default.py` (a caller may pass a few fields only).
+  """
+  config = complete(config)
+  return find(config.name).open(config, dict(config.get("builder_kwargs") or {}))
+
+
+def complete(dataset: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`dataset` (a `config.dataset`) with every field it lacks from `configs/default.py`."""
+  return config_lib.with_defaults(ml_collections.ConfigDict({"dataset": dataset})).dataset
+
+
+register(Kind("a token file", lambda name: name == token_file.NAME, token_file.open_dataset))
+register(tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)),
+                   tfds_dataset.by_class))
