@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from jaxdp.tools import inspect
+from jaxdp.tools import hlo, inspect
 from jaxdp.configs import mlp_digits
 
 N = 8
@@ -98,7 +98,7 @@ def test_donation_aliases_parameters_and_optimizer_state(analyzed, overrides):
 
 
 def test_parser_finds_collectives_in_loop_bodies_and_full_buffers():
-  hlo = """HloModule m, num_partitions=8
+  text = """HloModule m, num_partitions=8
 
 %body (p: (s32[], f32[16])) -> (s32[], f32[16]) {
   %ar = f32[16]{0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
@@ -111,8 +111,8 @@ ENTRY %main (a: f32[16]) -> f32[16] {
   %both = (f32[16]{0}, f32[]) all-reduce(%a, %s), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, to_apply=%add
 }
 """
-  ops, loops = inspect.parse_compiled(hlo, 8)
-  counted = inspect.tally(ops)
+  ops, loops = hlo.parse_compiled(text, 8)
+  counted = hlo.tally(ops)
   assert loops == 1
   assert counted["all-reduce"] == {"count": 2, "bytes": 132, "tensor_bytes": 128, "scalar_bytes": 4, "in_loop": 1,
                                    "dtypes": {"float32": 132}}

@@ -54,14 +54,19 @@ def step_flops(jitted: Any, *args: Any) -> float | None:
 
 def compiled_flops(compiled: Any) -> float | None:
   """FLOPs per device of one run of an already compiled program (XLA's cost analysis); None if unknown."""
+  flops = cost_analysis(compiled).get("flops")
+  return float(flops) if flops and flops > 0 else None
+
+
+def cost_analysis(compiled: Any) -> dict[str, float]:
+  """XLA's cost analysis of a compiled program ("flops", "bytes accessed", ...); {} where the backend has none."""
   try:
     analysis = compiled.cost_analysis()
   except (NotImplementedError, RuntimeError):
-    return None
+    return {}
   if isinstance(analysis, (list, tuple)):  # Older JAX: one dict per program.
     analysis = analysis[0] if analysis else None
-  flops = (analysis or {}).get("flops")
-  return float(flops) if flops and flops > 0 else None
+  return analysis or {}
 
 
 def peak_flops(device: jax.Device) -> float | None:

@@ -1,7 +1,8 @@
 """The short summary a run prints at start: devices, backend, batch layout, model size, data, compute."""
 
+import math
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import jax
 import ml_collections
@@ -51,9 +52,19 @@ def report(lines: dict[str, str], stream: TextIO | None = None, title: str | Non
 def parameter_size(model: Model) -> tuple[int, int]:
   """(number, bytes) of the trainable parameters, from shapes alone (nothing is allocated)."""
   params, _ = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  leaves = jax.tree.leaves(params)
-  return (sum(int(np.prod(x.shape)) for x in leaves),
-          sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in leaves))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params)), tree_bytes(params)
+
+
+def tree_bytes(tree: Any) -> int:
+  """Bytes of one device's pieces of every leaf of `tree` (a leaf's shard where it carries a sharding)."""
+  return sum(_leaf_bytes(x) for x in jax.tree.leaves(tree))
+
+
+def _leaf_bytes(x: Any) -> int:
+  """Bytes of one device's piece of array or shape `x`."""
+  sharding = getattr(x, "sharding", None)
+  shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+  return math.prod(shape) * np.dtype(x.dtype).itemsize
 
 
 def _devices(backend: parallel.Backend) -> str:

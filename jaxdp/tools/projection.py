@@ -10,7 +10,7 @@ with `compute` the median time of the real train step on one device of this mach
 and the all-reduce from the interconnect's bandwidth (beta = 1 / bytes per second per device) and latency (alpha):
 ring 2 (N-1)/N * bytes / bandwidth + 2 (N-1) * alpha per call, tree (pipelined double binary tree, as NCCL)
 2 * bytes / bandwidth + 2 ceil(log2 N) * alpha; the faster of the two is taken, as NCCL picks. The gradient bytes
-and the number of all-reduce calls come from the compiled HLO (`jaxdp.inspect.analyze`): gloo (XLA:CPU) makes one
+and the number of all-reduce calls come from the compiled HLO (`jaxdp.tools.hlo`): gloo (XLA:CPU) makes one
 call per gradient tensor, NCCL and TPU one per all-reduce instruction (XLA combines the gradients into few).
 Not modelled: overlap of communication with the backward pass (XLA overlaps little here), the input pipeline and
 host work of the training loop, the optimizer's share of compute under ZeRO-1, stragglers, congested links.
@@ -27,9 +27,10 @@ import ml_collections
 import numpy as np
 
 from jaxdp import build
-from jaxdp.report import units
-from jaxdp.tools import inspect as inspect_lib
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
+from jaxdp.report import summary, units
+from jaxdp.tools import hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +84,19 @@ def parse_counts(text: str) -> list[int]:
 
 # --- The model (pure arithmetic) ------------------------------------------------------------------
 
+def ring_share(kind: str, n: int) -> float:
+  """The share of a collective's full buffer that each of `n` devices sends (and receives) in the ring algorithm."""
+  if n <= 1:
+    return 0.0
+  return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n,
+          "all-to-all": (n - 1) / n, "collective-permute": 1.0}[kind]
+
+
 def ring_allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> float:
   """Ring: each device sends and receives 2 (n-1)/n of the buffer, in 2 (n-1) latency-bound rounds per call."""
   if n <= 1:
     return 0.0
-  return 2 * (n - 1) / n * nbytes / link.bytes_per_s + calls * 2 * (n - 1) * link.latency_s
+  return ring_share("all-reduce", n) * nbytes / link.bytes_per_s + calls * 2 * (n - 1) * link.latency_s
 
 
 def tree_allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> float:
@@ -101,8 +110,8 @@ def reduce_scatter_all_gather_s(n: int, nbytes: float, link: Interconnect, calls
   """ZeRO-1: ring reduce-scatter of the gradients plus ring all-gather of the parameters, (n-1)/n each."""
   if n <= 1:
     return 0.0
-  one = (n - 1) / n * nbytes / link.bytes_per_s + calls * (n - 1) * link.latency_s
-  return 2 * one
+  share = ring_share("reduce-scatter", n) + ring_share("all-gather", n)
+  return share * nbytes / link.bytes_per_s + calls * 2 * (n - 1) * link.latency_s
 
 
 def allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> tuple[float, str]:
@@ -148,8 +157,8 @@ def gradient_bytes(config: ml_collections.ConfigDict, link: Interconnect | None 
   From the step compiled for 2 devices where this machine has them; on 1 device XLA drops the all-reduce: the
   gradients are then the parameters' leaves. On a gloo link `parallel.flat_allreduce=auto` compiles as CPU
   processes compile it (one flat buffer), not as this process's devices would (per leaf)."""
-  trial = config.copy_and_resolve_references()
-  if link is not None and link.per_operand and str(trial.parallel.get("flat_allreduce", "auto")).lower() == "auto":
+  trial = config_lib.with_defaults(config)
+  if link is not None and link.per_operand and str(trial.parallel.flat_allreduce).lower() == "auto":
     trial.parallel.flat_allreduce = "true"
   two = jax.device_count() >= 2
   trial.parallel.num_devices = 2 if two else 1
@@ -158,15 +167,15 @@ def gradient_bytes(config: ml_collections.ConfigDict, link: Interconnect | None 
   abstract = jax.eval_shape(parts.init)
   ops = []
   if two:
-    compiled = parts.train_step.lower(*inspect_lib.abstract_inputs(parts, abstract)).compile()
-    ops = [op for op in inspect_lib.parse_compiled(compiled.as_text() or "", 2)[0] if op["kind"] == "all-reduce"]
+    compiled = parts.train_step.lower(*hlo.abstract_inputs(parts, abstract)).compile()
+    ops = [op for op in hlo.parse_compiled(compiled.as_text() or "", 2)[0] if op["kind"] == "all-reduce"]
   tensors = [dims for op in ops for _, dims in op["shapes"] if dims]
   if tensors:
-    return {"bytes": inspect_lib.tally(ops)["all-reduce"]["tensor_bytes"], "tensors": len(tensors),
+    return {"bytes": hlo.tally(ops)["all-reduce"]["tensor_bytes"], "tensors": len(tensors),
             "instructions": len(ops), "source": "compiled HLO on 2 devices"}
   leaves = jax.tree.leaves(abstract.params)
-  scale = 0.5 if config.parallel.get("allreduce_dtype", "float32") == "bfloat16" else 1.0
-  return {"bytes": int(inspect_lib._tree_bytes(abstract.params) * scale), "tensors": len(leaves), "instructions": 1,
+  scale = 0.5 if trial.parallel.allreduce_dtype == "bfloat16" else 1.0
+  return {"bytes": int(summary.tree_bytes(abstract.params) * scale), "tensors": len(leaves), "instructions": 1,
           "source": "parameter bytes (1 device: no all-reduce in the compiled step)"}
 
 
@@ -177,10 +186,10 @@ def compute_seconds(config: ml_collections.ConfigDict, warmup: int = 3, steps: i
   parts = build.build(trial)
   state = parts.backend.init(parts.init)
   rng = np.random.default_rng(0)
+  shapes = hlo.batch_shapes(parts.ds, parts.layout.global_batch)
   batch = parts.backend.put_batch({
-      "inputs": rng.standard_normal((parts.layout.global_batch, *parts.ds.input_shape)).astype(np.float32),
-      "labels": rng.integers(0, parts.ds.num_classes, (parts.layout.global_batch, *parts.ds.label_shape))
-      .astype(np.int32)})
+      "inputs": rng.standard_normal(shapes["inputs"].shape).astype(shapes["inputs"].dtype),
+      "labels": rng.integers(0, parts.ds.num_classes, shapes["labels"].shape).astype(shapes["labels"].dtype)})
   times = []
   for i in range(warmup + steps):
     start = time.perf_counter()

@@ -19,9 +19,10 @@ import jax
 import ml_collections
 
 from jaxdp import build
-from jaxdp.report import flops, units
-from jaxdp.tools import inspect as inspect_lib
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
+from jaxdp.report import flops, summary, units
+from jaxdp.tools import hlo, projection
 
 GiB = 2**30
 TIGHT = 0.02  # A margin under this share of HBM is flagged: libtpu keeps part of HBM for itself.
@@ -80,7 +81,7 @@ def devices(name: str) -> list[jax.Device]:
 
 def _for_topology(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """The config as compiled for a slice: every device of it, the mesh backend (pmap has no AOT for topologies)."""
-  config = config.copy_and_resolve_references()
+  config = config_lib.with_defaults(config)
   if config.parallel.backend != "mesh":
     raise ConfigError(f"--topology compiles the mesh backend; got parallel.backend {config.parallel.backend!r}")
   config.parallel.num_devices = 0
@@ -92,7 +93,7 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   devs = devs or devices(name)
   parts = build.build(_for_topology(config), devices=devs)
   abstract = jax.eval_shape(parts.init)
-  state, batch = inspect_lib.abstract_inputs(parts, abstract)
+  state, batch = hlo.abstract_inputs(parts, abstract)
   n, kind = parts.backend.num_devices, parts.backend.devices[0].device_kind  # What the step was built over.
   chip = CHIPS.get(kind)
   capacity = chip.hbm_bytes if chip else None
@@ -100,7 +101,7 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as e:  # libtpu refuses a program that does not fit its HBM.
-    arguments = inspect_lib._tree_bytes(state) + inspect_lib._tree_bytes(batch)
+    arguments = summary.tree_bytes(state) + summary.tree_bytes(batch)
     short = _out_of_memory(str(e), arguments)
     if short is None:
       raise
@@ -109,15 +110,15 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
            "total_bytes": needed, "source": "libtpu's out-of-memory error (a lower bound)"}
     compiled = None
   else:
-    mem = inspect_lib.memory(compiled) or {}
+    mem = hlo.memory(compiled) or {}
   needed = mem.get("total_bytes")
-  ops, _ = inspect_lib.parse_compiled(compiled.as_text() or "" if compiled else "", n)
-  collectives = {k: {"count": c["count"], "bytes": c["bytes"]} for k, c in inspect_lib.tally(ops).items() if c["count"]}
+  ops, _ = hlo.parse_compiled(compiled.as_text() or "" if compiled else "", n)
+  collectives = {k: {"count": c["count"], "bytes": c["bytes"]} for k, c in hlo.tally(ops).items() if c["count"]}
   step_flops = flops.compiled_flops(compiled) if compiled else None
-  cost = _cost(compiled) if compiled else {}
+  cost = flops.cost_analysis(compiled) if compiled else {}
   return {
       "topology": name, "device_kind": kind, "num_devices": n, "global_batch": parts.layout.global_batch,
-      "per_device_batch": parts.layout.per_device_batch, "options": inspect_lib._run(config, parts),
+      "per_device_batch": parts.layout.per_device_batch, "options": hlo.run_options(parts),
       "per_device_bytes": needed, "memory": mem, "device_memory_bytes": capacity,
       # XLA:TPU places every buffer at compile time and refuses a program over HBM: compiled means it fits.
       "fits": compiled is not None,
@@ -148,19 +149,9 @@ def _out_of_memory(message: str, arguments: int) -> tuple[int, int] | None:
   return None
 
 
-def _cost(compiled: Any) -> dict[str, float]:
-  try:
-    analysis = compiled.cost_analysis()
-  except (NotImplementedError, RuntimeError):
-    return {}
-  return (analysis[0] if isinstance(analysis, (list, tuple)) and analysis else analysis) or {}
-
-
 def collective_seconds(collectives: dict[str, dict], n: int, bytes_per_s: float) -> float:
-  """Ring algorithms: an all-reduce moves 2 (n-1)/n of its buffer per device, reduce-scatter and all-gather (n-1)/n."""
-  factor = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n,
-            "all-to-all": (n - 1) / n, "collective-permute": 1.0}
-  return sum(factor[k] * c["bytes"] for k, c in collectives.items()) / bytes_per_s if n > 1 else 0.0
+  """Ring algorithms (`projection.ring_share`): an all-reduce moves 2 (n-1)/n of its buffer per device."""
+  return sum(projection.ring_share(k, n) * c["bytes"] for k, c in collectives.items()) / bytes_per_s
 
 
 def roofline(step_flops: float | None, hbm_bytes: float | None, collectives: dict[str, dict], n: int,
@@ -178,9 +169,9 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
   """The largest global batch whose step fits the chips (a multiple of what the config needs), and its report."""
   devs = devices(name)
   config = _for_topology(config)
-  unit = len(devs) * config.get("grad_accum_steps", 1)
-  if config.parallel.get("invariant", False):
-    unit = max(unit, config.parallel.get("invariant_shards", 8) * config.get("grad_accum_steps", 1))
+  unit = len(devs) * config.grad_accum_steps
+  if config.parallel.invariant:
+    unit = max(unit, config.parallel.invariant_shards * config.grad_accum_steps)
 
   def fits(multiple: int) -> dict[str, Any] | None:
     trial = config.copy_and_resolve_references()
@@ -256,7 +247,7 @@ def split_flags(argv: list[str]) -> tuple[list[str], str | None, bool]:
   return rest, name, search
 
 
-def run(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:
+def slice_report(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:
   """The --topology report (with --max_batch: of the largest batch that fits); None for a GPU name (after saying
   why on stderr): the caller then reports this machine's devices."""
   if is_gpu(name):

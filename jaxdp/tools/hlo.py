@@ -1,0 +1,197 @@
+"""The compiled train step read without running it: its abstract inputs, its collectives (parsed from the
+compiled HLO and the lowered StableHLO text), XLA's memory analysis and the run options a report states.
+
+Shared by `jaxdp.inspect` (this machine's devices), `topology` (a TPU slice) and `projection` (the gradient
+bytes); it imports none of them.
+"""
+
+import math
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxdp import build, data, parallel
+
+KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+Shape = tuple[str, tuple[int, ...]]  # (numpy dtype name, dims)
+
+
+# --- The step's inputs -----------------------------------------------------------------------------
+
+def batch_shapes(ds: data.Dataset, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The {"inputs", "labels"} batch of `rows` examples as `preprocess.finish` makes it (shapes and dtypes)."""
+  return {"inputs": jax.ShapeDtypeStruct((rows, *ds.input_shape), jnp.float32),
+          "labels": jax.ShapeDtypeStruct((rows, *ds.label_shape), jnp.int32)}
+
+
+def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
+  """(state, batch) shapes laid out as the backend lays them out; batches as `preprocess.finish` makes them."""
+  backend, layout = parts.backend, parts.layout
+  if isinstance(backend, parallel.PmapBackend):  # One [local_devices] axis in front of everything.
+    n = len(backend.local_devices)
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype), abstract)
+    batch = {k: jax.ShapeDtypeStruct((n, *x.shape), x.dtype)
+             for k, x in batch_shapes(parts.ds, layout.process_batch // n).items()}
+    return state, batch
+  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=backend.sharded)
+           for k, x in batch_shapes(parts.ds, layout.global_batch).items()}
+  return backend.abstract_global(abstract), batch
+
+
+def run_options(parts: build.Parts) -> dict[str, Any]:
+  """What was compiled: model, backend, devices, batch layout and the options that change the step."""
+  config, device = parts.config, parts.backend.devices[0]
+  return {"model": config.model.name, "backend": config.parallel.backend, "devices": parts.backend.num_devices,
+          "platform": device.platform, "device_kind": device.device_kind, "optimizer": config.optimizer,
+          "global_batch": parts.layout.global_batch, "per_device_batch": parts.layout.per_device_batch,
+          "grad_accum_steps": config.grad_accum_steps, "dtype": config.dtype,
+          "allreduce_dtype": config.parallel.allreduce_dtype,
+          "shard_optimizer_state": bool(config.parallel.shard_optimizer_state)}
+
+
+# --- XLA's memory analysis ---------------------------------------------------------------------------
+
+def memory(compiled: Any) -> dict[str, int] | None:
+  """Per-device bytes from XLA's memory analysis; None where the backend has none."""
+  try:
+    stats = compiled.memory_analysis()
+  except (NotImplementedError, RuntimeError):
+    return None
+  if isinstance(stats, (list, tuple)):
+    stats = stats[0] if stats else None
+  if stats is None:
+    return None
+  out = {key: int(getattr(stats, f"{name}_size_in_bytes")) for key, name in (
+      ("argument_bytes", "argument"), ("output_bytes", "output"), ("temp_bytes", "temp"),
+      ("alias_bytes", "alias"), ("generated_code_bytes", "generated_code"))}
+  # Donated arguments are reused as outputs: count them once.
+  out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
+  return out
+
+
+# --- Collectives from program text -------------------------------------------------------------------
+
+_HLO_DTYPES = {"pred": "bool", "i1": "bool", "bf16": "bfloat16", "f16": "float16", "f32": "float32",
+               "f64": "float64", "c64": "complex64", "c128": "complex128"}
+_HLO_SHAPE = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\]")
+_HLO_OP = re.compile(r"^\s+(?:ROOT\s+)?%?[\w.\-]+\s*=\s*((?:[^=\"]|/\*index=\d+\*/)+?)\s+"
+                     r"(all-reduce|reduce-scatter|all-gather|all-to-all|collective-permute)(-start)?\(")
+_HLO_CALLS = re.compile(r"\b(?:body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)")
+_HLO_CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_MLIR_OP = re.compile(r"\"?stablehlo\.(all_reduce|reduce_scatter|all_gather|all_to_all|collective_permute)\"?[\s(]")
+_MLIR_TENSOR = re.compile(r"tensor<((?:\d+x)*)([a-z][a-z0-9]*)>")
+
+
+def dtype_name(name: str) -> str:
+  """HLO / StableHLO element type (f32, bf16, s32, ui32, i1, ...) -> numpy name."""
+  if name in _HLO_DTYPES:
+    return _HLO_DTYPES[name]
+  m = re.fullmatch(r"(s|i|u|ui)(\d+)", name)
+  return f"{'u' if m.group(1).startswith('u') else ''}int{m.group(2)}" if m else name
+
+
+def _itemsize(dtype: str) -> int:
+  try:
+    return jnp.dtype(dtype).itemsize
+  except TypeError:  # An element type numpy does not know: count a byte.
+    return 1
+
+
+def parse_compiled(text: str, num_devices: int) -> tuple[list[dict], int]:
+  """Collectives of compiled HLO text (full buffers, whether inside a loop body) and the number of while loops."""
+  computation, ops, calls, loop_roots = "", [], {}, set()
+  for line in text.splitlines():
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+      computation = re.match(r"(?:ENTRY\s+)?%?([^\s(]+)", line).group(1)
+      continue
+    targets = _HLO_CALLS.findall(line) + [t.strip().lstrip("%") for group in _HLO_CALL_LISTS.findall(line)
+                                          for t in group.split(",") if t.strip()]
+    calls.setdefault(computation, set()).update(targets)
+    if re.search(r"\swhile\(", line):
+      loop_roots.update(re.findall(r"\b(?:body|condition)=%?([\w.\-]+)", line))
+    if m := _HLO_OP.match(line):
+      ops.append({"kind": m.group(2), "computation": computation,
+                  "shapes": _hlo_buffers(m.group(1), m.group(2), bool(m.group(3)), _group_size(line, num_devices))})
+  in_loop = _reachable(calls, loop_roots)
+  for op in ops:
+    op["in_loop"] = op.pop("computation") in in_loop
+  return ops, sum(1 for line in text.splitlines() if re.search(r"\swhile\(", line))
+
+
+def _hlo_buffers(shape: str, kind: str, is_async: bool, group: int) -> list[Shape]:
+  """The full buffers of one collective, from its result shape."""
+  if is_async and kind in ("all-gather", "collective-permute"):  # Result: (operands, outputs[, contexts]).
+    shape = _top_level(shape)[1]
+  shapes = [(dtype_name(t), tuple(int(d) for d in dims.split(",") if d)) for t, dims in _HLO_SHAPE.findall(shape)]
+  if kind == "reduce-scatter":  # The result is one device's share; the input was `group` times larger.
+    shapes = [(t, (dims[0] * group, *dims[1:]) if dims else dims) for t, dims in shapes]
+  return shapes
+
+
+def _top_level(tuple_shape: str) -> list[str]:
+  """'(a, (b, c), d)' -> ['a', '(b, c)', 'd']."""
+  inner, parts, depth, start = tuple_shape.strip()[1:-1], [], 0, 0
+  for i, ch in enumerate(inner):
+    depth += {"(": 1, ")": -1}.get(ch, 0)
+    if ch == "," and depth == 0:
+      parts.append(inner[start:i].strip())
+      start = i + 1
+  return parts + [inner[start:].strip()]
+
+
+def _group_size(line: str, default: int) -> int:
+  """Devices in one replica group of a collective's HLO line."""
+  if m := re.search(r"replica_groups=\{\{([^}]*)\}", line):
+    return len(m.group(1).split(","))
+  if m := re.search(r"replica_groups=\[\d+,(\d+)\]<=", line):
+    return int(m.group(1))
+  return default  # replica_groups={}: every device.
+
+
+def _reachable(calls: dict[str, set[str]], roots: set[str]) -> set[str]:
+  """Computations called, directly or not, from `roots`."""
+  seen, todo = set(), list(roots)
+  while todo:
+    if (name := todo.pop()) not in seen:
+      seen.add(name)
+      todo.extend(calls.get(name, ()))
+  return seen
+
+
+def parse_lowered(text: str) -> list[dict]:
+  """Collectives of lowered StableHLO text, as the program hands them to the compiler (before any rewrite)."""
+  lines, ops = text.splitlines(), []
+  for i, line in enumerate(lines):
+    if not (m := _MLIR_OP.search(line)):
+      continue
+    signature = line
+    if line.rstrip().endswith("({"):  # A reduction region follows; the types come after it.
+      signature = next((s for s in lines[i + 1:] if s.lstrip().startswith("})")), line)
+    types = signature[signature.rfind(" : ") + 3:]
+    operands, _, results = types.partition(" -> ")
+    buffers = [[(dtype_name(t), tuple(int(d) for d in dims.split("x") if d)) for dims, t in _MLIR_TENSOR.findall(s)]
+               for s in (operands, results or operands)]
+    ops.append({"kind": m.group(1).replace("_", "-"), "in_loop": False,
+                "shapes": max(buffers, key=_shapes_bytes)})  # The full side: reduce-scatter in, all-gather out.
+  return ops
+
+
+def _shapes_bytes(shapes: list[Shape]) -> int:
+  return sum(math.prod(dims) * _itemsize(t) for t, dims in shapes)
+
+
+def tally(ops: list[dict]) -> dict[str, dict[str, Any]]:
+  """Per kind: instructions, bytes (tensor / scalar), instructions inside loop bodies, bytes per dtype."""
+  out = {k: {"count": 0, "bytes": 0, "tensor_bytes": 0, "scalar_bytes": 0, "in_loop": 0, "dtypes": {}} for k in KINDS}
+  for op in ops:
+    entry = out[op["kind"]]
+    entry["count"] += 1
+    entry["in_loop"] += op["in_loop"]
+    for t, dims in op["shapes"]:
+      nbytes = math.prod(dims) * _itemsize(t)
+      entry["bytes"] += nbytes
+      entry["tensor_bytes" if dims else "scalar_bytes"] += nbytes
+      entry["dtypes"][t] = entry["dtypes"].get(t, 0) + nbytes
+  return out
