@@ -43,11 +43,7 @@ class Interconnect:
 
 
 # Data sheets and published NCCL/TPU figures; latencies are typical small-message figures, an assumption.
-# gloo-localhost was MEASURED on this machine (experiments/gloo_alpha_beta.py, 2 processes x 1 CPU device,
-# psum of 4 KiB..4 MiB float32, least-squares fit of t = 2 alpha + bytes / bandwidth, the ring model at N = 2).
-# Re-measure with `python experiments/gloo_alpha_beta.py` and paste its fitted values here. Two fits the same day
-# (2026-11-30, 4 KiB..4 MiB): 220 us and 1.25 GB/s (load 1.2, kept below), 196 us and 0.57 GB/s (load 2.9): the
-# other jobs on the 2 shared cores move the bandwidth most; for a few hundred KiB in a few calls the latency rules.
+# gloo-localhost is a fit of `python experiments/gloo_alpha_beta.py`: its fits are in experiments/projection_notes.md.
 INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink4": Interconnect(450e9, 3e-6, "H100 NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction"),
     "ib-ndr": Interconnect(50e9, 5e-6, "InfiniBand NDR: 400 Gb/s per GPU's port = 50 GB/s per direction"),
@@ -57,8 +53,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "tpu-v6e": Interconnect(448e9, 2e-6, "TPU v6e ICI: 3584 Gb/s per chip, all links (jaxdp.topology.CHIPS)"),
     "eth-25g": Interconnect(25e9 / 8, 30e-6, "data-center Ethernet 25 GbE, TCP: 3.1 GB/s, ~30 us per message"),
     "eth-100g": Interconnect(100e9 / 8, 20e-6, "data-center Ethernet 100 GbE, TCP: 12.5 GB/s, ~20 us per message"),
-    "gloo-localhost": Interconnect(1.25e9, 220e-6, "gloo over TCP on localhost, 2 processes, measured 2026-11-30 "
-                                   "on this 2-core machine (load 1.2)", True),
+    "gloo-localhost": Interconnect(1.25e9, 220e-6, "gloo over TCP on localhost, 2 processes, fitted by "
+                                   "experiments/gloo_alpha_beta.py (experiments/projection_notes.md)", True),
 }
 DEFAULT_INTERCONNECT = "ib-ndr"
 ACCUM = 4  # The gradient-accumulation what-if's micro-batches per step.
