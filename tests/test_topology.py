@@ -121,3 +121,20 @@ def test_libtpu_out_of_memory_messages_are_read():
           "memory space hbm. Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 3.98M.\n\nTotal hbm usage >= 16.00G:"
   assert topology._out_of_memory(total, 100) == (int(15.75 * 2**30) + int(3.98 * 2**20), int(15.75 * 2**30))
   assert topology._out_of_memory("RESOURCE_EXHAUSTED: something else", 100) is None
+
+
+@pytest.mark.parametrize("kind, hbm_gib, margin_mib, tight", [
+    ("TPU v6 lite", 32, 500, True), ("TPU v6 lite", 32, 700, False),  # 2% of 32 GiB = 655 MiB.
+    ("TPU v5 lite", 16, 300, True), ("TPU v5", 95, 1500, True), ("TPU v4", 32, 4000, False)])
+def test_tight_warning_quotes_the_chips_own_hbm(kind, hbm_gib, margin_mib, tight):
+  hbm, margin = hbm_gib * 2**30, margin_mib * 2**20
+  assert topology.CHIPS[kind].hbm_bytes == hbm
+  mem = {"argument_bytes": hbm - margin, "temp_bytes": 0, "output_bytes": 0, "alias_bytes": 0}
+  r = {"topology": "x", "num_devices": 4, "device_kind": kind, "global_batch": 64, "per_device_batch": 16,
+       "per_device_bytes": hbm - margin, "memory": mem, "device_memory_bytes": hbm, "fits": True,
+       "margin_bytes": margin, "flops_per_step": None, "collectives": {},
+       "roofline": dict.fromkeys(("compute_s", "hbm_s", "collectives_s", "step_s", "xla_optimal_s"))}
+  fit = next(line for line in topology.format_report(r).splitlines() if line.lstrip().startswith("fits"))
+  assert ("tight" in fit) == tight, fit
+  if tight:
+    assert f"{hbm_gib:.1f} GiB HBM of a {kind}" in fit and (hbm_gib == 16 or "16 GiB" not in fit), fit

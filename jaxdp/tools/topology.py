@@ -202,7 +202,7 @@ def format_report(r: dict[str, Any]) -> str:
   fit = ("unknown" if r["fits"] is None else
          f"{'yes' if r['fits'] else 'NO'} ({size(abs(r['margin_bytes']))} {'to spare' if r['fits'] else 'short'})")
   if r["fits"] and r["margin_bytes"] < TIGHT * r["device_memory_bytes"]:
-    fit += f"; tight: the runtime reserves some HBM (libtpu says 15.75 GiB of a v5e's 16 GiB are usable)"
+    fit += f"; tight: libtpu keeps part of the {size(r['device_memory_bytes'])} HBM of a {r['device_kind']} for itself"
   mem = r["memory"]
   roof = r["roofline"]
   lines = [
