@@ -69,13 +69,17 @@ def test_cli_json_keys(data_dir, capsys):
 
 
 @pytest.mark.parametrize("args", [["--project", "8", "--interconnect", "carrier-pigeon"],
-                                  ["--project", "8,x"], ["--interconnect", "nvlink4"]])
+                                  ["--project", "8,x"], ["--interconnect", "nvlink4"],
+                                  ["--project", "8", "--topology", "v5e:2x2"], ["--topology=h100:8", "--project=8"]])
 def test_bad_flags_are_one_error_line(data_dir, args, capsys):
   status = inspect.main(["inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}", *args])
-  err = capsys.readouterr().err.strip().splitlines()
-  assert status == 2 and len(err) == 1 and err[0].startswith("error: ")
+  out, err = capsys.readouterr()
+  err = err.strip().splitlines()
+  assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and out == ""
   if "carrier-pigeon" in args:
     assert "'carrier-pigeon'" in err[0] and all(name in err[0] for name in projection.INTERCONNECTS)
+  if any(arg.startswith("--topology") for arg in args):  # Not silently one of the two reports.
+    assert "--project" in err[0] and "--topology" in err[0], err
 
 
 def test_text_report_has_a_row_per_count():

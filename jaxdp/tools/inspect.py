@@ -121,6 +121,9 @@ def main(argv: list[str]) -> int:
   try:
     argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
     argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.
+    if target and counts:  # A projection times this machine's step; a slice's step cannot run here.
+      raise config_lib.ConfigError(f"--project projects this machine's step and --topology {target} compiles for a "
+                                   "slice: give one of them")
     config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
                           extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
                           "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
