@@ -1,8 +1,9 @@
 """orbax checkpoints under WORKDIR/checkpoints/: asynchronous saves, automatic resume, shape checks.
 
-Each entry holds the full TrainState (as global arrays, whatever the backend), the input position
-and the config that produced it. orbax writes an entry to a temporary directory and renames it when
-complete, so an entry cut off by a kill is never listed, never loaded.
+Each entry holds the full TrainState (as global arrays, whatever the backend), the input stream it was
+trained on and the config that produced it; the input position is the state's step. orbax writes an
+entry to a temporary directory and renames it to its step when complete, so an entry cut off by a kill
+is never listed (`steps`), never loaded.
 """
 
 import json
@@ -23,6 +24,7 @@ from jaxdp import data
 from jaxdp.report import metrics
 from jaxdp.strategies import relayout
 from jaxdp.config import ConfigError
+from jaxdp.optim import parameter_path
 from jaxdp.parallel import Backend
 from jaxdp.step import TrainState
 
@@ -31,15 +33,43 @@ BEST_MODES = ("max", "min")
 log = logging.getLogger("jaxdp")
 
 
+def directory(workdir: str) -> str:
+  """WORKDIR/checkpoints, absolute: where a workdir's entries live."""
+  return os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+
+
+def steps(workdir: str) -> list[int]:
+  """The steps of a workdir's complete checkpoints, oldest first (orbax renames an entry to its step when done)."""
+  try:
+    return sorted(int(name) for name in os.listdir(directory(workdir)) if name.isdigit())
+  except OSError:
+    return []
+
+
+def pick_step(workdir: str, step: int | None = None) -> int:
+  """`step` (default: the newest) if WORKDIR holds that checkpoint; else a ConfigError naming the steps it has."""
+  have = steps(workdir)
+  if not have:
+    raise ConfigError(f"no checkpoint in workdir {workdir!r} (train with checkpoint_every_steps > 0)")
+  step = have[-1] if step is None else step
+  if step not in have:
+    raise _no_step(directory(workdir), step, have)
+  return step
+
+
+def _no_step(path: str, step: int, have: list[int]) -> ConfigError:
+  return ConfigError(f"no checkpoint {step} in {path} (have: {sorted(have)})")
+
+
 class Checkpointer:
   """Saves and restores the training state of one workdir."""
 
   def __init__(self, workdir: str, config: ml_collections.ConfigDict, stream: dict[str, Any] | None = None):
-    self.directory = os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR))
+    self.directory = directory(workdir)
     self.config = config
     self.stream = stream  # `data.stream_spec` of the run: stored with each save, checked on restore.
     options = ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=config.get("async_checkpointing", True),
+        enable_async_checkpointing=config.async_checkpointing,
         preservation_policy=_preservation_policy(config), cleanup_tmp_directories=True)
     # Handlers named up front, so that a fresh manager can read an existing entry's metadata.
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
@@ -74,7 +104,7 @@ class Checkpointer:
   def stored_meta(self, step: int) -> dict[str, Any]:
     """What `save` wrote beside the state: step, config, input stream."""
     if step not in self.manager.all_steps():
-      raise ConfigError(f"no checkpoint {step} in {self.directory} (have: {sorted(self.manager.all_steps())})")
+      raise _no_step(self.directory, step, list(self.manager.all_steps()))
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
   def save(self, step: int, state: TrainState, backend: Backend, metrics: Mapping[str, float] | None = None,
@@ -82,9 +112,7 @@ class Checkpointer:
     """Starts writing `state` as entry `step` (asynchronously); a no-op if that entry exists."""
     if step in self.manager.all_steps():
       return
-    meta = {"step": step, "data_position": {"global_batches_consumed": step, "seed": self.config.seed,
-                                            "batch_size": self.config.batch_size},
-            "config": json.loads(self.config.to_json_best_effort())}
+    meta = {"step": step, "config": json.loads(self.config.to_json_best_effort())}
     if self.stream is not None:
       meta["stream"] = self.stream
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(backend.to_global(state)),
@@ -105,7 +133,7 @@ class Checkpointer:
     self._check_stream(step)
     wanted = jax.eval_shape(init)
     stored = _leaves(self.manager.item_metadata(step)["state"].tree)
-    opt_leaf = lambda path: stored.get("/".join(["opt_state", *(_key(k) for k in path)]))  # noqa: E731
+    opt_leaf = lambda path: stored.get(parameter_path(("opt_state", *path)))  # noqa: E731
     as_stored = wanted.replace(opt_state=relayout.stored_layout(wanted, opt_leaf))
     self._check_fits(step, stored, as_stored)
     target = backend.abstract_global(wanted)
@@ -159,7 +187,7 @@ def _shapes(tree: Any) -> dict[str, str]:
 def _leaves(tree: Any) -> dict[str, Any]:
   """'path/to/leaf' -> leaf for every array leaf of a state or its stored metadata."""
   leaves = jax.tree_util.tree_leaves_with_path(_to_dicts(tree), is_leaf=lambda x: hasattr(x, "shape"))
-  return {"/".join(_key(k) for k in path): x for path, x in leaves}
+  return {parameter_path(path): x for path, x in leaves}
 
 
 def _describe(x: Any) -> str:
@@ -176,16 +204,9 @@ def _to_dicts(tree: Any) -> Any:
   return {f.name: getattr(tree, f.name) for f in tree.__dataclass_fields__.values()}
 
 
-def _key(entry: Any) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(entry, attr):
-      return str(getattr(entry, attr))
-  return str(entry)
-
-
 def check_best(config: ml_collections.ConfigDict) -> None:
   """`best_metric` must be an eval metric (saves carry only those) and `best_mode` max or min."""
-  metric, mode = config.get("best_metric", "eval/accuracy"), config.get("best_mode", "max")
+  metric, mode = config.best_metric, config.best_mode
   if mode not in BEST_MODES:
     raise ConfigError(f"best_mode must be one of {', '.join(BEST_MODES)}, got {mode!r}")
   known = [k for k in metrics.summarize_eval({"num_examples": 1, "loss_sum": 0.0, "correct": 0})
@@ -197,9 +218,9 @@ def check_best(config: ml_collections.ConfigDict) -> None:
 def _preservation_policy(config: ml_collections.ConfigDict) -> checkpoint_managers.PreservationPolicy:
   """Keep the newest `keep_checkpoints`, plus the `keep_best_checkpoints` best by `best_metric`."""
   check_best(config)
-  policies: list = [checkpoint_managers.LatestN(n=config.get("keep_checkpoints", 3))]
-  if config.get("keep_best_checkpoints", 0):
-    metric, mode = config.get("best_metric", "eval/accuracy"), config.get("best_mode", "max")
+  policies: list = [checkpoint_managers.LatestN(n=config.keep_checkpoints)]
+  if config.keep_best_checkpoints:
+    metric, mode = config.best_metric, config.best_mode
     policies.append(checkpoint_managers.BestN(get_metric_fn=lambda m: m[metric], reverse=mode == "min",
                                               n=config.keep_best_checkpoints,
                                               keep_checkpoints_without_metrics=False))

@@ -1,5 +1,6 @@
 """Checkpoints and faults: bitwise resume (SIGTERM, SIGKILL), torn saves, NaN skips, replica sentinel."""
 
+import json
 import os
 import signal
 import time
@@ -10,6 +11,7 @@ import pytest
 import runs
 
 from jaxdp import build, checkpoint, train
+from jaxdp.config import ConfigError
 from jaxdp.report import metrics
 from jaxdp.strategies import zero
 from jaxdp.configs import default, mlp_digits
@@ -145,3 +147,30 @@ def test_plain_optimizer_state_is_relaid_into_zero1(config, tmp_path):
   config.num_train_steps = 4
   result = train.train_and_evaluate(config, str(tmp_path))  # Resumes at step 2 and trains on under ZeRO-1.
   assert int(result.backend.get(result.state.step)) == 4
+
+
+def test_an_older_checkpoint_with_a_data_position_still_resumes(data_dir, tmp_path):
+  """Older jaxdp wrote a `data_position` beside each state; none is written now, and such an entry resumes."""
+  config = _config(data_dir, num_train_steps=4, checkpoint_every_steps=2, eval_every_steps=1000, log_every_steps=2)
+  train.train_and_evaluate(config, str(tmp_path))
+  meta_file = tmp_path / "checkpoints" / "4" / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  assert "data_position" not in meta and meta["step"] == 4
+  meta["data_position"] = {"global_batches_consumed": 4, "seed": config.seed, "batch_size": config.batch_size}
+  meta_file.write_text(json.dumps(meta))
+  config.num_train_steps = 6
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert int(result.backend.get(result.state.step)) == 6
+
+
+def test_a_workdir_names_its_checkpoints_in_one_message(tmp_path):
+  """checkpoint.steps / pick_step: the newest by default; a missing step names the steps there are."""
+  assert checkpoint.steps(str(tmp_path)) == []
+  with pytest.raises(ConfigError, match="no checkpoint in workdir"):
+    checkpoint.pick_step(str(tmp_path))
+  for name in ("2", "10", "12.orbax-checkpoint-tmp-1"):  # A save cut off by a kill is never listed.
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  assert checkpoint.steps(str(tmp_path)) == [2, 10]
+  assert checkpoint.pick_step(str(tmp_path)) == 10 and checkpoint.pick_step(str(tmp_path), 2) == 2
+  with pytest.raises(ConfigError, match=r"^no checkpoint 3 in .*/checkpoints \(have: \[2, 10\]\)$"):
+    checkpoint.pick_step(str(tmp_path), 3)
