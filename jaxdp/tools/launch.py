@@ -38,8 +38,8 @@ DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo (XLA's CPU collectives) writes "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
 # connected peer ranks is : 3" to stdout for every communicator it sets up, with no setting to turn it off,
-# piece by piece, from one thread per local device: the pieces of two threads interleave in any order (CI saw
-# "[Gloo] Rank 1 peer ranks. 0 is connected to"). So a launched process prints Python's lines to its stderr
+# piece by piece, from one thread per local device: the pieces of two threads interleave in any order
+# (experiments/launch_notes.md). So a launched process prints Python's lines to its stderr
 # (distributed.ENV_PRINT_TO_STDERR), where gloo cannot cut into them, and its native stdout is relayed without
 # gloo's pieces and the numbers left between them.
 GLOO_PIECES = re.compile(r"\[Gloo\] Rank |is connected to |peer ranks\. |Expected number of connected peer ranks is : ")
@@ -195,13 +195,10 @@ def workdir_of(train_args: list[str]) -> str | None:
 
 
 def newest_step(workdir: str | None) -> int | None:
-  """The newest checkpoint's step in WORKDIR/checkpoints/ (orbax names complete entries by their step)."""
-  from jaxdp.checkpoint import CHECKPOINT_DIR  # Imports orbax: here, so only a restart pays for it.
-  try:
-    steps = [int(n) for n in os.listdir(os.path.join(workdir or "", CHECKPOINT_DIR)) if n.isdigit()]
-  except OSError:
-    return None
-  return max(steps, default=None)
+  """The newest complete checkpoint's step in WORKDIR/checkpoints/, or None."""
+  from jaxdp import checkpoint  # Imports orbax: here, so only a restart pays for it.
+  steps = checkpoint.steps(workdir or "")
+  return steps[-1] if steps else None
 
 
 @dataclasses.dataclass
@@ -283,7 +280,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--num_processes", type=int, required=True, help="Local processes to start.")
   parser.add_argument("--devices_per_process", type=int, default=1, help="CPU devices each process simulates.")
   parser.add_argument("--port", type=int, default=0, help="Coordinator port on 127.0.0.1 (0: a free one).")
-  # Off by default: on a shared 2-core machine, pinning 2 processes made steps 2.2-2.7x slower (README).
+  # Off by default: on the machines tried it was slower or within the noise (experiments/launch_notes.md).
   parser.add_argument("--pin_cpus", action=argparse.BooleanOptionalAction, default=False,
                       help="Pin each process to its own 1/P of the cores, with as many BLAS/OpenMP threads (Linux).")
   parser.add_argument("--max_restarts", type=int, default=0,
