@@ -109,22 +109,21 @@ class Recorder:
 def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
           process_index: int, process_count: int, num_devices: int) -> Recorder:
   """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
-  from jaxdp.data import resume, sampler  # The input pipeline's own orders of examples.
-  order = resume.order_kind(ds)
-  if order != resume.GLOBAL and not config.audit_data:
+  from jaxdp.data import resume, train_stream  # The input pipeline's own order of examples.
+  kind = resume.order_kind(ds)
+  if kind != resume.GLOBAL and not config.audit_data:
     return Recorder({}, None)  # Each process its own order: no digest of the global batch.
   split = config.dataset.train_split
   n = ds.num_examples(split)
   rows = global_batch // process_count
-  global_order = sampler.GlobalOrder(n, global_batch, config.seed, split) if order == resume.GLOBAL else None
-  # The streaming fallback's shards are the by-index shard order's sizes (equal shards of n // P).
-  epoch = global_order or sampler.ShardOrder(n, rows, config.seed, split, process_index, process_count)
+  order = train_stream.train_order(ds, split, config.seed, global_batch, process_index, process_count)
+  global_order = order if kind == resume.GLOBAL else None
   header = {"version": HEADER_VERSION, "segment": _segment_id(process_count), "process_index": process_index,
             "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
             "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
-            "steps_per_epoch": epoch.steps_per_epoch,
+            "steps_per_epoch": order.steps_per_epoch,
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
-            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": order}
+            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": kind}
   directory = os.path.join(workdir, AUDIT_DIR) if config.audit_data else None
   return Recorder(header, directory, global_order)
 
