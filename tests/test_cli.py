@@ -12,6 +12,7 @@ from jaxdp.tools import cli, plot
 from jaxdp import train
 from jaxdp.tools import inspect as inspect_cli
 from jaxdp.config import ConfigError
+from jaxdp.runtime import process
 from jaxdp.configs import default
 
 CONFIG = default.__file__
@@ -128,7 +129,7 @@ def test_new_model_keys_must_be_model_arguments(argv, error):
 def test_piped_output_gets_no_progress_bars(capsys):
   from tensorflow_datasets.core.utils import tqdm_utils
   try:
-    cli.setup_logging()  # Under capsys stdout is not a terminal.
+    process.setup_logging()  # Under capsys stdout is not a terminal.
     assert tqdm_utils._active is False
   finally:
     tqdm_utils.enable_progress_bar()

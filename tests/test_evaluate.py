@@ -58,7 +58,7 @@ def test_sample_restores_a_zero1_checkpoint_from_its_stored_config(data_dir, tmp
                              "num_train_steps": 2, "eval_every_steps": 1000, "checkpoint_every_steps": 2,
                              "check_replicas_every_steps": 0, "parallel.shard_optimizer_state": True})
   result = train.train_and_evaluate(config, str(tmp_path))
-  _, params, _, _ = sample.restore(restore.stored_config(str(tmp_path)), str(tmp_path))
+  _, params, _, _ = sample.load_model(restore.stored_config(str(tmp_path)), str(tmp_path))
   runs.assert_bitwise(params, result.backend.get(result.state.params))
 
 

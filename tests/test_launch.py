@@ -37,7 +37,7 @@ def test_relay_keeps_python_output_as_it_is(capsys):
 
 
 def test_launched_processes_print_apart_from_native_stdout(monkeypatch):
-  script = "from jaxdp import cli; cli.setup_logging(); print('python'); cli.log.info('log')"
+  script = "from jaxdp.runtime import process; process.setup_logging(); print('python'); process.log.info('log')"
   env = {**launch._env(0, launch.parse(["--num_processes", "2", "--", "x"]), 1234, None)}
   out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
   assert (out.stdout, out.stderr) == ("", "python\nlog\n")  # Python's lines never meet gloo's on stdout.

@@ -16,7 +16,7 @@ def use(config: ml_collections.ConfigDict) -> None:
   """
   import jax
   from jax.experimental.compilation_cache import compilation_cache
-  path = config.get("compilation_cache_dir", "")
+  path = config.compilation_cache_dir
   if os.environ.get("JAX_COMPILATION_CACHE_DIR") and path == DEFAULT_CACHE_DIR:
     return
   wanted = os.path.expanduser(path) if path else None

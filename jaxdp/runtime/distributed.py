@@ -86,10 +86,10 @@ def _report_joined() -> None:
 
 def settings(config: ml_collections.ConfigDict) -> dict:
   """Coordinator address, process count and id from `config.distributed`, else the environment."""
-  c = config.get("distributed", ml_collections.ConfigDict())
-  address = c.get("coordinator_address") or os.environ.get(ENV_COORDINATOR)
-  num = c.get("num_processes") or int(os.environ.get(ENV_NUM_PROCESSES, 0))
-  pid = c.get("process_id", -1)
+  c = config.distributed
+  address = c.coordinator_address or os.environ.get(ENV_COORDINATOR)
+  num = c.num_processes or int(os.environ.get(ENV_NUM_PROCESSES, 0))
+  pid = c.process_id
   pid = pid if pid >= 0 else int(os.environ.get(ENV_PROCESS_ID, -1))
   if address and (num < 1 or not 0 <= pid < num):
     raise ConfigError(f"distributed: coordinator {address!r} needs num_processes >= 1 and 0 <= process_id < "
@@ -103,18 +103,18 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   Must run before any JAX computation. Fails after `distributed.init_timeout_s` instead of waiting forever.
   """
   die_with_launcher()
-  c = config.get("distributed", ml_collections.ConfigDict())
+  c = config.distributed
   explicit = settings(config)
-  auto = c.get("auto_detect", True) and _cluster_detected()
+  auto = c.auto_detect and _cluster_detected()
   if not explicit["coordinator_address"] and not auto:
     return False
   kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
-  timeout = c.get("init_timeout_s", 300)
+  timeout = c.init_timeout_s
   if explicit["coordinator_address"] and explicit["process_id"] != 0:
     wait_for_coordinator(explicit["coordinator_address"], timeout)
   try:
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=c.get("heartbeat_timeout_s", 100))
+                               heartbeat_timeout_seconds=c.heartbeat_timeout_s)
   except Exception as e:  # JAX raises several types (XlaRuntimeError, ValueError, ...) for the same failure.
     where = explicit["coordinator_address"] or "the auto-detected cluster"
     raise DistributedInitError(f"could not join the distributed run at {where} as process "

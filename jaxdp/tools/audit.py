@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from jaxdp.config import ConfigError
 from jaxdp.loop.audit import AUDIT_DIR, IDS_DTYPE, saves_path, stem
+from jaxdp.tools import cli
 # Temporary, until loop/train.py imports the recorder from jaxdp.loop.audit:
 from jaxdp.loop.audit import Recorder, batch_digest, start  # noqa: F401
 
@@ -253,18 +255,21 @@ def main(argv: list[str]) -> int:
   if args and args[0] in ("-h", "--help"):
     print(f"{USAGE}\n\n{__doc__}")
     return 0
+  return cli.guarded(lambda: _audit_command(args))
+
+
+def _audit_command(args: list[str]) -> int:
+  """Prints the audit's summary line (status 0) or its first failure (status 1)."""
   if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
-    print(f"error: expected one or two workdirs, got {args!r} ({USAGE})", file=sys.stderr)
-    return 2
+    raise ConfigError(f"expected one or two workdirs, got {args!r} ({USAGE})")
   try:
     print(check(args[0]) if len(args) == 1 else compare(*args))
-    return 0
   except AuditError as e:
     print(f"audit failed: {e}")
     return 1
-  except FileNotFoundError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  except FileNotFoundError as e:  # No records: a command-line mistake (the wrong workdir, or none audited).
+    raise ConfigError(str(e)) from None
+  return 0
 
 
 if __name__ == "__main__":

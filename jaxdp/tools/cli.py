@@ -1,14 +1,16 @@
-"""The command line the tools share: flags -> (config, workdir), process setup, and exit statuses.
+"""The command line the tools share: flags -> (config, workdir), and the one error path (`guarded`).
 
 `train`, `evaluate`, `sample` and `inspect` take the same `--config CONFIG.py [--config.key=value ...]
-[--workdir DIR] [--cpu_devices N]`; this module parses them without importing the training loop.
+[--workdir DIR] [--cpu_devices N]`; this module parses them without importing the training loop. A tool's
+own flags (`--step`, `--prompt`, ...) are split from these by `own_flags`; the tools that read a trained
+workdir parse with `parse_workdir`, whose config defaults to the one the checkpoint stores.
 """
 
+import argparse
 import ast
 import difflib
 import gc
 import inspect
-import logging
 import os
 import re
 import sys
@@ -19,9 +21,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp.runtime import compilation_cache, cpu_devices, exits
-
-log = logging.getLogger("jaxdp")
+from jaxdp.runtime import compilation_cache, cpu_devices, exits, process
+from jaxdp.tools import restore
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
 MODEL_PREFIX = "--config.model."
@@ -30,7 +31,9 @@ OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g.
                   "    (e.g. --config.model.dense=64).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
-DEFAULT_CACHE_DIR = compilation_cache.DEFAULT_CACHE_DIR  # Kept importable; the cache lives in its module.
+# Temporary, for tests/test_perf_features until it reads them from jaxdp.runtime.compilation_cache:
+DEFAULT_CACHE_DIR = compilation_cache.DEFAULT_CACHE_DIR
+use_compilation_cache = compilation_cache.use
 
 
 def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
@@ -70,25 +73,48 @@ def help_text(usage: str, extra_help: str = "") -> str:
   return "\n".join(lines + [OVERRIDES_HELP] + ([extra_help] if extra_help else []))
 
 
-def setup_logging() -> None:
-  """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING."""
-  from jaxdp.runtime import distributed  # JAX: not before a command needs it (`--help` starts without it).
-  if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
-    sys.stdout = sys.stderr
-  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
-  log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.quiet).
+def parse_workdir(argv: list[str], *, usage: str, extra_help: str = "",
+                  step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
+  """A trained workdir's command line -> (config, workdir): `--config FILE` as in training, else the config
+  checkpoint `step` (default: the newest) stores, with the `--config.key=value` overrides applied."""
+  if any(a in HELP_FLAGS for a in argv[1:]) or any(a == "--config" or a.startswith("--config=") for a in argv):
+    return parse(argv, require_workdir=True, usage=usage, extra_help=extra_help)
+  if (count := cpu_devices.requested(argv)) is not None:  # First, as in `parse`.
+    cpu_devices.simulate(count)
+  workdir = own_flags(argv, _workdir_flag())[0].workdir
+  if not workdir:
+    raise config_lib.ConfigError("--workdir is required")
+  stored = restore.stored_config(workdir, step)
+  fv = flags.FlagValues()
+  flags.DEFINE_string("workdir", None, "", flag_values=fv)
+  flags.DEFINE_integer("cpu_devices", None, "", flag_values=fv)
+  config_flags.DEFINE_config_dict("config", stored, flag_values=fv, sys_argv=argv)
+  try:
+    fv(argv)
+  except flags.Error as e:
+    raise config_lib.ConfigError(str(e)) from None
+  except (AttributeError, KeyError, TypeError) as e:  # An override names a key the stored config lacks.
+    raise config_lib.ConfigError(f"bad config override ({e}) for the config stored in {workdir!r}") from None
+  return config_lib.with_defaults(fv.config), workdir
 
 
-def init_process(config: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
-  import jax
-  use_compilation_cache(config)
-  from jaxdp.runtime import distributed
-  if distributed.initialize(config) and jax.process_index() != 0:
-    log.setLevel(logging.WARNING)
+def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
+  """A tool's own flags (those `parser` declares) split from the shared ones: (its values, argv without them).
+
+  A bad value is a ConfigError when `parser` was made with `exit_on_error=False`.
+  """
+  try:
+    ours, rest = parser.parse_known_args(argv[1:])
+  except argparse.ArgumentError as e:
+    raise config_lib.ConfigError(str(e)) from None
+  return ours, argv[:1] + rest
 
 
-use_compilation_cache = compilation_cache.use  # Kept importable; the Python API calls it too.
+def _workdir_flag() -> argparse.ArgumentParser:
+  """`--workdir DIR`, read before the flags are parsed: the stored config it names is their default."""
+  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+  parser.add_argument("--workdir", default=None)
+  return parser
 
 
 def main(argv: list[str], command: Command, *, require_workdir: bool = True,
@@ -99,18 +125,18 @@ def main(argv: list[str], command: Command, *, require_workdir: bool = True,
   failed distributed start) is one `error:` line and status 1; any other exception is reported (`guarded`).
   """
   exit_if_help(argv, usage)  # Before the logging setup, which loads JAX.
-  setup_logging()
+  process.setup_logging()
 
   def run() -> None:
     config, workdir = parse(argv, require_workdir, usage=usage)
-    init_process(config)
+    process.init(config)
     command(config, workdir)
 
   return guarded(run, failures)
 
 
-def guarded(run: Callable[[], object], failures: tuple[type[Exception], ...] = ()) -> int:
-  """Runs `run`; returns the exit status, every exception reported once and its frames released.
+def guarded(run: Callable[[], int | None], failures: tuple[type[Exception], ...] = ()) -> int:
+  """Runs `run`; returns its status (None: 0), every exception reported once and its frames released.
 
   ConfigError: one `error:` line, status 2. `failures` and a failed distributed start: one line, status 1.
   Anything else, status 1: an input worker's failure as one line (`exits.report`), others with their
@@ -118,8 +144,7 @@ def guarded(run: Callable[[], object], failures: tuple[type[Exception], ...] = (
   Python can still finish its worker calls, and no process hangs on the way out.
   """
   try:
-    run()
-    return 0
+    return run() or 0
   except config_lib.ConfigError as e:
     status, line = 2, str(e)
     error: Exception = e

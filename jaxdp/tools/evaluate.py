@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint without training, and the eval loop the training loop uses too (`run`).
+"""Evaluate a checkpoint without training (the eval loop itself is `jaxdp.loop.evaluate.run`).
 
     python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT] [--config CONFIG.py]
         [--config.key=value ...] [--cpu_devices N]
@@ -15,8 +15,8 @@ import os
 import sys
 from typing import Any
 
+from jaxdp.runtime import exits, process
 from jaxdp.tools import cli, restore
-from jaxdp.runtime import exits
 
 log = logging.getLogger("jaxdp")
 USAGE = ("python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT] [--config CONFIG.py] "
@@ -28,37 +28,24 @@ RESULTS_FILE = "evaluate.jsonl"
 
 
 def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
-  """`eval/loss`, `eval/accuracy`, `eval/num_examples` over every example of `split` (default: the eval split).
-
-  `parts` is what `build.build` returns; each example counts once, on any device and process count.
-  """
-  import jax
-  import jax.numpy as jnp
-
-  from jaxdp import data
-  from jaxdp.report import metrics
-  split = split or parts.config.dataset.eval_split
-  batches = data.eval_batches(parts.ds, split, global_batch=parts.layout.eval_global_batch,
-                              process_index=jax.process_index(), process_count=jax.process_count())
-  totals = None
-  for batch in batches:
-    sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return metrics.summarize_eval(totals)
+  """Temporary, until loop/train.py imports `jaxdp.loop.evaluate`: the eval loop, `jaxdp.loop.evaluate.run`."""
+  from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
+  return eval_loop.run(parts, state, split)
 
 
 def evaluate(config: Any, workdir: str, step: int | None = None, split: str | None = None) -> tuple[int, dict]:
   """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`."""
+  from jaxdp import checkpoint
+  from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
   parts, state, step = restore.restore(config, workdir, step)
-  log.info("evaluating checkpoint %s/%s/%d on %s", os.path.abspath(workdir), restore.CHECKPOINT_DIR, step,
-           split or config.dataset.eval_split)
-  return step, run(parts, state, split)
+  log.info("evaluating checkpoint %s/%d on %s", checkpoint.directory(workdir), step, split or config.dataset.eval_split)
+  return step, eval_loop.run(parts, state, split)
 
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
   cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
-  cli.setup_logging()
+  process.setup_logging()
   return cli.guarded(lambda: _evaluate_command(argv))
 
 
@@ -67,9 +54,9 @@ def _evaluate_command(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(prog="python -m jaxdp.evaluate", add_help=False)
   parser.add_argument("--step", type=int, default=None)
   parser.add_argument("--split", default=None)
-  ours, rest = parser.parse_known_args(argv[1:])
-  config, workdir = restore.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
-  cli.init_process(config)
+  ours, rest = cli.own_flags(argv, parser)
+  config, workdir = cli.parse_workdir(rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+  process.init(config)
   step, results = evaluate(config, workdir, ours.step, ours.split)
   record = {"step": step, "split": ours.split or config.dataset.eval_split, **results}
   print(json.dumps(record))

@@ -10,14 +10,16 @@ import sys
 
 from matplotlib.figure import Figure  # No pyplot: no global backend is chosen or changed (Agg canvas).
 
+from jaxdp.config import ConfigError
 from jaxdp.report import metrics
+from jaxdp.tools import cli
 
 PANELS = (("loss", "loss"), ("accuracy", "accuracy"))
 DEFAULT_NAME = "curves.png"
 
 
-class PlotError(ValueError):
-  """A run that cannot be plotted; the CLI prints it as one `error:` line."""
+class PlotError(ConfigError):
+  """A run that cannot be plotted; the CLI prints it as one `error:` line (status 2)."""
 
 
 def curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -74,12 +76,7 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--out", help=f"PNG path (default: WORKDIR/{DEFAULT_NAME} for one run, ./{DEFAULT_NAME})")
   args = parser.parse_args(argv)
   out = args.out or (os.path.join(args.workdirs[0], DEFAULT_NAME) if len(args.workdirs) == 1 else DEFAULT_NAME)
-  try:
-    print(plot(args.workdirs, out))
-  except PlotError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  return cli.guarded(lambda: print(plot(args.workdirs, out)))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,11 @@ strings (UTF-8 bytes in and out). The CLI samples from the newest checkpoint of 
 
 import argparse
 import functools
-import os
 import sys
 from typing import Any
 
-from jaxdp.tools import cli
-from jaxdp.runtime import exits
+from jaxdp.runtime import exits, process
+from jaxdp.tools import cli, restore
 
 USAGE = ("python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] [--prompt TEXT] "
          "[--num_chars N] [--temperature T] [--seed S] [--step N]")
@@ -79,19 +78,19 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
   return prompt + decode(tokens)
 
 
-def restore(config: Any, workdir: str, step: int | None = None, *,
-            language_model: bool = False) -> tuple[Model, PyTree, PyTree, int]:
+def load_model(config: Any, workdir: str, step: int | None = None, *,
+               language_model: bool = False) -> tuple[Model, PyTree, PyTree, int]:
   """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
 
   The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
   every checkpoint the trainer writes restores; the parameters come back as one host copy.
   """
-  from jaxdp.tools import restore as restore_lib  # JAX and the input pipeline: only the CLI needs them.
-  parts, state, step = restore_lib.restore(config, workdir, step)
+  from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
+  parts, state, step = restore.restore(config, workdir, step)
   if language_model:
     _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
   # stderr: stdout carries only the sampled text.
-  print(f"sampling from checkpoint {os.path.abspath(workdir)}/{restore_lib.CHECKPOINT_DIR}/{step}", file=sys.stderr)
+  print(f"sampling from checkpoint {checkpoint.directory(workdir)}/{step}", file=sys.stderr)
   return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
 
 
@@ -108,24 +107,23 @@ def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
   cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
-  cli.setup_logging()
+  process.setup_logging()
   return cli.guarded(lambda: _sample_command(argv))
 
 
 def _sample_command(argv: list[str]) -> None:
   """Parses `argv`, restores the checkpoint and prints the prompt with its sampled continuation."""
-  from jaxdp.tools import restore as restore_lib
   parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
   parser.add_argument("--prompt", default="\n")
   parser.add_argument("--num_chars", type=int, default=500)
   parser.add_argument("--temperature", type=float, default=0.8)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--step", type=int, default=None)
-  ours, rest = parser.parse_known_args(argv[1:])
-  config, workdir = restore_lib.parse(argv[:1] + rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+  ours, rest = cli.own_flags(argv, parser)
+  config, workdir = cli.parse_workdir(rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
   if not ours.prompt:
     raise ConfigError("--prompt must not be empty")
-  model, params, model_state, seq_len = restore(config, workdir, ours.step, language_model=True)
+  model, params, model_state, seq_len = load_model(config, workdir, ours.step, language_model=True)
   print(sample_text(model, params, model_state, ours.prompt, ours.num_chars, seq_len=seq_len, seed=ours.seed,
                     temperature=ours.temperature))
 

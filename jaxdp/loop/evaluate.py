@@ -1,0 +1,24 @@
+"""The eval loop: every example of a split exactly once, summed on the devices, on any device and process count."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxdp import data
+from jaxdp.report import metrics
+
+
+def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
+  """`eval/loss`, `eval/accuracy`, `eval/num_examples` over every example of `split` (default: the eval split).
+
+  `parts` is what `build.build` returns; each example counts once, on any device and process count.
+  """
+  split = split or parts.config.dataset.eval_split
+  batches = data.eval_batches(parts.ds, split, global_batch=parts.layout.eval_global_batch,
+                              process_index=jax.process_index(), process_count=jax.process_count())
+  totals = None
+  for batch in batches:
+    sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  return metrics.summarize_eval(totals)

@@ -1,0 +1,30 @@
+"""What every command sets up in its process before it runs: jaxdp's log lines, the compilation cache,
+joining a multi-process run. Light to import: JAX loads only when a function here needs it."""
+
+import logging
+import os
+import sys
+
+import ml_collections
+
+from jaxdp.runtime import compilation_cache
+
+log = logging.getLogger("jaxdp")
+
+
+def setup_logging() -> None:
+  """jaxdp's own lines at INFO on stdout, bare; libraries stay at WARNING."""
+  from jaxdp.runtime import distributed  # JAX: not before a command needs it (`--help` starts without it).
+  if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
+    sys.stdout = sys.stderr
+  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
+  log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.runtime.quiet).
+
+
+def init(config: ml_collections.ConfigDict) -> None:
+  """Joins a multi-process run when one is configured; only process 0 logs progress; sets the compile cache."""
+  import jax
+  compilation_cache.use(config)
+  from jaxdp.runtime import distributed
+  if distributed.initialize(config) and jax.process_index() != 0:
+    log.setLevel(logging.WARNING)
