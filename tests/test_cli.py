@@ -174,3 +174,24 @@ def test_tensorflow_loads_without_keras_and_keras_still_imports_after():
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.split() == ["False", "keras"]
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--workdir"], "--workdir"),  # No value: one line, not argparse's usage and traceback.
+    ([], "--workdir is required"),
+    (["--workdir", "EMPTY"], "no checkpoint in workdir"),
+])
+def test_a_trained_workdirs_command_line_names_its_mistake(tmp_path, argv, error):
+  argv = [str(tmp_path) if a == "EMPTY" else a for a in argv]
+  with pytest.raises(ConfigError, match=re.escape(error)):
+    cli.parse_workdir(["jaxdp.evaluate", *argv, "--config.seed=1"], usage="u")
+
+
+def test_own_flags_leave_the_shared_ones():
+  import argparse
+  parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+  parser.add_argument("--step", type=int)
+  ours, rest = cli.own_flags(["jaxdp.x", "--workdir", "w", "--step=3", "--config.seed=1"], parser)
+  assert ours.step == 3 and rest == ["jaxdp.x", "--workdir", "w", "--config.seed=1"]
+  with pytest.raises(ConfigError, match="--step"):
+    cli.own_flags(["jaxdp.x", "--step", "three"], parser)
