@@ -116,32 +116,32 @@ def format_report(r: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-  """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
+  """Runs the CLI; returns the exit status (`cli.guarded`: 2 and one `error:` line for a config mistake)."""
+  return cli.guarded(lambda: _command(argv))
+
+
+def _command(argv: list[str]) -> None:
+  """Parses `argv`, makes the report its flags ask for and prints it (as JSON with --json)."""
   as_json = "--json" in argv[1:]
-  try:
-    argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
-    argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.
-    if target and counts:  # A projection times this machine's step; a slice's step cannot run here.
-      raise config_lib.ConfigError(f"--project projects this machine's step and --topology {target} compiles for a "
-                                   "slice: give one of them")
-    config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
-                          extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
-                          "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
-                          "largest global batch that fits.\n  --project 8,64,512: project step time and scaling "
-                          "efficiency to those device counts (alpha-beta model, compute measured here).\n  "
-                          f"--interconnect NAME: with --project, one of {', '.join(projection.INTERCONNECTS)}.")
-    with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
-      if target and (report := topology.slice_report(config, target, search)) is not None:
-        text = topology.format_report
-      elif counts:
-        report, text = projection.project(config, counts, link), projection.format_report
-      else:  # No option, or a GPU --topology (slice_report said why): this machine's devices.
-        report, text = analyze(config), format_report
-  except config_lib.ConfigError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
+  argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.
+  if target and counts:  # A projection times this machine's step; a slice's step cannot run here.
+    raise config_lib.ConfigError(f"--project projects this machine's step and --topology {target} compiles for a "
+                                 "slice: give one of them")
+  config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
+                        extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
+                        "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
+                        "largest global batch that fits.\n  --project 8,64,512: project step time and scaling "
+                        "efficiency to those device counts (alpha-beta model, compute measured here).\n  "
+                        f"--interconnect NAME: with --project, one of {', '.join(projection.INTERCONNECTS)}.")
+  with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
+    if target and (report := topology.slice_report(config, target, search)) is not None:
+      text = topology.format_report
+    elif counts:
+      report, text = projection.project(config, counts, link), projection.format_report
+    else:  # No option, or a GPU --topology (slice_report said why): this machine's devices.
+      report, text = analyze(config), format_report
   print(json.dumps(report, indent=2) if as_json else text(report))
-  return 0
 
 
 if __name__ == "__main__":
