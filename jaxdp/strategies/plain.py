@@ -78,9 +78,8 @@ def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyT
 def flat_all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32", bucket_bytes: int = 25 << 20) -> PyTree:
   """`all_reduce_mean` of one flat `dtype` buffer holding every leaf, cut in buckets of at most `bucket_bytes`."""
   leaves, treedef = jax.tree.flatten(tree)
-  # Joined as (1, n) rows along the minor axis, which XLA:CPU copies leaf by leaf (0.4 ms for 7.45 MB); a 1-D
-  # concatenate of up to 8 raveled leaves is fused into one loop that walks a tree of operand bounds for every
-  # element: 4-44 ms for the same bytes (experiments/xla_cpu_collectives.md).
+  # Joined as (1, n) rows, which XLA:CPU copies leaf by leaf; a 1-D concatenate of raveled leaves fuses into a
+  # loop many times slower (experiments/strategy_notes.md).
   flat = jnp.concatenate([x.astype(dtype).reshape(1, -1) for x in leaves], axis=1).reshape(-1)
   chunk = max(1, bucket_bytes // jnp.dtype(dtype).itemsize)
   pieces = [lax.pmean(flat[i:i + chunk], axis_name) for i in range(0, flat.size, chunk)]
