@@ -69,8 +69,8 @@ class Worker:
       config, model = self._model(name)
       config.batch_size = batch
       tx = optim.make(config)
-      # As jaxdp.build: the config's step options (on CPU one flat gradient all-reduce, parallel.flat_allreduce).
-      strategy = strategies.DataParallel(step_lib.StepOptions.from_config(config, jax.device_count()))
+      # As jaxdp.build: the config's strategy options (on CPU one flat gradient all-reduce, parallel.flat_allreduce).
+      strategy = strategies.DataParallel(strategies.StrategyOptions.from_config(config, jax.device_count()))
       init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
       if variant == "jaxdp":
         backend, step = self.backend, functools.partial(step_lib.train_step, strategy=strategy)

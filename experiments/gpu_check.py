@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
 from jaxdp.report import flops  # noqa: E402
-from jaxdp import models, optim, parallel
+from jaxdp import models, optim, parallel, strategies  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import default  # noqa: E402
 
@@ -60,13 +60,13 @@ def bench(model_fields: dict, input_shape: tuple[int, ...], num_classes: int, ho
   config.optimizer, config.learning_rate, config.weight_decay = "adamw", 3e-4, 0.1
   model = models.get_model(config.model, input_shape, num_classes)
   tx = optim.make(config)
-  options = step_lib.StepOptions(compute_dtype=args.dtype)
+  strategy = strategies.DataParallel(strategies.StrategyOptions(compute_dtype=args.dtype))
   backend = parallel.make_backend("mesh", args.devices)
-  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, options=options)
+  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
   backend.bind_state(jax.eval_shape(init))
   state, batch = backend.init(init), backend.put_batch(host)
   started = time.perf_counter()
-  compiled = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, options=options)).lower(
+  compiled = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy)).lower(
       state, batch).compile()
   compile_s = time.perf_counter() - started
   box = [state, None]

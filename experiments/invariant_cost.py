@@ -34,11 +34,11 @@ def contender(model_name: str, n: int, invariant: bool) -> abrun.Contender:
   """Runs `steps` train steps of the plain or invariant step on `n` devices; returns step seconds."""
   config = default.get_config()
   config.model = ml_collections.ConfigDict({"name": model_name})
-  options = step_lib.StepOptions(num_shards=n, invariant_shards=8)
+  options = strategies.StrategyOptions(num_shards=n, invariant_shards=8)
   strategy = (strategies.Invariant if invariant else strategies.DataParallel)(options)
   model = models.get_model(config.model, INPUT_SHAPE, 10)
   tx = optim.make(config)
-  backend = parallel.make_backend("mesh", n, checked=strategy.checked)
+  backend = parallel.make_backend("mesh", n, type(strategy))
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
   backend.bind_state(jax.eval_shape(init))
   step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy))

@@ -78,7 +78,7 @@ def setup(workload: str, num_devices: int) -> dict[str, Any]:
   rng = np.random.default_rng(0)
   host = {"inputs": rng.standard_normal((batch, *shape)).astype(np.float32),
           "labels": rng.integers(0, NUM_CLASSES, batch).astype(np.int32)}
-  options = step_lib.StepOptions.from_config(config, num_devices)  # As jaxdp.build: flat all-reduce on CPU.
+  options = strategies.StrategyOptions.from_config(config, num_devices)  # As jaxdp.build: flat all-reduce on CPU.
   return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host), "options": options}
 
 

@@ -1,4 +1,4 @@
-"""The optax optimizer, learning-rate schedule and weight-decay mask named by the config."""
+"""The optax optimizer, learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
 
 import re
 from collections.abc import Callable
@@ -19,7 +19,7 @@ PyTree = Any
 
 def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
   """`learning_rate`, scaled by batch_size / base_batch_size when base_batch_size > 0 (linear scaling rule)."""
-  base = config.get("base_batch_size", 0)
+  base = config.base_batch_size
   if not isinstance(base, int) or isinstance(base, bool) or base < 0:
     raise ConfigError(f"base_batch_size must be a non-negative integer, got {base!r}")
   return config.learning_rate * config.batch_size / base if base else config.learning_rate
@@ -27,8 +27,8 @@ def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
 
 def schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warmup to the peak learning rate, then constant or cosine decay to 0 at `num_train_steps`."""
-  lr, warmup, total = peak_learning_rate(config), config.get("warmup_steps", 0), config.num_train_steps
-  kind = config.get("lr_schedule", "constant")
+  lr, warmup, total = peak_learning_rate(config), config.warmup_steps, config.num_train_steps
+  kind = config.lr_schedule
   if kind not in SCHEDULES:
     raise ConfigError(f"unknown lr_schedule {kind!r} (choose from {', '.join(SCHEDULES)})")
   if kind == "cosine":
@@ -66,7 +66,7 @@ def decay_mask(spec: str, params: PyTree) -> PyTree | None:
 
 def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | Callable | None:
   """The mask for optax: a pytree from the original shapes when known, else computed from what optax sees."""
-  spec = config.get("weight_decay_mask", "rank>=2")
+  spec = config.weight_decay_mask
   if params is not None:
     return decay_mask(spec, params)
   return None if spec == "all" else lambda seen: decay_mask(spec, seen)
@@ -79,7 +79,7 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None) -> opt
   for a correct mask under ZeRO-1, whose optimizer sees every leaf raveled.
   """
   name, lr = config.optimizer, schedule(config)
-  wd, momentum = config.get("weight_decay", 0.0), config.get("momentum", 0.9)
+  wd, momentum = config.weight_decay, config.momentum
   mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on.
   mask = mask if wd else None    # (No mask wrapper at all: the optimizer state keeps its old structure.)
   if name == "adamw":
@@ -89,7 +89,7 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None) -> opt
   elif name == "sgd":
     tx = optax.sgd(lr)
   elif name == "momentum":
-    tx = optax.sgd(lr, momentum=momentum, nesterov=config.get("nesterov", False))
+    tx = optax.sgd(lr, momentum=momentum, nesterov=config.nesterov)
   else:
     raise ConfigError(f"unknown optimizer {name!r} (choose from {', '.join(OPTIMIZERS)})")
   return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd else tx

@@ -1,5 +1,10 @@
-"""The only module that knows devices: how state is replicated, how a host batch becomes a device
-batch, and how the per-replica step is mapped over devices, for the `pmap` and `mesh` backends."""
+"""The device backends: which devices a run uses, how state is laid out on them, how a host batch becomes
+a device batch, and how the per-replica step is mapped over them, for the `pmap` and `mesh` backends.
+
+The step and the strategies see devices only as the `DataAxis` a backend gives them (a strategy may ask the
+platform and process count, e.g. `strategies.base.flat_allreduce`); the loop asks a `Backend` for replicas
+and copies, and reads the device kind only to report it.
+"""
 
 import abc
 import collections
@@ -13,7 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdp.config import ConfigError
-from jaxdp.strategies import DataAxis
+from jaxdp.strategies import DataAxis, DataParallel, Strategy
 
 PyTree = Any
 AXIS = "data"
@@ -191,13 +196,14 @@ class MeshBackend(Backend):
 BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 
-def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = False,
-                 checked: bool = True, devices: list[jax.Device] | None = None) -> Backend:
-  """The backend `name` over all devices, or over the first `num_devices` (single process only).
+def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = DataParallel,
+                 devices: list[jax.Device] | None = None, checked: bool = True) -> Backend:
+  """The backend `name` over all devices, or over the first `num_devices` (single process only), for `strategy`.
 
-  `shard_optimizer_state`: the state will not be all replicated (ZeRO-1), which needs the mesh backend.
-  `checked`: shard_map tracks replication (off for strategies that gather across devices themselves).
+  `strategy`: the gradient strategy's class; one that shards the state (ZeRO-1: `shards_state`) needs the
+  mesh backend, and one that gathers across devices itself (not `checked`) runs shard_map unchecked.
   `devices`: these instead of `jax.devices()` (e.g. a TPU topology's, for ahead-of-time compilation).
+  `checked=False`: unchecked whatever the strategy (a hand-written step that reduces by itself).
   """
   if name not in BACKENDS:
     raise ConfigError(f"unknown parallel.backend {name!r} (choose from {', '.join(BACKENDS)})")
@@ -208,9 +214,9 @@ def make_backend(name: str, num_devices: int = 0, shard_optimizer_state: bool = 
     if num_devices > len(devices):
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
-  if name == "mesh":
-    return MeshBackend(devices, checked and not shard_optimizer_state)  # A sharded state is gathered by the step.
-  if shard_optimizer_state:
+  if name == "mesh":  # A sharded state is gathered by the step.
+    return MeshBackend(devices, checked and strategy.checked and not strategy.shards_state)
+  if strategy.shards_state:
     raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
   return PmapBackend(devices)
 

@@ -1,10 +1,12 @@
 """The training state and the pure per-replica train and eval steps.
 
 Both steps run on ONE replica's slice of the batch; how gradients cross devices is the `Strategy`'s
-job (`jaxdp.strategies`: plain data parallelism, the invariant mode, ZeRO-1), so the step itself is the
-textbook one. `jaxdp.parallel` maps the steps over devices (pmap or shard_map). Nothing here is jitted.
+job (`jaxdp.strategies`: plain data parallelism, the invariant mode, ZeRO-1, with its `StrategyOptions`),
+and what is learned is the task's (`TaskOptions`: the loss's label smoothing, which inputs are cast), so
+the step itself is the textbook one. `jaxdp.parallel` maps the steps over devices (pmap or shard_map). Nothing here is jitted.
 """
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -14,12 +16,25 @@ from flax import struct
 from jax import lax
 
 from jaxdp.models import Model
-from jaxdp.strategies import DataAxis, DataParallel, GradFn, StepOptions, Strategy
+from jaxdp.strategies import DataAxis, DataParallel, GradFn, Strategy
 
-__all__ = ["DataAxis", "StepOptions", "TrainState", "cross_entropy", "eval_step", "init_state", "train_step"]
+__all__ = ["DataAxis", "TaskOptions", "TrainState", "cross_entropy", "eval_step", "init_state", "train_step"]
 
 PyTree = Any
 Metrics = dict[str, jax.Array]
+PLAIN = DataParallel()  # The default strategy: plain data parallelism, one micro-batch, float32.
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+  """What the step learns from a batch, apart from how its gradient crosses devices; from the config."""
+  label_smoothing: float = 0.0  # Train loss against (1 - s) one-hot + s / classes; eval loss stays plain.
+  cast_inputs: bool = True      # Cast float inputs to the compute dtype (not token ids carried as floats).
+
+  @classmethod
+  def from_config(cls, config: Any, cast_inputs: bool = True) -> "TaskOptions":
+    """The options of a config with its defaults filled (`jaxdp.config.with_defaults`)."""
+    return cls(label_smoothing=float(config.label_smoothing), cast_inputs=cast_inputs)
 
 
 @struct.dataclass
@@ -33,9 +48,8 @@ class TrainState:
 
 
 def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation,
-               options: StepOptions = StepOptions(), strategy: Strategy | None = None) -> TrainState:
-  """A fresh state: parameters from `rng`, zero step."""
-  strategy = strategy or DataParallel(options)
+               strategy: Strategy = PLAIN) -> TrainState:
+  """A fresh state: parameters from `rng`, zero step, optimizer state laid out as `strategy` wants it."""
   init_rng, state_rng = jax.random.split(rng)
   params, model_state = model.init(init_rng)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
@@ -48,13 +62,13 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
-               tx: optax.GradientTransformation, axis: DataAxis, options: StepOptions = StepOptions(),
-               strategy: Strategy | None = None) -> tuple[TrainState, Metrics]:
+               tx: optax.GradientTransformation, axis: DataAxis, strategy: Strategy = PLAIN,
+               task: TaskOptions = TaskOptions()) -> tuple[TrainState, Metrics]:
   """One optimizer step on this replica's slice: reduced gradient, optional clipping, update (or skip)."""
-  strategy = strategy or DataParallel(options)
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
-  loss, accuracy, model_state, grads = strategy.gradients(_grad_fn(model, options), state, batch, rng, axis)
+  grad_fn = _grad_fn(model, task, options.compute_dtype)
+  loss, accuracy, model_state, grads = strategy.gradients(grad_fn, state, batch, rng, axis)
   finite = strategy.finite(loss, grads, axis)
   if options.max_grad_norm > 0:
     grads = _clip(grads, strategy.global_norm(grads, axis), options.max_grad_norm)
@@ -85,24 +99,24 @@ def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: floa
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
-def _grad_fn(model: Model, options: StepOptions) -> GradFn:
-  """(params, model_state, batch, rng) -> ((mean loss, (accuracy, model_state)), grads), in compute dtype."""
-  dtype = jnp.dtype(options.compute_dtype)
+def _grad_fn(model: Model, task: TaskOptions, compute_dtype: str) -> GradFn:
+  """(params, model_state, batch, rng) -> ((mean loss, (accuracy, model_state)), grads), in `compute_dtype`."""
+  dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
-    logits, model_state = model.apply(_cast_floats(params, dtype), model_state, _inputs(micro, options),
+    logits, model_state = model.apply(_cast_floats(params, dtype), model_state, _inputs(micro, task, dtype),
                                       train=True, rng=micro_rng)
     accuracy = jnp.mean(jnp.argmax(logits, -1) == micro["labels"])
-    loss = smoothed_cross_entropy(logits, micro["labels"], options.label_smoothing).mean()
+    loss = smoothed_cross_entropy(logits, micro["labels"], task.label_smoothing).mean()
     return loss, (accuracy, model_state)
 
   return jax.value_and_grad(loss_fn, has_aux=True)
 
 
-def _inputs(batch: dict, options: StepOptions) -> jax.Array:
+def _inputs(batch: dict, task: TaskOptions, dtype: jnp.dtype) -> jax.Array:
   x = batch["inputs"]
-  if options.cast_inputs and jnp.issubdtype(x.dtype, jnp.floating):
-    return x.astype(options.compute_dtype)
+  if task.cast_inputs and jnp.issubdtype(x.dtype, jnp.floating):
+    return x.astype(dtype)
   return x
 
 
@@ -111,16 +125,15 @@ def _cast_floats(tree: PyTree, dtype: jnp.dtype) -> PyTree:
 
 
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, axis: DataAxis,
-              options: StepOptions = StepOptions(), strategy: Strategy | None = None) -> Metrics:
+              strategy: Strategy = PLAIN, task: TaskOptions = TaskOptions()) -> Metrics:
   """Sums of loss, correct predictions, real examples and their targets over all replicas (padding masked out).
 
   Labels may have more dims than the [B] mask (e.g. [B, T] next tokens): every label is one target.
   """
-  strategy = strategy or DataParallel(options)
-  options, dtype = strategy.options, jnp.dtype(strategy.options.compute_dtype)
+  dtype = jnp.dtype(strategy.options.compute_dtype)
 
   def per_example(rows: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, _inputs(rows, options),
+    logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, _inputs(rows, task, dtype),
                             train=False)
     labels, mask = rows["labels"], rows["mask"]
     targets = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (labels.ndim - 1)), labels.shape)

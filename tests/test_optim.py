@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxdp import build, optim
-from jaxdp.strategies import zero
+from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
 
 LR, WD = 0.1, 0.5

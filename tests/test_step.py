@@ -104,7 +104,7 @@ def test_label_smoothing_trains_against_smoothed_targets(config):
   config.label_smoothing = 0.2
   model, tx, batch, init = _setup(config, "sgd")
   state, s = init(), config.label_smoothing
-  options = step_lib.StepOptions.from_config(config, 8)
+  task = step_lib.TaskOptions.from_config(config)
 
   def loss(params):
     logits, _ = model.apply(params, state.model_state, batch["inputs"], train=True)
@@ -114,7 +114,7 @@ def test_label_smoothing_trains_against_smoothed_targets(config):
 
   grads = jax.grad(loss)(state.params)
   backend = parallel.make_backend("mesh", 8)
-  train = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, options=options))
+  train = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, task=task))
   params1 = backend.get(train(backend.init(init), backend.put_batch(batch))[0]).params
   got = jax.tree.map(lambda a, b: a - b, state.params, params1)
   jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6), got, grads)

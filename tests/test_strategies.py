@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxdp import build, data, parallel, strategies
 from jaxdp import step as step_lib
+from jaxdp.strategies import zero1_layout
 
 
 def _first_batch(parts, config):
@@ -48,8 +49,8 @@ def test_clipping_matches_optax_on_the_full_batch_gradient(config, zero1):
 
 def test_zero1_devices_agree_when_one_slice_is_nonfinite():
   # Device 1 alone holds the NaN of the reduce-scattered gradient; every device must answer False.
-  backend = parallel.make_backend("mesh", 8, shard_optimizer_state=True, checked=False)
-  strategy = strategies.ZeRO1(strategies.StepOptions(num_shards=8))
+  backend = parallel.make_backend("mesh", 8, strategies.ZeRO1)
+  strategy = strategies.ZeRO1(strategies.StrategyOptions(num_shards=8))
   flat = np.zeros(64, np.float32)
   flat[13] = np.nan  # Slice 1 of 8.
   grads = {"w": jax.device_put(flat, NamedSharding(backend.mesh, P("data")))}
@@ -75,10 +76,10 @@ def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(co
 @pytest.mark.parametrize("flag, expected", [(None, strategies.DataParallel), ("invariant", strategies.Invariant),
                                             ("shard_optimizer_state", strategies.ZeRO1)])
 def test_each_parallel_flag_picks_its_strategy(config, flag, expected):
-  """`build.STRATEGIES` names each strategy by module and class; the config's flag picks it, none picks plain DDP."""
+  """`strategies.REGISTRY` is the one list of strategies; the config's flag picks one, none picks plain DDP."""
   if flag is not None:
     config.parallel[flag] = True
-  assert build.strategy_class(config) is expected
+  assert strategies.select(config) is expected
 
 
 def _three_steps(config, **parallel):
@@ -113,3 +114,29 @@ def test_invariant_float_model_state_is_the_same_bits_on_one_and_eight_devices(c
   eight = _three_steps(config, invariant=True, num_devices=8)
   assert float(one[0]["mean"]) != 0.0  # The statistic moved.
   jax.tree.map(np.testing.assert_array_equal, one, eight)
+
+
+@pytest.mark.parametrize("to", [0, 4], ids=["plain", "zero1-4"])
+def test_a_strategy_reads_an_8_device_zero1_optimizer_state_into_its_own_layout(to):
+  """The checkpoint asks the strategy: stored ZeRO-1 leaves (8 devices) come back in the parameters' shapes or
+  padded for 4 devices, with their values; the integer count as it was."""
+  params = {"w": jnp.arange(15.0).reshape(3, 5), "b": jnp.arange(3.0) - 1}
+  tx = optax.adam(0.1)
+  stored = (optax.ScaleByAdamState(count=jnp.int32(3), mu=zero1_layout.flatten(params, 8),
+                                   nu=zero1_layout.flatten(jax.tree.map(jnp.square, params), 8)), optax.EmptyState())
+  strategy = strategies.ZeRO1(strategies.StrategyOptions(num_shards=to)) if to else strategies.DataParallel()
+  wanted = jax.eval_shape(lambda: step_lib.TrainState(step=jnp.int32(0), params=params, model_state={},
+                                                      opt_state=strategy.init_opt_state(tx, params),
+                                                      rng=jax.random.PRNGKey(0)))
+  by_path = {path: x for path, x in jax.tree_util.tree_flatten_with_path(stored)[0]}
+  as_stored = strategy.stored_opt_layout(wanted, lambda path: by_path.get(path))
+  assert jax.tree.map(lambda x: x.shape, as_stored) == jax.tree.map(lambda x: x.shape, stored)
+  one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  got = strategy.relayout_opt_state(stored, wanted, jax.tree.map(lambda _: one_device, wanted.opt_state))
+  assert jax.tree.map(lambda x: x.shape, got) == jax.tree.map(lambda x: x.shape, wanted.opt_state)
+  adam = got[0]
+  mu, nu = (zero1_layout.unflatten(adam.mu, params), zero1_layout.unflatten(adam.nu, params)) if to else (adam.mu,
+                                                                                                         adam.nu)
+  jax.tree.map(np.testing.assert_array_equal, (mu, nu, adam.count), (params, jax.tree.map(jnp.square, params), 3))
+  if to:  # ZeRO-1's padding is zeros, as its own init lays it.
+    jax.tree.map(lambda f, p: np.testing.assert_array_equal(np.asarray(f)[p.size:], 0), adam.mu, params)

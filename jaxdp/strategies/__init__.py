@@ -1,12 +1,25 @@
 """Gradient strategies: how one replica's gradient is reduced across devices and applied.
 
 `DataParallel` (plain DDP), `Invariant` (bitwise the same for any device count) and `ZeRO1` (sharded
-optimizer state) implement one small interface, `Strategy`; `jaxdp.build` picks one per run.
+optimizer state) implement one small interface, `Strategy`; `select` picks one per run from the config.
 """
 
-from jaxdp.strategies.base import DataAxis, Gradients, GradFn, StepOptions, Strategy
+import ml_collections
+
+from jaxdp.strategies.base import DataAxis, Gradients, GradFn, Strategy, StrategyOptions
 from jaxdp.strategies.invariant import Invariant
 from jaxdp.strategies.plain import DataParallel
 from jaxdp.strategies.zero1 import ZeRO1
 
-__all__ = ["DataAxis", "DataParallel", "Gradients", "GradFn", "Invariant", "StepOptions", "Strategy", "ZeRO1"]
+# The one registry: the first strategy whose `config.parallel.<flag>` is set, else plain data parallelism.
+# A new strategy is one module here and one entry in this tuple.
+REGISTRY: tuple[type[Strategy], ...] = (Invariant, ZeRO1)
+DEFAULT: type[Strategy] = DataParallel
+
+__all__ = ["DEFAULT", "REGISTRY", "DataAxis", "DataParallel", "Gradients", "GradFn", "Invariant", "Strategy",
+           "StrategyOptions", "ZeRO1", "select"]
+
+
+def select(config: ml_collections.ConfigDict) -> type[Strategy]:
+  """The strategy the config asks for by its `config.parallel` flag (see REGISTRY); defaults filled."""
+  return next((cls for cls in REGISTRY if config.parallel[cls.flag]), DEFAULT)

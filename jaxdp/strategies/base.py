@@ -15,6 +15,8 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxdp.strategies import zero1_layout
+
 PyTree = Any
 # (params, model_state, micro-batch, rng) -> ((mean loss, (accuracy, model_state)), grads), no communication.
 GradFn = Callable[[PyTree, PyTree, dict, jax.Array], tuple]
@@ -43,36 +45,33 @@ class DataAxis:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepOptions:
-  """How the per-replica step computes and communicates; from the config."""
+class StrategyOptions:
+  """How the per-replica step computes and communicates its gradient; from the config."""
   accum_steps: int = 1                 # Micro-batches per optimizer step; gradients all-reduced once.
   compute_dtype: str = "float32"       # Forward/backward dtype; parameters and updates stay float32.
   allreduce_dtype: str = "float32"     # Dtype of the gradient all-reduce (bfloat16 halves its bytes).
   num_shards: int = 1                  # Devices on the data axis.
   invariant_shards: int = 8            # Fixed micro-shards of the global batch in the invariant strategy.
-  cast_inputs: bool = True             # Cast float inputs to compute_dtype (not token ids carried as floats).
   max_grad_norm: float = 0.0           # Clip the reduced gradient to this global norm; 0: no clipping.
-  label_smoothing: float = 0.0         # Train loss against (1 - s) one-hot + s / classes; eval loss stays plain.
   flat_allreduce: bool = False         # All-reduce one flat buffer (per bucket), not one operand per leaf.
   bucket_bytes: int = 25 << 20         # Flat all-reduce: at most this many bytes per collective (DDP's 25 MB).
 
   @classmethod
-  def from_config(cls, config: Any, num_devices: int = 1, cast_inputs: bool = True) -> "StepOptions":
-    return cls(accum_steps=config.get("grad_accum_steps", 1), compute_dtype=config.get("dtype", "float32"),
-               allreduce_dtype=config.parallel.get("allreduce_dtype", "float32"), num_shards=num_devices,
-               invariant_shards=config.parallel.get("invariant_shards", 8), cast_inputs=cast_inputs,
-               max_grad_norm=float(config.get("max_grad_norm", 0.0) or 0.0),
-               label_smoothing=float(config.get("label_smoothing", 0.0) or 0.0),
-               flat_allreduce=flat_allreduce(config.parallel.get("flat_allreduce", "auto")),
-               bucket_bytes=int(config.parallel.get("bucket_bytes", 25 << 20)))
+  def from_config(cls, config: Any, num_devices: int = 1) -> "StrategyOptions":
+    """The options of a config with its defaults filled (`jaxdp.config.with_defaults`), over `num_devices`."""
+    return cls(accum_steps=config.grad_accum_steps, compute_dtype=config.dtype,
+               allreduce_dtype=config.parallel.allreduce_dtype, num_shards=num_devices,
+               invariant_shards=config.parallel.invariant_shards, max_grad_norm=float(config.max_grad_norm),
+               flat_allreduce=flat_allreduce(config.parallel.flat_allreduce),
+               bucket_bytes=int(config.parallel.bucket_bytes))
 
 
 def flat_allreduce(setting: Any) -> bool:
   """`parallel.flat_allreduce`: "auto" flattens across CPU processes, where XLA runs each operand as a gloo call.
 
   On GPU and TPU XLA combines per-leaf all-reduces into few collectives itself, so "auto" keeps them; so
-  it does for CPU devices of one process, where one buffer still measured a few percent slower than per
-  leaf (0.79 against 0.74 of the baseline's step time, experiments/overhead.md).
+  it does for CPU devices of one process, where one buffer measured slower than per leaf
+  (experiments/strategy_notes.md).
   """
   if str(setting).lower() == "auto":
     return jax.devices()[0].platform == "cpu" and jax.process_count() > 1
@@ -81,11 +80,34 @@ def flat_allreduce(setting: Any) -> bool:
 
 class Strategy(abc.ABC):
   """How gradients are reduced across replicas and applied; one instance per run, chosen in `jaxdp.build`."""
+  flag: ClassVar[str | None] = None     # The `config.parallel` flag that picks it (`jaxdp.strategies.select`).
   checked: ClassVar[bool] = True        # shard_map may check replication (False: the strategy gathers itself).
   shards_state: ClassVar[bool] = False  # Lays the state out other than replicated (needs the mesh backend).
 
-  def __init__(self, options: StepOptions = StepOptions()):
+  def __init__(self, options: StrategyOptions = StrategyOptions()):
     self.options = options
+
+  @classmethod
+  def validate(cls, config: Any, layout: Any) -> None:
+    """Raises ConfigError naming a value this strategy cannot serve; by default it serves every valid config.
+
+    `layout`: the run's `jaxdp.config.Layout`, after `jaxdp.config.validate` checked what every run needs.
+    """
+    del config, layout
+
+  def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
+    """`wanted.opt_state` (of an abstract TrainState) shaped as a checkpoint stores it, to read it with.
+
+    Any strategy may resume a checkpoint whose optimizer state another device count or strategy laid out;
+    ZeRO-1's padded flat leaves are the one layout that differs from the parameters' shapes, so by default
+    its layout module reads them. `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at
+    `path`, or None. Returns `wanted.opt_state` itself when nothing needs re-laying.
+    """
+    return zero1_layout.stored_layout(wanted, stored_leaf)
+
+  def relayout_opt_state(self, opt_state: PyTree, wanted: PyTree, shardings: PyTree) -> PyTree:
+    """Optimizer state read as `stored_opt_layout` said -> this run's layout (`wanted.opt_state`'s), placed."""
+    return zero1_layout.relayout(opt_state, wanted, shardings)
 
   def init_opt_state(self, tx: optax.GradientTransformation, params: PyTree) -> PyTree:
     """The optimizer state for fresh parameters, in the layout `apply` expects."""

@@ -10,17 +10,45 @@ all-reduce, and the pieces run sequentially. Eval sums per-example values in one
 """
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxdp.config import ConfigError, Layout
 from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, is_float, micro_batches
 
 
 class Invariant(Strategy):
   """Fixed micro-shards summed in a fixed order: the same bits on 1, 2, 4, ... devices."""
+  flag = "invariant"
   checked = False  # The step gathers and sums across devices itself.
+
+  @classmethod
+  def validate(cls, config: Any, layout: Layout) -> None:
+    """The fixed micro-shards (a power of two, shared by the devices) and what the mode cannot serve."""
+    m, accum = config.parallel.invariant_shards, config.grad_accum_steps
+    if not isinstance(m, int) or m < 1 or m & (m - 1):
+      raise ConfigError(f"parallel.invariant_shards must be a power of two, got {m!r}")
+    if m % layout.num_devices or layout.num_devices & (layout.num_devices - 1):
+      raise ConfigError(f"parallel.invariant needs a power-of-two device count dividing invariant_shards ({m}), "
+                        f"got {layout.num_devices} devices")
+    if layout.global_batch % (m * accum):
+      raise ConfigError(f"batch_size ({layout.global_batch}) must be divisible by parallel.invariant_shards ({m}) "
+                        f"x grad_accum_steps ({accum})")
+    if layout.eval_global_batch % m:
+      raise ConfigError(f"eval batch size ({layout.eval_global_batch}) must be divisible by "
+                        f"parallel.invariant_shards ({m}) in invariant mode")
+    if config.parallel.shard_optimizer_state:
+      raise ConfigError("parallel.invariant and parallel.shard_optimizer_state cannot be combined")
+    if config.parallel.allreduce_dtype != "float32":  # Rounding subtree sums would depend on N.
+      raise ConfigError(f"parallel.invariant gathers float32 subtree sums; parallel.allreduce_dtype="
+                        f"{config.parallel.allreduce_dtype!r} would round them at points that depend on the "
+                        f"device count")
+    if config.model.get("bn_axis_name", None):  # Statistics over the devices' micro-shards at once depend on N.
+      raise ConfigError(f"parallel.invariant cannot serve synchronized BatchNorm (model.bn_axis_name="
+                        f"{config.model.bn_axis_name!r}); set model.bn_axis_name=None")
 
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
     m, k = self.options.invariant_shards, self.options.accum_steps

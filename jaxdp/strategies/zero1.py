@@ -1,6 +1,6 @@
 """ZeRO-1 (mesh backend): data parallelism with the optimizer state sharded over the data axis.
 
-Each parameter leaf is flattened and padded to a multiple of N (devices, `jaxdp.zero`); device i owns
+Each parameter leaf is flattened and padded to a multiple of N (devices, `zero1_layout`); device i owns
 slice i of every leaf's optimizer state. A step reduce-scatters the gradients (each device receives
 the mean of its slice only), updates its slice of the parameters with its slice of the optimizer
 state, and all-gathers the new parameters. Elementwise optimizers (SGD, momentum, Adam, AdamW) give
@@ -12,26 +12,27 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from jaxdp.strategies import zero
+from jaxdp.strategies import zero1_layout as layout
 from jaxdp.strategies.base import DataAxis, PyTree, all_finite
 from jaxdp.strategies.plain import DataParallel
 
 
 class ZeRO1(DataParallel):
   """Reduce-scatter, update the local optimizer-state shard, all-gather the parameters."""
+  flag = "shard_optimizer_state"
   checked = False  # The step all-gathers the new parameters itself; `grad` then adds no implicit psum.
   shards_state = True
 
   def init_opt_state(self, tx: optax.GradientTransformation, params: PyTree) -> PyTree:
-    return tx.init(zero.flatten(params, self.options.num_shards))
+    return tx.init(layout.flatten(params, self.options.num_shards))
 
   def state_specs(self, abstract_state: PyTree) -> PyTree:
-    return zero.state_specs(abstract_state)
+    return layout.state_specs(abstract_state)
 
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
     """Reduce-scatter: this device's slice of the mean gradient (flattened, padded with zeros)."""
     n, dtype = self.options.num_shards, self.options.allreduce_dtype
-    sums = jax.tree.map(lambda g: lax.psum_scatter(g.astype(dtype), axis.name, tiled=True), zero.flatten(grads, n))
+    sums = jax.tree.map(lambda g: lax.psum_scatter(g.astype(dtype), axis.name, tiled=True), layout.flatten(grads, n))
     return jax.tree.map(lambda s: s.astype(jnp.float32) / n, sums)
 
   def finite(self, loss: jax.Array, grads: PyTree, axis: DataAxis) -> jax.Array:
@@ -47,7 +48,7 @@ class ZeRO1(DataParallel):
             axis: DataAxis) -> tuple[PyTree, PyTree]:
     n, me = self.options.num_shards, lax.axis_index(axis.name)
     param_shard = jax.tree.map(lambda p: lax.dynamic_slice_in_dim(p, me * (p.size // n), p.size // n),
-                               zero.flatten(state.params, n))
+                               layout.flatten(state.params, n))
     updates, opt_state = tx.update(grads, state.opt_state, param_shard)
     new_shard = optax.apply_updates(param_shard, updates)
-    return zero.unflatten(lax.all_gather(new_shard, axis.name, tiled=True), state.params), opt_state
+    return layout.unflatten(lax.all_gather(new_shard, axis.name, tiled=True), state.params), opt_state
