@@ -13,8 +13,7 @@ from jax import monitoring
 
 from jaxdp.tools import cli
 from jaxdp import config as config_lib, train
-from jaxdp.loop import train as loop_train
-from jaxdp.loop import goodput, replicas
+from jaxdp.loop import goodput, replicas, step_metrics
 from jaxdp.report import metrics
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
@@ -24,7 +23,7 @@ def test_metrics_stay_on_device_until_a_log_step_and_only_old_steps_are_waited_f
   fetched, waited = [], []
   backend = types.SimpleNamespace(get=lambda tree: fetched.append(len(tree)) or jax.tree.map(np.asarray, tree))
   monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(int(x)) or x)
-  tracker = loop_train._StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
+  tracker = step_metrics.StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
   for step in range(1, 6):
     # "nonfinite" carries the step number here, so the test sees which step the host waited for.
     tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0) + step})

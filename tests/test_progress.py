@@ -15,6 +15,7 @@ import pytest
 
 from jaxdp import config as config_lib
 from jaxdp import data, models, parallel
+from jaxdp.loop import goodput
 from jaxdp.report import progress, summary
 from jaxdp.configs import default
 
@@ -209,14 +210,15 @@ def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   assert (workdir / "metrics.jsonl").exists() and list(workdir.glob("events.out.tfevents.*"))
 
 
-def test_untimed_work_is_left_out_of_the_step_time_and_the_eta():
+def test_untimed_work_is_left_out_of_the_step_time_and_the_eta(tmp_path):
   clock, out = Clock(), io.StringIO()
-  reporter = _reporter(clock, out)
+  timer = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=clock)  # The loop's one timer of its blocks.
+  reporter = _reporter(clock, out, untimed_seconds=timer.between_steps)
   reporter.on_step(1)
   for step in (2, 3):
     clock.now += 1.0
     reporter.on_step(step)
-    with reporter.untimed() as span:  # A checkpoint save after each step.
+    with timer.span("checkpoint") as span:  # A checkpoint save after each step.
       clock.now += 30.0
     assert span.seconds == 30.0
   perf = reporter.on_log(3, {"train/loss": 0.5})

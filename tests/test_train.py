@@ -1,6 +1,9 @@
 """End-to-end training: device-count and backend equivalence, identical replicas, user models."""
 
 import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import jax
@@ -204,3 +207,53 @@ def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, m
   with pytest.raises(train.NonFiniteError):
     train.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4]
+
+
+# A failing read (example 50, in a tf.data worker), then reads kept in flight well past the error.
+_SLOW_AFTER_FAILING = textwrap.dedent("""
+    import threading, time
+    import failing_datasets
+
+    class _Records(failing_datasets._FailingRecords):
+      failed = False
+
+      def __getitems__(self, keys):
+        if _Records.failed and threading.current_thread() is not threading.main_thread():
+          time.sleep(10.0)  # Still running when the caller holds the error.
+        _Records.failed = _Records.failed or failing_datasets.BAD_INDEX in keys
+        return super().__getitems__(keys)
+
+    class SlowAfterFailing(failing_datasets.FailingReadBlobs):
+      def as_data_source(self, split, **kwargs):
+        records = super(failing_datasets.FailingReadBlobs, self).as_data_source(split, **kwargs)
+        return _Records(records, ValueError) if split == "train" else records
+""")
+
+# As a notebook does: train_and_evaluate raises, the error is kept (sys.last_value), then Python exits.
+_KEEP_THE_ERROR = textwrap.dedent("""
+    import sys
+    from jaxdp import train
+    from jaxdp.configs import default
+    config = default.get_config()
+    config.dataset.name, config.dataset.data_dir, config.dataset.cache_mb = "slow_failing:SlowAfterFailing", sys.argv[2], 0
+    config.model.name, config.batch_size, config.num_train_steps, config.eval_every_steps = "mlp", 32, 20, 1000
+    try:
+      train.train_and_evaluate(config, sys.argv[1])
+    except Exception as e:
+      kept = e
+      print("raised", type(e).__name__)
+""")
+
+
+def test_an_error_kept_by_the_caller_does_not_hold_python_at_exit(tmp_path):
+  """train_and_evaluate releases the error's frames as the CLI does: the input stream is not deleted at exit."""
+  (tmp_path / "slow_failing.py").write_text(_SLOW_AFTER_FAILING)
+  tests = os.path.dirname(os.path.abspath(__file__))
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), tests, os.environ.get("PYTHONPATH", "")])}
+  env.pop("XLA_FLAGS", None)
+  command = [sys.executable, "-c", _KEEP_THE_ERROR, str(tmp_path / "run"), str(tmp_path / "tfds")]
+  try:  # Without the release the process printed its line, then waited forever (0% CPU) at exit.
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+  except subprocess.TimeoutExpired as e:
+    pytest.fail(f"the process did not exit within 120 s; its output:\n{e.output}\n{e.stderr}")
+  assert proc.returncode == 0 and "raised InvalidArgumentError" in proc.stdout, proc.stdout + proc.stderr

@@ -7,6 +7,7 @@ run's last saved totals and its own start: the work since then, the stop, the ne
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -29,6 +30,14 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or 
 _MAKING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   _COMPILE_EVENT)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# Work between steps that is not training: the progress line's step time leaves its wall time out.
+BETWEEN_STEPS = ("eval", "checkpoint")
+
+
+@dataclasses.dataclass
+class Span:
+  """The wall seconds one timed block took, compilation inside it included (filled in when it ends)."""
+  seconds: float = 0.0
 
 
 class CompileWatch:
@@ -87,21 +96,32 @@ class Clock:
     self._clock, self._now = clock, now
     self.began = clock()
     self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+    self._between_steps = 0.0  # Wall seconds of this run's BETWEEN_STEPS spans, compilation inside included.
     self.previous, self.runs, saved_at = _load(self.path)
     if os.environ.get(ENV_RESTARTED) and saved_at is not None:  # Lost: on no clock since the last save.
       self.seconds["restart"] = max(0.0, now() - saved_at)
 
   @contextlib.contextmanager
-  def span(self, category: str) -> Iterator[None]:
-    """Counts the time inside as `category`, except JAX making programs inside it, which counts as `compile`."""
+  def span(self, category: str) -> Iterator[Span]:
+    """Counts the time inside as `category`, except JAX making programs inside it, which counts as `compile`.
+
+    Yields a Span holding, once the block ends, its whole wall time (as `time/eval`, `time/checkpoint`).
+    """
     # Tracing, lowering and XLA compilation, wherever they happen: the first step, eval, replica check.
-    began, compiled = self._clock(), self.compiles.busy
+    span, began, compiled = Span(), self._clock(), self.compiles.busy
     try:
-      yield
+      yield span
     finally:
+      span.seconds = self._clock() - began
       compile_seconds = self.compiles.busy - compiled
       self.seconds["compile"] += compile_seconds
-      self.seconds[category] += self._clock() - began - compile_seconds
+      self.seconds[category] += span.seconds - compile_seconds
+      if category in BETWEEN_STEPS:
+        self._between_steps += span.seconds
+
+  def between_steps(self) -> float:
+    """Wall seconds this run spent so far in eval and checkpoint saves (their compilation included)."""
+    return self._between_steps
 
   def totals(self) -> dict[str, float]:
     """Seconds per category and `wall`, summed over this workdir's runs (this one up to now)."""

@@ -5,6 +5,7 @@ WORKDIR/checkpoints/; also called by tests and notebooks. The command line is `j
 import contextlib
 import dataclasses
 import functools
+import gc
 import itertools
 import logging
 import os
@@ -19,9 +20,10 @@ from jaxdp import build, checkpoint, data, models, parallel
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.loop import goodput, preemption, profiling, replicas
+from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
-from jaxdp.runtime import compilation_cache
+from jaxdp.runtime import compilation_cache, exits
 from jaxdp.tools import audit, evaluate
 
 log = logging.getLogger("jaxdp")
@@ -52,10 +54,6 @@ class Result:
     return self.backend.get(self.state.model_state)
 
 
-class NonFiniteError(RuntimeError):
-  """The loss or gradients stayed NaN/Inf for too many consecutive steps."""
-
-
 @dataclasses.dataclass
 class _Run:
   """Everything a run is built from, before the loop starts."""
@@ -68,17 +66,26 @@ class _Run:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
-  """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one."""
+  """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
+
+  An exception leaves with its frames released, as the CLI releases them (`exits.release`): a caller that
+  keeps it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
+  """
   config = config_lib.with_defaults(config)
-  # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
-  # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
   compilation_cache.use(config)  # As the CLI does: the Python API compiles through the same cache.
-  with contextlib.ExitStack() as stack:
-    compiles = stack.enter_context(goodput.CompileWatch())
-    clock = goodput.Clock(workdir, compiles)
-    run = _setup(config, workdir, stack, clock)
-    watcher = stack.enter_context(preemption.Watcher(config.get("preemption_sync_every_steps", 1)))
-    return _train(run, watcher, stack)
+  try:
+    # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
+    # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
+    with contextlib.ExitStack() as stack:
+      compiles = stack.enter_context(goodput.CompileWatch())
+      clock = goodput.Clock(workdir, compiles)
+      run = _setup(config, workdir, stack, clock)
+      watcher = stack.enter_context(preemption.Watcher(config.preemption_sync_every_steps))
+      return _train(run, watcher, stack)
+  except BaseException as e:
+    exits.release(e)  # After the stack closed: the stream's last users (checkpointer, writers) are done.
+    gc.collect()  # Reference cycles through the released frames: collected now, not at interpreter exit.
+    raise
 
 
 def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack,
@@ -87,7 +94,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
   with clock.span("setup"):
     parts = build.build(config)
     _check_workdir(workdir)
-    profiling.parse_steps(config.get("profile_steps", ()))  # A bad value fails before anything is restored.
+    profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
     summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
@@ -122,11 +129,12 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
     writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
+    # The step time leaves out eval and checkpoint saves, as the clock times them (one timer for both).
     reporter = stack.enter_context(contextlib.closing(progress.Reporter(
         total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
-        peak_flops=flops_lib.peak_flops(backend.devices[0]))))
-  tracker = _StepMetrics(backend, _steps_in_flight(config, backend), config.get("max_consecutive_nonfinite", 5))
-  profiler = profiling.Profiler(run.workdir, config.get("profile_steps", ()))
+        peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps)))
+  tracker = StepMetrics(backend, steps_in_flight(config, backend), config.max_consecutive_nonfinite)
+  profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream)
   with loop.saving_on_error():
@@ -159,7 +167,7 @@ class _Loop:
   run: _Run
   writer: metrics.MultiWriter
   reporter: progress.Reporter
-  tracker: "_StepMetrics"
+  tracker: StepMetrics
   sentinel: replicas.Sentinel
   eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   saved: int = -1  # The last step checkpointed by this run.
@@ -175,16 +183,16 @@ class _Loop:
       self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
                                **self.run.recorder.metrics(step), **self._skipped(step), **clock.scalars()})
       clock.save()
-    if _itstime(step, config.get("check_replicas_every_steps", 0), total):
+    if _itstime(step, config.check_replicas_every_steps, total):
       with clock.span("train"):
         self.sentinel.check(state.params)
     evaluated = _itstime(step, config.eval_every_steps, total)
     if evaluated:
-      with self.reporter.untimed() as span, clock.span("eval"):
+      with clock.span("eval") as span:  # Also left out of the progress line's step time (between_steps).
         self.eval_metrics = evaluate.run(self.run.parts, state)
       self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
       self.reporter.on_eval(step, self.eval_metrics)
-    if _itstime(step, config.get("checkpoint_every_steps", 0), total):
+    if _itstime(step, config.checkpoint_every_steps, total):
       self.save(step, state, self.eval_metrics if evaluated else None)
 
   def save(self, step: int, state: step_lib.TrainState, eval_metrics: dict[str, float] | None = None,
@@ -192,7 +200,7 @@ class _Loop:
     """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
     with self.run.clock.span("train"):
       jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
-    with self.reporter.untimed() as span, self.run.clock.span("checkpoint"):
+    with self.run.clock.span("checkpoint") as span:  # Left out of the step time, as eval is.
       self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
     self.run.recorder.saved(step)
     self.writer.write(step, {"time/checkpoint": span.seconds})
@@ -201,7 +209,7 @@ class _Loop:
 
   def _skipped(self, step: int) -> dict[str, float]:
     """`train/skipped_examples`: bad examples replaced in this process's rows so far (with skip_bad_examples)."""
-    if not self.run.parts.config.dataset.get("skip_bad_examples", False):
+    if not self.run.parts.config.dataset.skip_bad_examples:
       return {}
     return {"train/skipped_examples": float(data.skipped_through(self.stream, step))}
 
@@ -224,7 +232,7 @@ class _Loop:
 
   def _unsaved_step(self) -> bool:
     """Whether a completed step is not checkpointed yet and may be (checkpointing on, one process)."""
-    every = self.run.parts.config.get("checkpoint_every_steps", 0)
+    every = self.run.parts.config.checkpoint_every_steps
     return self.completed is not None and self.completed[0] != self.saved and every > 0 and jax.process_count() == 1
 
   def _save_on_the_way_out(self, step: int, state: step_lib.TrainState) -> None:
@@ -260,63 +268,6 @@ def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterat
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches
-
-
-class _StepMetrics:
-  """Keeps each step's metrics on the device until a log step fetches them all at once; guards NaNs.
-
-  The host never waits for a step in order to log it. It waits only for the step `max_in_flight` steps
-  back when that bound is set (fake CPU devices deadlock without one), and copies nothing to do so.
-  A run of `max_nonfinite` consecutive NaN/Inf steps is found when the metrics are fetched: at the next
-  log step, or after FETCH_EVERY steps, whichever comes first.
-  """
-  FETCH_EVERY = 256  # Without log steps, metrics are still fetched this often (bounded memory, NaN guard).
-
-  def __init__(self, backend: parallel.Backend, max_in_flight: int, max_nonfinite: int):
-    self.backend, self.max_in_flight, self.max_nonfinite = backend, max_in_flight, max_nonfinite
-    self.pending: list[tuple[int, dict]] = []  # (step, device metrics), oldest first.
-    self.finished = 0  # pending[:finished] are known to have run.
-    self.history: list[dict] = []  # Host copies since the last flush.
-    self.nonfinite_run: list[int] = []
-    self.last_step = 0
-
-  def push(self, step: int, step_metrics: dict) -> None:
-    self.pending.append((step, step_metrics))
-    while self.max_in_flight and len(self.pending) - self.finished > self.max_in_flight:
-      jax.block_until_ready(self.pending[self.finished][1]["nonfinite"])  # A tiny output; nothing copied.
-      self.finished += 1
-    if len(self.pending) >= self.FETCH_EVERY:
-      self._fetch()
-
-  def flush(self) -> dict[str, float]:
-    """Mean train metrics since the last flush (`train/loss`, ...), with the skipped steps counted."""
-    self._fetch()
-    history, self.history = self.history, []
-    out = metrics.mean(history, "train")
-    out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
-    log.debug("step %d: %s", self.last_step, out)  # The progress reporter prints the readable line.
-    return out
-
-  def _fetch(self) -> None:
-    """Copies the pending steps' metrics to the host (one sync), in step order, checking the NaN run."""
-    pending, self.pending, self.finished = self.pending, [], 0
-    for step, host in zip([s for s, _ in pending], self.backend.get([m for _, m in pending])):
-      self.history.append(host)
-      self.last_step = step
-      self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
-      if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
-        raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
-                             f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training "
-                             "stopped; the last checkpoint is intact")
-
-
-def _steps_in_flight(config: ml_collections.ConfigDict, backend: parallel.Backend) -> int:
-  """The bound on unfinished steps: `parallel.max_steps_in_flight` on CPU; none (0) on GPU/TPU.
-
-  Fake CPU devices on few cores deadlock with hundreds of steps queued; GPU and TPU runtimes bound
-  their own queue of executions.
-  """
-  return config.parallel.max_steps_in_flight if backend.devices[0].platform == "cpu" else 0
 
 
 def _itstime(step: int, every: int, total: int) -> bool:

@@ -2,11 +2,10 @@
 periodic lines otherwise (so logs stay readable), with loss, throughput, step time, MFU and ETA."""
 
 import contextlib
-import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 import jax
@@ -19,25 +18,20 @@ from jaxdp.report import flops as flops_lib
 REDRAW_SECONDS = 0.1  # tqdm's `mininterval`: a bar redrawn every step would cost more than a tiny step.
 
 
-@dataclasses.dataclass
-class Span:
-  """The seconds some untimed work took (filled in when it ends)."""
-  seconds: float = 0.0
-
-
 class Reporter:
   """Times the steps between sync points and prints progress.
 
   The loop calls `on_step` after dispatching each step, `on_log` once the metrics of every step up
   to `step` are on the host (a sync point, so the timing is exact), and `on_eval` after an eval.
-  Time spent in eval, and in work the loop wraps in `untimed()` (checkpoint saves), is not counted as
-  training time.
+  Work between steps that is not training (eval, checkpoint saves) is not counted as training time:
+  `untimed_seconds()` says how much of it there was so far (the loop's goodput clock, `between_steps`).
   """
 
   def __init__(self, total_steps: int, start_step: int, global_batch: int, num_devices: int, *,
                flops_per_step: float | None = None, peak_flops: float | None = None,
                stream: TextIO | None = None, interactive: bool | None = None, enabled: bool | None = None,
-               clock: Callable[[], float] = time.perf_counter, redraw_seconds: float = REDRAW_SECONDS):
+               clock: Callable[[], float] = time.perf_counter, redraw_seconds: float = REDRAW_SECONDS,
+               untimed_seconds: Callable[[], float] = lambda: 0.0):
     self.total_steps = total_steps
     self.start_step = start_step
     self.global_batch = global_batch
@@ -48,7 +42,9 @@ class Reporter:
     self.interactive = is_terminal(self.stream) if interactive is None else interactive
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._clock = clock
-    self._window: tuple[int, float] | None = None  # (step, time) where the current timing began.
+    self._untimed = untimed_seconds  # Seconds so far of work that is not training; only its growth is used.
+    # (step, time, untimed seconds) where the current timing began: the step time leaves out what untimed grew.
+    self._window: tuple[int, float, float] | None = None
     self._timed_steps = 0
     self._timed_seconds = 0.0
     self._loss: float | None = None
@@ -61,7 +57,7 @@ class Reporter:
     """Called after step `step` was dispatched; redraws the bar on a terminal."""
     now = self._clock()
     if self._window is None:  # The first step's dispatch (and any compile) is not timed.
-      self._window = (step, now)
+      self._window = (step, now, self._untimed())
     self._step = step
     if self.enabled and self.interactive:
       bar = self._bar or self._open_bar()
@@ -77,18 +73,7 @@ class Reporter:
   def on_eval(self, step: int, scalars: Mapping[str, float]) -> None:
     """Prints the eval line; the next timing window starts now, after the eval."""
     self._print(eval_line(step, self.total_steps, scalars))
-    self._window = (step, self._clock())
-
-  @contextlib.contextmanager
-  def untimed(self) -> Iterator[Span]:
-    """Work between steps that is not training (a checkpoint save, an eval): the timing window skips it."""
-    span, began = Span(), self._clock()
-    try:
-      yield span
-    finally:
-      span.seconds = self._clock() - began
-      if self._window is not None:
-        self._window = (self._window[0], self._window[1] + span.seconds)
+    self._window = (step, self._clock(), self._untimed())
 
   def close(self) -> None:
     """Ends the display: clears a bar left on the terminal (also when the run stops early)."""
@@ -116,12 +101,12 @@ class Reporter:
 
   def _close_window(self, step: int) -> dict[str, float]:
     """Throughput of the steps since the window began; starts the next window."""
-    now = self._clock()
+    now, untimed = self._clock(), self._untimed()
     if self._window is None or step <= self._window[0]:
-      self._window = (step, now)
+      self._window = (step, now, untimed)
       return {}
-    steps, seconds = step - self._window[0], now - self._window[1]
-    self._window = (step, now)
+    steps, seconds = step - self._window[0], self._timed_since_window(now, untimed)
+    self._window = (step, now, untimed)
     self._timed_steps += steps
     self._timed_seconds += seconds
     return perf_scalars(seconds / steps, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops)
@@ -147,8 +132,13 @@ class Reporter:
   def _window_step_time(self, step: int, now: float) -> float | None:
     """The current window's step time so far (dispatch-timed; the bound on steps in flight keeps it close)."""
     if self._window is not None and step > self._window[0]:
-      return (now - self._window[1]) / (step - self._window[0])
+      return self._timed_since_window(now, self._untimed()) / (step - self._window[0])
     return None
+
+  def _timed_since_window(self, now: float, untimed: float) -> float:
+    """Seconds since the window began, less the untimed work done meanwhile."""
+    _, began, untimed_then = self._window
+    return now - began - (untimed - untimed_then)
 
   def _print(self, line: str) -> None:
     if not self.enabled:
