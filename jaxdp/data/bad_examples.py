@@ -26,6 +26,10 @@ log = logging.getLogger("jaxdp")
 
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
+# What TensorFlow puts around the cause of a failed decode: its `{{function_node ...}}` and `[Op:...]` tags,
+# tf.data's "Error in user-defined function ..." prefixes, and the assertion a source's `UnreadableExample` fails.
+_TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|Error in user-defined function passed to \S+ transformation "
+                          r"with iterator: \S+: |assertion failed: \[|\]$")
 
 
 class BadExampleError(ConfigError):
@@ -99,11 +103,15 @@ class Guarded(Iterator[Batch]):
     """One line naming the split, the bad indices, and TensorFlow's reason."""
     named = ", ".join(str(index) for _, index in bad[:MAX_NAMED]) + (f" (+{len(bad) - MAX_NAMED} more)"
                                                                       if len(bad) > MAX_NAMED else "")
-    # TensorFlow's first line, without its `{{function_node ...}}` and `[Op:...]` tags.
-    reason = re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]", "", (error.message or "").strip().splitlines()[0]).strip()
-    reason = reason or type(error).__name__
+    reason = reason_of(error)
     return BadExampleError(f"cannot decode example {named} of split {self.split!r} ({reason}); fix or remove it, "
                            f"or set dataset.skip_bad_examples=True to replace bad examples and train on")
+
+
+def reason_of(error: tf.errors.OpError) -> str:
+  """TensorFlow's first line of `error`, without its tags and the tf.data wrappings around the cause."""
+  first = ((error.message or "").strip().splitlines() or [""])[0]
+  return _TF_WRAPPING.sub("", first).strip() or type(error).__name__
 
 
 def skipped_through(stream: Iterator[Batch], step: int) -> int:

@@ -6,6 +6,10 @@ whose splits, decoded, take at most `dataset.cache_mb` MiB together is decoded o
 opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
 yields the same bytes (tested), and its stream spec does not change. Images of varying size
 (`dataset.image_size`) stay encoded and are never cached: they are decoded together with their crop.
+
+An example that does not decode is found while decoding the split (only once the parallel decode has failed):
+the split is held without it, and reading it raises `UnreadableExample`, so that the bad-example guard
+names it, or replaces it exactly as it would when reading by index (`dataset.skip_bad_examples`).
 """
 
 from collections.abc import Callable
@@ -14,21 +18,28 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from jaxdp.data.source import Rows, Source, TfdsCorpus, tf_read
+from jaxdp.config import ConfigError
+from jaxdp.data import bad_examples
+from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample, tf_read
 
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
 
 
 class DecodedSource:
-  """A split held decoded in memory ({"inputs", "labels"}); reads are numpy gathers."""
+  """A split held decoded in memory ({"inputs", "labels"}); reads are numpy gathers.
 
-  def __init__(self, arrays: Rows):
-    self._arrays = arrays
+  `bad`: the indices of the examples that did not decode, and why; reading one raises `UnreadableExample`.
+  """
+
+  def __init__(self, arrays: Rows, bad: dict[int, str] | None = None):
+    self._arrays, self.bad = arrays, dict(bad or {})
 
   def __len__(self) -> int:
     return len(self._arrays["labels"])
 
   def read(self, indices: np.ndarray) -> Rows:
+    if self.bad and (unreadable := [int(i) for i in indices if int(i) in self.bad]):
+      raise UnreadableExample(self.bad[unreadable[0]])
     return {k: v[indices] for k, v in self._arrays.items()}
 
 
@@ -42,7 +53,7 @@ class CachedCorpus:
 
   def source(self, split: str) -> DecodedSource:
     if split not in self._sources:
-      self._sources[split] = DecodedSource(decode_all(self.corpus.source(split), self.corpus.decode))
+      self._sources[split] = DecodedSource(*decode_all(self.corpus.source(split), self.corpus.decode))
     return self._sources[split]
 
 
@@ -56,16 +67,58 @@ def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> 
   return CachedCorpus(corpus) if row_bytes * sum(splits.values()) <= max_mib * 2**20 else corpus
 
 
-def decode_all(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """{"inputs", "labels"} of every row of the split, decoded in parallel, in index order."""
+def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
+  """{"inputs", "labels"} of every row of the split, decoded in parallel, in index order; and the examples that do
+  not decode ({index: why}: their rows are zeros)."""
+  try:
+    return _decoded(source, decode), {}
+  except tf.errors.OpError:  # Some example does not decode (or the read failed): find which, one chunk at a time.
+    return _decoded_but_bad(source, decode)
+
+
+def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
+  """Every row of the split, decoded in parallel, in index order."""
   indices = np.arange(len(source))
   read = tf_read(source.read(indices[:1]), source.read)
+  rows = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(read).unbatch()
+  rows = rows.map(_inputs_and_labels(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  parts = list(tfds.as_numpy(rows.batch(_READ_CHUNK)))
+  return {k: np.concatenate([p[k] for p in parts]) for k in ("inputs", "labels")}
 
+
+def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
+  """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
+  n, one = len(source), _inputs_and_labels(decode)
+  good, parts = [], []
+  for lo in range(0, n, _READ_CHUNK):
+    indices = np.arange(lo, min(n, lo + _READ_CHUNK))
+    examples = tf.data.Dataset.from_tensor_slices(source.read(indices))  # A read that fails raises here, as itself.
+    decoded = tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(indices), examples.map(
+        one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)).ignore_errors()
+    for index, rows in tfds.as_numpy(decoded):
+      good.append(index)
+      parts.append(rows)
+  if not parts:
+    raise ConfigError(f"no example of the split decodes (tried all {n}): {_why(source, decode, 0)}")
+  arrays = {k: np.zeros((n, *parts[0][k].shape), parts[0][k].dtype) for k in ("inputs", "labels")}
+  for k, a in arrays.items():
+    a[good] = np.stack([p[k] for p in parts])
+  return arrays, {i: _why(source, decode, i) for i in sorted(set(range(n)) - set(good))}
+
+
+def _inputs_and_labels(decode: Callable[[dict], dict]) -> Callable[[dict], dict]:
   def one(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     decoded = decode(example)
     return {"inputs": decoded["inputs"], "labels": decoded["labels"]}
 
-  rows = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(read).unbatch()
-  rows = rows.map(one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(_READ_CHUNK)
-  parts = list(tfds.as_numpy(rows))
-  return {k: np.concatenate([p[k] for p in parts]) for k in ("inputs", "labels")}
+  return one
+
+
+def _why(source: Source, decode: Callable[[dict], dict], index: int) -> str:
+  """TensorFlow's first line on example `index` decoding alone."""
+  try:
+    for _ in tf.data.Dataset.from_tensor_slices(source.read(np.array([index]))).map(decode):
+      pass
+  except tf.errors.OpError as e:
+    return bad_examples.reason_of(e)
+  return "it did not decode with the others"

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.source import tf_read
+from jaxdp.data.source import UnreadableExample, tf_read
 
 INDEX = "_index"  # Each row's example id as read (train streams `with_ids`, for the audit); never trained on.
 
@@ -51,13 +51,29 @@ def _decoder(ds: Dataset, per_example: Callable[[dict], dict] | None) -> Callabl
   return decode
 
 
-def example_decodes(ds: Dataset, read: dict[str, np.ndarray], step: int, row: int,
-                    per_example: Callable[[dict], dict] | None) -> bool:
-  """Whether one example (`read`: one row as the source returns it) decodes as row `row` of step `step`.
+def probe_row(read: Callable[[np.ndarray], dict[str, np.ndarray]], n: int) -> dict[str, np.ndarray]:
+  """One row as `read` (indices -> rows) returns it, for its keys, dtypes and shapes: the first one it can read."""
+  for index in range(max(n, 1)):
+    try:
+      return read(np.array([index], np.int64))
+    except UnreadableExample:  # A bad example of a split decoded in memory: any other row has the same type.
+      if index == n - 1:
+        raise
+  raise AssertionError("unreachable")
 
-  Decoded alone, as the stream decodes it: used only after a step failed, to find which row failed.
+
+def example_decodes(ds: Dataset, read: Callable[[], dict[str, np.ndarray]], step: int, row: int,
+                    per_example: Callable[[dict], dict] | None) -> bool:
+  """Whether one example (`read()`: its row as the source returns it) decodes as row `row` of step `step`.
+
+  Decoded alone, as the stream decodes it: used only after a step failed, to find which row failed. A source
+  that knows the example does not decode says so (`UnreadableExample`: a split decoded in memory).
   """
-  example = {**{k: v[0] for k, v in read.items()}, "step": np.int64(step), "row": np.int64(row)}
+  try:
+    one_row = read()
+  except UnreadableExample:
+    return False
+  example = {**{k: v[0] for k, v in one_row.items()}, "step": np.int64(step), "row": np.int64(row)}
   one = tf.data.Dataset.from_tensors(example).map(no_autograph(_decoder(ds, per_example)))
   try:
     for _ in one:

@@ -45,6 +45,11 @@ class Facts:
   image: bool = False                  # Inputs are images (H, W, C), decoded by `decode`, augmentable.
 
 
+class UnreadableExample(Exception):
+  """A read of an example known not to decode (a split decoded in memory holds nothing for it): the message says
+  why it did not; the bad-example guard (`jaxdp.data.bad_examples`) names or replaces it like any other."""
+
+
 class Source(Protocol):
   """One split, read by global index."""
 
@@ -130,16 +135,23 @@ class ArrayCorpus:
 
 
 def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
-  """`read` (numpy indices -> numpy rows) as a tf.data function, its outputs typed after `probe` (rows it returned)."""
+  """`read` (numpy indices -> numpy rows) as a tf.data function, its outputs typed after `probe` (rows it returned).
+
+  A read that raises `UnreadableExample` fails as a TF op (its message, no Python traceback logged by the worker).
+  """
   keys = sorted(probe)
   dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
 
   def read_once(a: np.ndarray) -> list[np.ndarray]:
-    rows = read(a)  # One read per call, whatever the number of features.
-    return [rows[k] for k in keys]
+    try:
+      rows, why = read(a), ""  # One read per call, whatever the number of features.
+    except UnreadableExample as e:
+      rows, why = probe, str(e)  # Typed as the outputs; the assertion below fails before anything reads them.
+    return [rows[k] for k in keys] + [np.array(why.encode(), object)]
 
   def call(x: tf.Tensor) -> dict[str, tf.Tensor]:
-    arrays = tf.numpy_function(read_once, [x], dtypes, stateful=False)
-    return dict(zip(keys, arrays))
+    *arrays, why = tf.numpy_function(read_once, [x], [*dtypes, tf.string], stateful=False)
+    with tf.control_dependencies([tf.debugging.Assert(tf.equal(why, ""), [why])]):
+      return {k: tf.identity(a) for k, a in zip(keys, arrays)}
 
   return call

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from jaxdp.data import bad_examples, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import INDEX, example_decodes, no_autograph, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, example_decodes, no_autograph, probe_row, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
@@ -72,7 +72,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return batch
 
   per_example = crop if pre.image_size else None
-  probe = with_index(np.zeros([1], np.int64))
+  probe = probe_row(with_index, len(source))
 
   def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def read(step: np.ndarray) -> dict[str, np.ndarray]:
@@ -84,7 +84,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return to_numpy(batches, ds.options.prefetch)
 
   def decodes(step: int, row: int, index: int) -> bool:
-    return example_decodes(ds, with_index(np.array([index], np.int64)), step, first_row + row, per_example)
+    return example_decodes(ds, lambda: with_index(np.array([index], np.int64)), step, first_row + row, per_example)
 
   return bad_examples.Guarded(open_from, ids, decodes, split=split, size=len(source), start=start_step,
                               skip=ds.options.skip_bad_examples)
