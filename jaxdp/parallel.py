@@ -1,9 +1,10 @@
 """The device backends: which devices a run uses, how state is laid out on them, how a host batch becomes
 a device batch, and how the per-replica step is mapped over them, for the `pmap` and `mesh` backends.
 
-The step and the strategies see devices only as the `DataAxis` a backend gives them (a strategy may ask the
-platform and process count, e.g. `strategies.base.flat_allreduce`); the loop asks a `Backend` for replicas
-and copies, and reads the device kind only to report it.
+Devices are chosen and laid out here; elsewhere they are only read: the step and the strategies see the
+`DataAxis` a backend gives them (a strategy may ask the platform, e.g. `strategies.base.flat_allreduce`),
+the loop asks a `Backend` for replicas and copies (and the platform, e.g. to bound steps in flight), and
+`report/` names the device kind.
 """
 
 import abc
