@@ -11,10 +11,12 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from jaxdp.config import Layout
 from jaxdp.strategies import zero1_layout
 
 PyTree = Any
@@ -88,11 +90,8 @@ class Strategy(abc.ABC):
     self.options = options
 
   @classmethod
-  def validate(cls, config: Any, layout: Any) -> None:
-    """Raises ConfigError naming a value this strategy cannot serve; by default it serves every valid config.
-
-    `layout`: the run's `jaxdp.config.Layout`, after `jaxdp.config.validate` checked what every run needs.
-    """
+  def validate(cls, config: ml_collections.ConfigDict, layout: Layout) -> None:
+    """Raises ConfigError naming a value this strategy cannot serve (after `config.validate`); default: none."""
     del config, layout
 
   def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:

@@ -10,10 +10,10 @@ all-reduce, and the pieces run sequentially. Eval sums per-example values in one
 """
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 from jax import lax
 
 from jaxdp.config import ConfigError, Layout
@@ -26,7 +26,7 @@ class Invariant(Strategy):
   checked = False  # The step gathers and sums across devices itself.
 
   @classmethod
-  def validate(cls, config: Any, layout: Layout) -> None:
+  def validate(cls, config: ml_collections.ConfigDict, layout: Layout) -> None:
     """The fixed micro-shards (a power of two, shared by the devices) and what the mode cannot serve."""
     m, accum = config.parallel.invariant_shards, config.grad_accum_steps
     if not isinstance(m, int) or m < 1 or m & (m - 1):
