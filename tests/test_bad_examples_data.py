@@ -38,13 +38,16 @@ def _train(ds: data.Dataset, process_count: int = 1) -> tuple[list[dict], int]:
 def _undecodable(ds: data.Dataset, split: str) -> list[int]:
   """The indices in `split` whose image PIL cannot decode (found independently of jaxdp's pipeline)."""
   source = ds.builder.as_data_source(split, decoders={"image": tfds.decode.SkipDecoding()})
-  bad = []
-  for i in range(len(source)):
-    try:
-      Image.open(io.BytesIO(source[i]["image"])).load()
-    except OSError:
-      bad.append(i)
-  return bad
+  return [i for i in range(len(source)) if not _opens(source[i]["image"])]
+
+
+def _opens(encoded: bytes) -> bool:
+  """Whether PIL decodes the image."""
+  try:
+    Image.open(io.BytesIO(encoded)).load()
+  except OSError:
+    return False
+  return True
 
 
 def _eval(ds: data.Dataset) -> list[dict]:
@@ -94,3 +97,20 @@ def test_a_bad_example_in_a_cached_split_is_one_error_line_through_the_cli(tmp_p
   [index] = _undecodable(_load(tmp_path / "tfds", 64, name="bad_datasets:BadTrainPngs"), "train")
   assert len(errors) == 1 and f"cannot decode example {index} of split 'train'" in errors[0], errors
   assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_a_bad_example_in_the_streaming_fallback_is_an_error_naming_split_and_index(tmp_path):
+  path = tmp_path / "tfrecord"
+  tfds.builder("streamed_bad_pngs", data_dir=str(path), file_format="tfrecord").download_and_prepare()
+  ds = _load(path, 64, name="streamed_bad_pngs", shard_by_process=True)
+  assert ds.streamed  # Prepared as TFRecord only: streamed, not read by index.
+  records = ds.builder.as_dataset("train", shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()})
+  [index] = [i for i, r in enumerate(tfds.as_numpy(records)) if not _opens(r["image"])]  # In file order.
+  for process_count in (1, 2):
+    process = 0 if process_count == 1 else index * 2 // 64  # The process whose shard holds it.
+    stream = data.train_batches(ds, "train", seed=0, global_batch=16, start_step=0, process_index=process,
+                                process_count=process_count)
+    with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'train' \(Invalid PNG"):
+      list(itertools.islice(stream, STEPS))
+  with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'train' \(Invalid PNG"):
+    list(data.eval_batches(ds, "train", global_batch=8, process_index=1, process_count=2))  # Streamed too.

@@ -26,6 +26,7 @@ log = logging.getLogger("jaxdp")
 
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
+SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
 # What TensorFlow puts around the cause of a failed decode: its `{{function_node ...}}` and `[Op:...]` tags,
 # tf.data's "Error in user-defined function ..." prefixes, and the assertion a source's `UnreadableExample` fails.
 _TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|Error in user-defined function passed to \S+ transformation "
@@ -100,12 +101,15 @@ class Guarded(Iterator[Batch]):
     raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
 
   def _error(self, bad: list[tuple[int, int]], error: tf.errors.OpError) -> BadExampleError:
-    """One line naming the split, the bad indices, and TensorFlow's reason."""
-    named = ", ".join(str(index) for _, index in bad[:MAX_NAMED]) + (f" (+{len(bad) - MAX_NAMED} more)"
-                                                                      if len(bad) > MAX_NAMED else "")
-    reason = reason_of(error)
-    return BadExampleError(f"cannot decode example {named} of split {self.split!r} ({reason}); fix or remove it, "
-                           f"or set dataset.skip_bad_examples=True to replace bad examples and train on")
+    return named_error(self.split, [index for _, index in bad], error)
+
+
+def named_error(split: str, indices: list[int], error: tf.errors.OpError, remedy: str = SKIP) -> BadExampleError:
+  """One line naming the split, the bad indices, and TensorFlow's reason."""
+  named = ", ".join(str(index) for index in indices[:MAX_NAMED]) + (f" (+{len(indices) - MAX_NAMED} more)"
+                                                                   if len(indices) > MAX_NAMED else "")
+  return BadExampleError(f"cannot decode example {named} of split {split!r} ({reason_of(error)}); fix or remove it, "
+                         f"or {remedy}")
 
 
 def reason_of(error: tf.errors.OpError) -> str:

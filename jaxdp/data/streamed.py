@@ -11,15 +11,18 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import sampler
+from jaxdp.data import bad_examples, sampler
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import INDEX, no_autograph, to_numpy
+
+CONVERT = "python -m jaxdp.data.convert DIR"  # Adds ArrayRecord files to a TFRecord-prepared dataset.
 
 
 def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_step: int, process_index: int,
@@ -57,7 +60,44 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
 
   last_epoch = None if stop_step is None else -(-stop_step // steps_per_epoch)
   epochs = itertools.count(first_epoch) if last_epoch is None else range(first_epoch, last_epoch)
-  return itertools.chain.from_iterable(map(epoch, epochs))
+  return _Named(itertools.chain.from_iterable(map(epoch, epochs)), lambda: _bad(ds.builder, shard, split), split)
+
+
+class _Named(Iterator[Batch]):
+  """A stream's batches; a failed decode raises `BadExampleError` naming the bad examples of this process's shard
+  by position in `split` (`bad()`): the shuffle buffer decodes ahead, so the failing step need not hold them.
+  Replacing them (dataset.skip_bad_examples) needs reads by index."""
+
+  def __init__(self, batches: Iterator[Batch], bad: Callable[[], list[int]], split: str):
+    self._batches, self._bad, self.split = batches, bad, split
+
+  def __next__(self) -> Batch:
+    try:
+      return next(self._batches)
+    except tf.errors.OpError as e:
+      try:
+        bad = self._bad()
+      except Exception:  # The read itself fails, not a decode: the stream's error says so.
+        bad = []
+      if not bad:
+        raise
+      raise bad_examples.named_error(self.split, bad, e, remedy=f"convert the dataset to read it by index, where "
+                                     f"dataset.skip_bad_examples replaces bad examples ({CONVERT})") from None
+
+
+def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
+  """The positions in `split` of the examples of `part` (`split` or this process's shard of it) whose input does
+  not decode, each decoded alone."""
+  x = builder.info.supervised_keys[0]
+  raw = builder.as_dataset(split=part, shuffle_files=False, decoders={x: tfds.decode.SkipDecoding()},
+                           read_config=tfds.ReadConfig(add_tfds_id=True))
+  positions = raw.map(no_autograph(_with_position(builder, split)))
+  feature = builder.info.features[x]
+  # The decoded input is an output: a shape alone of a fixed-size image would let TensorFlow skip the decode.
+  decoded = positions.map(no_autograph(lambda ex: (ex[INDEX], feature.decode_example(ex["inputs"]))),
+                          num_parallel_calls=tf.data.AUTOTUNE)
+  every = {int(i) for i in tfds.as_numpy(positions.map(no_autograph(lambda ex: ex[INDEX])))}
+  return sorted(every - {int(i) for i, _ in tfds.as_numpy(decoded.ignore_errors())})
 
 
 def _supervised(builder: tfds.core.DatasetBuilder) -> Callable[[dict], dict]:
@@ -93,4 +133,5 @@ def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,
   rows = global_batch // process_count
   lo = process_index * rows
   local = examples.batch(global_batch).map(no_autograph(lambda b: {k: v[lo:lo + rows] for k, v in b.items()}))
-  return to_numpy(local.map(no_autograph(ds.options.preprocess.finish)), ds.options.prefetch)
+  batches = to_numpy(local.map(no_autograph(ds.options.preprocess.finish)), ds.options.prefetch)
+  return _Named(batches, lambda: _bad(ds.builder, split, split), split)
