@@ -148,6 +148,32 @@ def test_with_skipping_on_the_run_finishes_and_counts_the_bad_examples(tmp_path)
   assert [r["train/skipped_examples"] for r in logged] == [2.0, 4.0]  # 8 steps of 16 = 2 epochs of 64.
 
 
+def test_the_count_of_skipped_examples_goes_on_over_a_resume(tmp_path):
+  config = _bad_jpegs_config(tmp_path, **{"dataset.builder_kwargs": {"bad_train": (5, 17)},
+                                          "dataset.skip_bad_examples": True, "num_train_steps": 4,
+                                          "log_every_steps": 4, "eval_every_steps": 8, "checkpoint_every_steps": 4})
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  config.num_train_steps = 8  # Resumes at 4: steps 5..8 meet each bad example once more.
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  logged = [r for r in metrics.read(str(tmp_path / "run")) if "train/skipped_examples" in r]
+  assert [(r["step"], r["train/skipped_examples"]) for r in logged] == [(4, 2.0), (8, 4.0)]  # As one run of 8.
+
+
+def test_the_count_of_skipped_examples_is_over_every_process(tmp_path):
+  """Example 5 is met once per epoch, in either process's half of its step: the count is the run's, not process 0's."""
+  flags = runs.flags({"dataset.name": "bad_datasets:BadTrainJpegs", "dataset.data_dir": str(tmp_path / "tfds"),
+                      "dataset.image_size": 8, "dataset.skip_bad_examples": True, "model.name": "mlp",
+                      "model.hidden": "(8,)", "batch_size": 16, "eval_batch_size": 16, "num_train_steps": 16,
+                      "log_every_steps": 4, "eval_every_steps": 16, "checkpoint_every_steps": 0,
+                      "check_replicas_every_steps": 0})
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "1",
+                         "--", *flags, "--workdir", str(tmp_path / "run")],
+                        capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  logged = [r["train/skipped_examples"] for r in metrics.read(str(tmp_path / "run")) if "train/skipped_examples" in r]
+  assert logged == [1.0, 2.0, 3.0, 4.0], logged  # 16 steps of 16 = 4 epochs of 64.
+
+
 def test_with_skipping_on_an_image_folder_leaves_bad_files_out_and_says_so(tmp_path, caplog):
   root = image_folder(tmp_path / "photos", {"test/bee/cut.jpg": truncated_jpeg(),
                                             "train/ant/garbage.jpg": b"not an image\n"})

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import gc
 import itertools
+import json
 import logging
 import os
 import tempfile
@@ -15,6 +16,8 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxdp import build, checkpoint, data, models, parallel
 from jaxdp import config as config_lib
@@ -28,6 +31,8 @@ from jaxdp.tools import audit, evaluate
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
+# `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
+SKIPPED_FILE = "skipped_examples.json"
 
 
 @dataclasses.dataclass
@@ -136,7 +141,8 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   tracker = StepMetrics(backend, steps_in_flight(config, backend), config.max_consecutive_nonfinite)
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
-  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream)
+  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
+               skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
       with clock.span("input"):
@@ -173,6 +179,7 @@ class _Loop:
   saved: int = -1  # The last step checkpointed by this run.
   completed: tuple[int, step_lib.TrainState] | None = None  # The last step dispatched whose metrics were taken.
   stream: Iterator | None = None  # The train stream, which counts the bad examples it replaced.
+  skipped_before: int = 0  # Bad examples replaced in the steps before this run's first (earlier runs').
 
   def periodic(self, step: int, state: step_lib.TrainState) -> None:
     """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
@@ -200,6 +207,8 @@ class _Loop:
     """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
     with self.run.clock.span("train"):
       jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
+    if self.run.parts.config.dataset.skip_bad_examples:  # Before the save: a checkpoint always has its count.
+      _record_skipped(self.run.workdir, step, self._skipped_through(step))
     with self.run.clock.span("checkpoint") as span:  # Left out of the step time, as eval is.
       self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
     self.run.recorder.saved(step)
@@ -208,18 +217,36 @@ class _Loop:
     self.saved = step
 
   def _skipped(self, step: int) -> dict[str, float]:
-    """`train/skipped_examples`: bad examples replaced in this process's rows so far (with skip_bad_examples)."""
+    """`train/skipped_examples`: bad examples replaced so far (with skip_bad_examples), as `_skipped_through`."""
     if not self.run.parts.config.dataset.skip_bad_examples:
       return {}
-    return {"train/skipped_examples": float(data.skipped_through(self.stream, step))}
+    return {"train/skipped_examples": float(self._skipped_through(step))}
+
+  def _skipped_through(self, step: int) -> int:
+    """Bad examples replaced in every process's rows of steps 1..`step`, over this workdir's runs.
+
+    Collective with several processes (each counts its own rows): every process calls it at the same step.
+    """
+    here = data.skipped_through(self.stream, step)
+    if jax.process_count() > 1:
+      here = int(np.sum(multihost_utils.process_allgather(np.array([here], np.int32))))
+    return self.skipped_before + here
 
   @contextlib.contextmanager
   def saving_on_error(self) -> Iterator[None]:
     """On an exception, checkpoints the last completed step (when checkpointing is on) before it propagates.
 
     A failure in the input or in an eval (a bad example, a full disk) then loses no step. Not after a
-    NaN/Inf run or a replica mismatch: that state is not good. Single process only: a save is collective,
-    and the other processes, still training, would never join it.
+    NaN/Inf run or a replica mismatch: that state is not good.
+
+    Single process only. An orbax save with several processes is collective (each writes its shards, then
+    all meet at the coordination service's barriers before process 0 commits), but a failure here is this
+    process's alone: its rows of the train batch, its share of the eval split. The others are by then inside
+    the next device collective (the step's all-reduce, the eval's sums), which cannot return without this
+    process, so no message reaches them and they never join the save: this process would wait at the first
+    barrier instead of ending with its error. Nor can a process know that the others failed the same way
+    without a collective that the healthy ones never enter. So they end when this one exits (the coordination
+    service declares it lost), and the newest periodic checkpoint is where the run resumes.
     """
     try:
       yield
@@ -268,6 +295,31 @@ def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterat
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches
+
+
+def _skipped_at(workdir: str, step: int) -> int:
+  """`train/skipped_examples` through checkpointed step `step` (0 at step 0, or when none was recorded)."""
+  try:
+    with open(os.path.join(workdir, SKIPPED_FILE)) as f:
+      return int(json.load(f).get(str(step), 0)) if step else 0
+  except (OSError, ValueError, TypeError, AttributeError):
+    return 0
+
+
+def _record_skipped(workdir: str, step: int, count: int) -> None:
+  """Adds `count` as the bad examples through step `step` (process 0; replaced atomically, as goodput's file)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, SKIPPED_FILE)
+  try:
+    with open(path) as f:
+      counts = json.load(f)
+  except (OSError, ValueError):
+    counts = {}
+  counts[str(step)] = count  # A step trained again after a restart replaces the same bad rows: the same count.
+  with open(path + ".tmp", "w") as f:
+    json.dump(counts, f)
+  os.replace(path + ".tmp", path)
 
 
 def _itstime(step: int, every: int, total: int) -> bool:

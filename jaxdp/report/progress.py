@@ -151,7 +151,7 @@ class Reporter:
 
 
 class _Bar(tqdm.tqdm):
-  """A tqdm bar whose text is computed only when it is drawn (formatting it every step costs 10x tqdm's update)."""
+  """A tqdm bar whose text is computed only when it is drawn (every step costs too much: experiments/loop_notes.md)."""
 
   def __init__(self, describe: Callable[[], str], **kwargs):
     self._describe = describe  # Set first: tqdm draws once in __init__.
