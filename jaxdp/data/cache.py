@@ -1,7 +1,7 @@
 """Small datasets decoded once, in memory: every read is then a numpy gather instead of parsing and decoding.
 
-Reading by index decodes each step's rows anew (parse the record, decode the PNG): on `digits` that is about
-5 ms of CPU per 64-row batch, as much as the small CNN's step itself, spent on the same cores. A dataset
+Reading by index decodes each step's rows anew (parse the record, decode the PNG): on `digits` as much CPU as
+the small CNN's step itself, spent on the same cores (experiments/data_notes.md). A dataset
 whose splits, decoded, take at most `dataset.cache_mb` MiB together is decoded once, when a split is first
 opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
 yields the same bytes (tested), and its stream spec does not change. Images of varying size

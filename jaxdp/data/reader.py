@@ -32,7 +32,7 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   batches = steps.map(no_autograph(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if ds.corpus.decode is None and per_example is None:
     return batches.map(no_autograph(decode))
-  if per_example is None:  # Fixed shapes: decode each step's rows with map_fn (measured 1.5x unbatch + map).
+  if per_example is None:  # Fixed shapes: decode each step's rows with map_fn (faster: experiments/data_notes.md).
     spec = _decoded_spec(probe, decode)
     return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
