@@ -1,6 +1,6 @@
 """How far the host runs ahead of the devices in a 2-process run: steps dispatched but unfinished.
 
-Each process runs jaxdp's real train step through the loop's `_StepMetrics` bound; a helper thread
+Each process runs jaxdp's real train step through the loop's `StepMetrics` bound (jaxdp.loop.step_metrics); a helper thread
 records when each step's output is ready (it waits in order, so the loop itself never waits for it).
 At each dispatch, the steps in flight are the earlier (and current) steps not yet finished.
 
@@ -19,12 +19,13 @@ import time
 
 def worker(steps: int) -> None:
   """One process: build the default CNN run, dispatch `steps` steps, print in-flight counts."""
-  from jaxdp import build, data, train
-  from jaxdp.tools import cli
+  from jaxdp import build, data
+  from jaxdp.loop import step_metrics
+  from jaxdp.runtime import process
   from jaxdp.configs import default
   config = default.get_config()
   config.dataset.data_dir = os.environ["TFDS_DIR"]
-  cli.init_process(config)
+  process.init(config)
   import jax
   parts = build.build(config)
   state = parts.init()
@@ -33,7 +34,7 @@ def worker(steps: int) -> None:
   host = [next(batches) for _ in range(steps)]
   state, m = parts.train_step(state, parts.backend.put_batch(host[0]))  # Compile outside the timing.
   jax.block_until_ready(m)
-  tracker = train._StepMetrics(parts.backend, config.parallel.max_steps_in_flight, 0)
+  tracker = step_metrics.StepMetrics(parts.backend, config.parallel.max_steps_in_flight, 0)
   dispatched, done, outputs = [], [0.0] * steps, []
   ready = threading.Semaphore(0)
 

@@ -28,7 +28,6 @@ _MOVED = {
     **{f"jaxdp.{m}": f"jaxdp.runtime.{m}"
        for m in ("compilation_cache", "cpu_devices", "distributed", "exits", "quiet")},
     **{f"jaxdp.{m}": f"jaxdp.tools.{m}" for m in ("cli", "projection", "restore", "topology")},
-    **{f"jaxdp.{m}": f"jaxdp.strategies.{m}" for m in ("relayout", "zero")},
 }
 
 __all__ = sorted(_PUBLIC)
@@ -51,6 +50,21 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 sys.meta_path.append(_Moved())
+
+
+class _ThenDatasets(quiet._Around):
+  """jaxdp.data's loader, then jaxdp.datasets: the builders and kinds jaxdp ships register with jaxdp.data.
+
+  The package wires the two so that jaxdp.data never imports jaxdp.datasets (which imports it), and
+  `data.load("digits")` works wherever jaxdp.data is imported from (a notebook, a test, the loop).
+  """
+
+  def exec_module(self, module: types.ModuleType) -> None:
+    self.loader.exec_module(module)
+    importlib.import_module("jaxdp.datasets")
+
+
+quiet._on_import("jaxdp.data", _ThenDatasets)
 
 
 def __getattr__(name: str) -> Any:

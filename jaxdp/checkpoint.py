@@ -22,11 +22,11 @@ from orbax.checkpoint import checkpoint_managers
 
 from jaxdp import data
 from jaxdp.report import metrics
-from jaxdp.strategies import relayout
 from jaxdp.config import ConfigError
 from jaxdp.optim import parameter_path
 from jaxdp.parallel import Backend
-from jaxdp.step import TrainState
+from jaxdp.step import PLAIN, TrainState
+from jaxdp.strategies import Strategy
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_MODES = ("max", "min")
@@ -86,7 +86,8 @@ class Checkpointer:
     """The newest complete checkpoint's step, or None."""
     return self.manager.latest_step()
 
-  def restore_or_init(self, backend: Backend, init: Callable[[], TrainState], step: int | None = None) -> TrainState:
+  def restore_or_init(self, backend: Backend, init: Callable[[], TrainState], step: int | None = None,
+                      strategy: Strategy = PLAIN) -> TrainState:
     """Checkpoint `step` (default: the newest) when there is one, else a fresh `init()`; placed for `backend`.
 
     Raises ConfigError, closing the manager first, when the checkpoint does not fit the config or its input
@@ -96,7 +97,7 @@ class Checkpointer:
       step = self.latest_step() if step is None else step
       if step is None:
         return backend.init(init)
-      return self._restore(step, backend, init)
+      return self._restore(step, backend, init, strategy)
     except BaseException:
       self.close()  # The caller never got a state, so it will not close what it cannot use.
       raise
@@ -129,12 +130,12 @@ class Checkpointer:
       self._closed = True
       self.manager.close()
 
-  def _restore(self, step: int, backend: Backend, init: Callable[[], TrainState]) -> TrainState:
+  def _restore(self, step: int, backend: Backend, init: Callable[[], TrainState], strategy: Strategy) -> TrainState:
     self._check_stream(step)
     wanted = jax.eval_shape(init)
     stored = _leaves(self.manager.item_metadata(step)["state"].tree)
     opt_leaf = lambda path: stored.get(parameter_path(("opt_state", *path)))  # noqa: E731
-    as_stored = wanted.replace(opt_state=relayout.stored_layout(wanted, opt_leaf))
+    as_stored = wanted.replace(opt_state=strategy.stored_opt_layout(wanted, opt_leaf))
     self._check_fits(step, stored, as_stored)
     target = backend.abstract_global(wanted)
     if as_stored.opt_state is wanted.opt_state:
@@ -144,7 +145,7 @@ class Checkpointer:
     source = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), as_stored.opt_state)
     state = self._read(step, target.replace(opt_state=source))
     shardings = jax.tree.map(lambda x: x.sharding, target.opt_state)
-    opt_state = relayout.apply(state.opt_state, wanted, backend.num_devices, shardings)
+    opt_state = strategy.relayout_opt_state(state.opt_state, wanted, shardings)
     return backend.from_global(state.replace(opt_state=opt_state))
 
   def _read(self, step: int, abstract: TrainState) -> TrainState:

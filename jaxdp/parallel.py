@@ -38,6 +38,11 @@ class Backend(abc.ABC):
   def num_devices(self) -> int:
     return len(self.devices)
 
+  @property
+  def platform(self) -> str:
+    """The platform of the run's devices ('cpu', 'gpu', 'tpu')."""
+    return self.devices[0].platform
+
   @abc.abstractmethod
   def init(self, fn: Callable[[], PyTree]) -> PyTree:
     """Runs `fn` (a deterministic state constructor) so that every device holds the result."""

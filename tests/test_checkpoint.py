@@ -13,7 +13,7 @@ import runs
 from jaxdp import build, checkpoint, train
 from jaxdp.config import ConfigError
 from jaxdp.report import metrics
-from jaxdp.strategies import zero
+from jaxdp.strategies import zero1_layout as zero
 from jaxdp.configs import default, mlp_digits
 
 STEPS = 120

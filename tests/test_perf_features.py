@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from jax import monitoring
 
-from jaxdp.tools import cli
 from jaxdp import config as config_lib, train
 from jaxdp.loop import goodput, replicas, step_metrics
 from jaxdp.report import metrics
+from jaxdp.runtime import compilation_cache
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
@@ -90,16 +90,16 @@ def test_compilation_cache_dir_is_set_from_the_config(config, tmp_path, monkeypa
   before = jax.config.jax_compilation_cache_dir
   try:
     config.compilation_cache_dir = str(tmp_path)  # Explicit: wins over the environment (set by conftest).
-    cli.use_compilation_cache(config)
+    compilation_cache.use(config)
     assert jax.config.jax_compilation_cache_dir == str(tmp_path)
     config.compilation_cache_dir = ""
-    cli.use_compilation_cache(config)
+    compilation_cache.use(config)
     assert jax.config.jax_compilation_cache_dir is None
-    config.compilation_cache_dir = cli.DEFAULT_CACHE_DIR  # The default defers to the environment ...
-    cli.use_compilation_cache(config)
+    config.compilation_cache_dir = compilation_cache.DEFAULT_CACHE_DIR  # The default defers to the environment ...
+    compilation_cache.use(config)
     assert jax.config.jax_compilation_cache_dir is None
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # ... and is used without one.
-    cli.use_compilation_cache(config)
-    assert jax.config.jax_compilation_cache_dir == os.path.expanduser(cli.DEFAULT_CACHE_DIR)
+    compilation_cache.use(config)
+    assert jax.config.jax_compilation_cache_dir == os.path.expanduser(compilation_cache.DEFAULT_CACHE_DIR)
   finally:
     jax.config.update("jax_compilation_cache_dir", before)

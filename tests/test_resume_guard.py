@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import build, checkpoint, data, train
-from jaxdp.strategies import zero
+from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
 from jaxdp.data import convert, images
 from jaxdp.configs import mlp_digits

@@ -13,7 +13,8 @@ import pytest
 
 from jaxdp import checkpoint, data, train
 from jaxdp.runtime import compilation_cache
-from jaxdp.tools import evaluate, sample
+from jaxdp.loop import evaluate
+from jaxdp.tools import sample
 from jaxdp.report import metrics, progress
 from jaxdp.loop import preemption
 from jaxdp.configs import gpt_text_file

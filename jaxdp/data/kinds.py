@@ -56,7 +56,6 @@ def load(config: ml_collections.ConfigDict) -> Dataset:
 
   Fields it lacks take their defaults from `configs/default.py` (a caller may pass a few fields only).
   """
-  import jaxdp.datasets  # noqa: F401  TRANSITIONAL (issue 23): goes once the entry imports it (see the report).
   config = complete(config)
   return find(config.name).open(config, dict(config.get("builder_kwargs") or {}))
 

@@ -13,7 +13,7 @@ Save the state's step, never a count of batches pulled from the iterator: prefet
 epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
 
 `with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
-as it was read, which the audit records; strip it before the step (`jaxdp.audit.Recorder.take_ids`).
+as it was read, which the audit records; strip it before the step (`jaxdp.loop.audit.Recorder.take_ids`).
 """
 
 from collections.abc import Iterator

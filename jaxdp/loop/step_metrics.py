@@ -75,4 +75,4 @@ def steps_in_flight(config: ml_collections.ConfigDict, backend: parallel.Backend
   Fake CPU devices on few cores deadlock with hundreds of steps queued; GPU and TPU runtimes bound
   their own queue of executions.
   """
-  return config.parallel.max_steps_in_flight if backend.devices[0].platform == "cpu" else 0
+  return config.parallel.max_steps_in_flight if backend.platform == "cpu" else 0

@@ -22,12 +22,11 @@ from jax.experimental import multihost_utils
 from jaxdp import build, checkpoint, data, models, parallel
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
-from jaxdp.loop import goodput, preemption, profiling, replicas
+from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
 from jaxdp.runtime import compilation_cache, exits
-from jaxdp.tools import audit, evaluate
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
@@ -106,7 +105,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
     checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
   with clock.span("restore"):
-    state = checkpointer.restore_or_init(parts.backend, parts.init)
+    state = checkpointer.restore_or_init(parts.backend, parts.init, strategy=parts.strategy)
   with clock.span("setup"):
     recorder = stack.enter_context(contextlib.closing(audit.start(
         workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),

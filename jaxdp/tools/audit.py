@@ -23,8 +23,6 @@ import numpy as np
 from jaxdp.config import ConfigError
 from jaxdp.loop.audit import AUDIT_DIR, IDS_DTYPE, saves_path, stem
 from jaxdp.tools import cli
-# Temporary, until loop/train.py imports the recorder from jaxdp.loop.audit:
-from jaxdp.loop.audit import Recorder, batch_digest, start  # noqa: F401
 
 USAGE = "usage: python -m jaxdp.audit WORKDIR [OTHER_WORKDIR]"
 

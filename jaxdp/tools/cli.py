@@ -31,9 +31,6 @@ OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g.
                   "    (e.g. --config.model.dense=64).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
-# Temporary, for tests/test_perf_features until it reads them from jaxdp.runtime.compilation_cache:
-DEFAULT_CACHE_DIR = compilation_cache.DEFAULT_CACHE_DIR
-use_compilation_cache = compilation_cache.use
 
 
 def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",

@@ -27,12 +27,6 @@ EXTRA_HELP = ("  --step: the checkpoint to evaluate (default: the newest).\n"
 RESULTS_FILE = "evaluate.jsonl"
 
 
-def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
-  """Temporary, until loop/train.py imports `jaxdp.loop.evaluate`: the eval loop, `jaxdp.loop.evaluate.run`."""
-  from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
-  return eval_loop.run(parts, state, split)
-
-
 def evaluate(config: Any, workdir: str, step: int | None = None, split: str | None = None) -> tuple[int, dict]:
   """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`."""
   from jaxdp import checkpoint

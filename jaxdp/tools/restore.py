@@ -35,7 +35,7 @@ def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = 
   step = checkpoint.pick_step(workdir, step)
   parts = build.build(config)
   with checkpoint.Checkpointer(workdir, config) as ckpt:
-    state = ckpt.restore_or_init(parts.backend, parts.init, step)
+    state = ckpt.restore_or_init(parts.backend, parts.init, step, strategy=parts.strategy)
   return parts, state, step
 
 
