@@ -15,6 +15,7 @@ import optax
 from flax import struct
 from jax import lax
 
+from jaxdp.batch import REAL
 from jaxdp.models import Model
 from jaxdp.strategies import DataAxis, DataParallel, GradFn, Strategy
 
@@ -135,7 +136,7 @@ def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, a
   def per_example(rows: dict[str, jax.Array]) -> dict[str, jax.Array]:
     logits, _ = model.apply(_cast_floats(state.params, dtype), state.model_state, _inputs(rows, task, dtype),
                             train=False)
-    labels, mask = rows["labels"], rows["mask"]
+    labels, mask = rows["labels"], rows[REAL]
     targets = jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (labels.ndim - 1)), labels.shape)
     correct = (jnp.argmax(logits, -1) == labels) & targets
     loss = jnp.where(targets, cross_entropy(logits, labels), 0.0)

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from jaxdp.data import bad_examples, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import example_decodes, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import REAL, example_decodes, no_autograph, probe_row, read_steps, to_numpy
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
@@ -34,7 +34,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     return pre.finish({k: v for k, v in batch.items() if k not in ("step", "row")})
 
   per_example = crop if pre.image_size else None
-  probe = {**probe_row(source.read, n), "mask": np.ones([1], bool)}
+  probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
 
   def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def read(step: np.ndarray) -> dict[str, np.ndarray]:
@@ -43,7 +43,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
       indices, mask = sampler.eval_rows(n, global_batch, int(step), lo, lo + rows)
       replaced = swaps.get(int(step), {})
       mask[list(replaced)] = False
-      return {**source.read(bad_examples.swapped(indices, replaced)), "mask": mask}
+      return {**source.read(bad_examples.swapped(indices, replaced)), REAL: mask}
 
     steps = tf.data.Dataset.range(first, math.ceil(n / global_batch))
     batches = read_steps(ds, probe, steps, read, rows, lo, per_example)
@@ -52,7 +52,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
 
   def decodes(step: int, row: int, index: int) -> bool:
     def one() -> dict[str, np.ndarray]:
-      return {**source.read(np.array([index], np.int64)), "mask": np.ones([1], bool)}
+      return {**source.read(np.array([index], np.int64)), REAL: np.ones([1], bool)}
 
     return example_decodes(ds, one, step, lo + row, per_example)
 

@@ -8,10 +8,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from jaxdp.batch import INDEX, REAL  # noqa: F401  (re-exported: the stream modules import them from here)
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.source import UnreadableExample, tf_read
 
-INDEX = "_index"  # Each row's example id as read (train streams `with_ids`, for the audit); never trained on.
 
 
 def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
@@ -45,7 +45,7 @@ def _decoder(ds: Dataset, per_example: Callable[[dict], dict] | None) -> Callabl
   def decode(example: dict) -> dict:
     decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
     out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
-           "row": example["row"], **{k: example[k] for k in ("mask", INDEX) if k in example}}
+           "row": example["row"], **{k: example[k] for k in (REAL, INDEX) if k in example}}
     return per_example(out) if per_example is not None else out
 
   return decode

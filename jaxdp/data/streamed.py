@@ -129,7 +129,7 @@ def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,
   padded = math.ceil(n / global_batch) * global_batch
   examples = ds.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
   examples = examples.repeat().take(padded).enumerate()
-  examples = examples.map(no_autograph(lambda i, ex: {"inputs": ex[0], "labels": ex[1], "mask": i < n}))
+  examples = examples.map(no_autograph(lambda i, ex: {"inputs": ex[0], "labels": ex[1], REAL: i < n}))
   rows = global_batch // process_count
   lo = process_index * rows
   local = examples.batch(global_batch).map(no_autograph(lambda b: {k: v[lo:lo + rows] for k, v in b.items()}))
