@@ -69,7 +69,7 @@ def test_cli_json_keys(data_dir, capsys):
 
 
 @pytest.mark.parametrize("args", [["--project", "8", "--interconnect", "carrier-pigeon"],
-                                  ["--project", "8,x"], ["--interconnect", "nvlink4"],
+                                  ["--project", "8,x"], ["--project"], ["--interconnect", "nvlink4"],
                                   ["--project", "8", "--topology", "v5e:2x2"], ["--topology=h100:8", "--project=8"]])
 def test_bad_flags_are_one_error_line(data_dir, args, capsys):
   status = inspect.main(["inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}", *args])

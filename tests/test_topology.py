@@ -107,10 +107,13 @@ def test_gpu_names_fall_back_to_this_machines_report(data_dir, capsys):
 
 def test_flag_errors():
   with pytest.raises(ConfigError, match="--topology needs a name"):
-    topology.split_flags(["inspect", "--topology"])
+    inspect.split_flags(["inspect", "--topology"])
+  with pytest.raises(ConfigError, match="--topology needs a name"):
+    inspect.split_flags(["inspect", "--topology", "--json"])
   with pytest.raises(ConfigError, match="--max_batch searches"):
-    topology.split_flags(["inspect", "--max_batch"])
-  assert topology.split_flags(["x", "--topology=v5e:2x2", "--max_batch", "--json"]) == (["x", "--json"], "v5e:2x2", True)
+    inspect.split_flags(["inspect", "--max_batch"])
+  ours, rest = inspect.split_flags(["x", "--topology=v5e:2x2", "--max_batch", "--json", "--config.seed=1"])
+  assert rest == ["x", "--config.seed=1"] and (ours.topology, ours.max_batch, ours.json) == ("v5e:2x2", True, True)
 
 
 def test_libtpu_out_of_memory_messages_are_read():

@@ -7,6 +7,7 @@ the compiled HLO and from the lowered StableHLO), per-device memory (XLA's memor
 picks how many devices, so one process can compare N = 1, 2, 4, 8.
 """
 
+import argparse
 import contextlib
 import json
 import sys
@@ -120,28 +121,54 @@ def main(argv: list[str]) -> int:
   return cli.guarded(lambda: _command(argv))
 
 
+def split_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+  """inspect's own flags, checked (--project's counts parsed), and `argv` without them (for `cli.parse`)."""
+  ours, rest = cli.own_flags(argv, _own_flags())
+  if ours.topology == "":
+    raise config_lib.ConfigError(f"--topology needs a name; accepted forms: {topology.ACCEPTED}")
+  if ours.max_batch and ours.topology is None:
+    raise config_lib.ConfigError("--max_batch searches the largest batch for a --topology; name one "
+                                 "(e.g. --topology v5e:4x4)")
+  ours.project = None if ours.project is None else projection.parse_counts(ours.project)
+  if ours.interconnect is not None:
+    projection.interconnect(ours.interconnect)  # An unknown name first: its error lists the known ones.
+    if ours.project is None:
+      raise config_lib.ConfigError("--interconnect goes with --project COUNTS (e.g. --project 8,64,512)")
+  ours.interconnect = ours.interconnect or projection.DEFAULT_INTERCONNECT
+  if ours.topology and ours.project:  # A projection times this machine's step; a slice's step cannot run here.
+    raise config_lib.ConfigError(f"--project projects this machine's step and --topology {ours.topology} compiles "
+                                 "for a slice: give one of them")
+  return ours, rest
+
+
+def _own_flags() -> argparse.ArgumentParser:
+  """The flags `cli.parse` does not know; nargs="?" so that a flag given without its value is named."""
+  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+  parser.add_argument("--json", action="store_true")
+  parser.add_argument("--topology", nargs="?", const="")
+  parser.add_argument("--max_batch", action="store_true")
+  parser.add_argument("--project", nargs="?", const="")
+  parser.add_argument("--interconnect", nargs="?", const="")
+  return parser
+
+
 def _command(argv: list[str]) -> None:
   """Parses `argv`, makes the report its flags ask for and prints it (as JSON with --json)."""
-  as_json = "--json" in argv[1:]
-  argv, target, search = topology.split_flags(argv)  # --topology NAME [--max_batch]: jaxdp.topology reports.
-  argv, counts, link = projection.split_flags(argv)  # --project COUNTS [--interconnect NAME]: jaxdp.projection.
-  if target and counts:  # A projection times this machine's step; a slice's step cannot run here.
-    raise config_lib.ConfigError(f"--project projects this machine's step and --topology {target} compiles for a "
-                                 "slice: give one of them")
-  config, _ = cli.parse([a for a in argv if a != "--json"], require_workdir=False, usage=USAGE,
+  ours, argv = split_flags(argv)
+  config, _ = cli.parse(argv, require_workdir=False, usage=USAGE,
                         extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
                         "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
                         "largest global batch that fits.\n  --project 8,64,512: project step time and scaling "
                         "efficiency to those device counts (alpha-beta model, compute measured here).\n  "
                         f"--interconnect NAME: with --project, one of {', '.join(projection.INTERCONNECTS)}.")
   with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
-    if target and (report := topology.slice_report(config, target, search)) is not None:
+    if ours.topology and (report := topology.slice_report(config, ours.topology, ours.max_batch)) is not None:
       text = topology.format_report
-    elif counts:
-      report, text = projection.project(config, counts, link), projection.format_report
+    elif ours.project:
+      report, text = projection.project(config, ours.project, ours.interconnect), projection.format_report
     else:  # No option, or a GPU --topology (slice_report said why): this machine's devices.
       report, text = analyze(config), format_report
-  print(json.dumps(report, indent=2) if as_json else text(report))
+  print(json.dumps(report, indent=2) if ours.json else text(report))
 
 
 if __name__ == "__main__":

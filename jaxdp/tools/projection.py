@@ -240,22 +240,3 @@ def format_report(r: dict[str, Any]) -> str:
             "  ZeRO-1 (ring reduce-scatter + all-gather: a ring all-reduce's bytes and latency rounds, never a tree)."]
   return "\n".join(lines)
 
-
-def split_flags(argv: list[str]) -> tuple[list[str], list[int] | None, str]:
-  """Takes `--project COUNTS` and `--interconnect NAME` (or `=` forms) out of `argv`: (rest, counts, name)."""
-  rest, counts, name = [], None, None
-  args = iter(argv)
-  for arg in args:
-    flag, eq, value = arg.partition("=")
-    if flag in ("--project", "--interconnect"):
-      value = value if eq else next(args, "")
-      if flag == "--project":
-        counts = parse_counts(value)
-      else:
-        name = value
-        interconnect(name)
-    else:
-      rest.append(arg)
-  if name is not None and counts is None:
-    raise ConfigError("--interconnect goes with --project COUNTS (e.g. --project 8,64,512)")
-  return rest, counts, name or DEFAULT_INTERCONNECT

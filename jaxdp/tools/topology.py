@@ -227,26 +227,6 @@ def _ms(seconds: float | None) -> str:
   return "unknown" if seconds is None else f"{seconds * 1e3:.3g} ms"
 
 
-def split_flags(argv: list[str]) -> tuple[list[str], str | None, bool]:
-  """Takes `--topology NAME` (or `--topology=NAME`) and `--max_batch` out of `argv`: (rest, name, max_batch)."""
-  rest, name, search = [], None, False
-  args = iter(argv)
-  for arg in args:
-    if arg == "--topology":
-      name = next(args, None)
-      if name is None or name.startswith("-"):
-        raise ConfigError(f"--topology needs a name; accepted forms: {ACCEPTED}")
-    elif arg.startswith("--topology="):
-      name = arg.split("=", 1)[1]
-    elif arg == "--max_batch":
-      search = True
-    else:
-      rest.append(arg)
-  if search and name is None:
-    raise ConfigError("--max_batch searches the largest batch for a --topology; name one (e.g. --topology v5e:4x4)")
-  return rest, name, search
-
-
 def slice_report(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:
   """The --topology report (with --max_batch: of the largest batch that fits); None for a GPU name (after saying
   why on stderr): the caller then reports this machine's devices."""
