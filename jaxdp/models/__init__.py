@@ -1,4 +1,4 @@
-"""Models: built-in NNX modules, or any NNX / linen class named by "package.module:ClassName"."""
+"""Models: built-in NNX modules, any NNX / linen class named by "package.module:ClassName", or a module object."""
 
 import importlib
 import inspect
@@ -8,7 +8,7 @@ import ml_collections
 from flax import linen, nnx
 
 from jaxdp.config import ConfigError
-from jaxdp.models.adapter import Model, from_linen, from_nnx, sample_inputs
+from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, sample_inputs
 
 BUILTIN = {
     "mlp": "jaxdp.models.mlp:MLP",
@@ -18,15 +18,27 @@ BUILTIN = {
 }
 
 __all__ = ["Model", "get_model", "BUILTIN"]
+# What a module object passed from Python is, in place of a name: NNX or linen, a class or an instance.
+ModuleLike = type[nnx.Module] | type[linen.Module] | nnx.Module | linen.Module
 
 
-def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int) -> Model:
-  """Resolves `config.name` and builds the module with the other fields of `config` as kwargs.
+def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int,
+              module: ModuleLike | None = None) -> Model:
+  """Resolves `config.name` (or takes `module`) and builds the module with the other fields of `config` as kwargs.
 
   `input_shape` and `num_classes` (from the dataset) are passed too when the class takes them and the
-  config does not set them.
+  config does not set them. `module` overrides `config.name`: a class is built as a named one is; an NNX
+  instance is used as it is, its current parameters being the run's init (the seed does not change them);
+  a linen instance is initialized from the seed on a zero sample of `input_shape`.
   """
-  cls = resolve(config.name)
+  if isinstance(module, nnx.Module):
+    return from_nnx_instance(module)
+  if isinstance(module, linen.Module):
+    return from_linen(module, sample_inputs(input_shape))
+  if module is not None and not (inspect.isclass(module) and issubclass(module, (nnx.Module, linen.Module))):
+    raise ConfigError(f"model {module!r} is not a Flax NNX or linen Module (a class, or an instance)")
+  cls = module or resolve(config.name)
+  name = config.name if module is None else module.__qualname__
   kwargs = {k: v for k, v in config.to_dict().items() if k != "name"}
   accepted = inspect.signature(cls.__init__ if issubclass(cls, nnx.Module) else cls).parameters
   for key, value in (("input_shape", tuple(input_shape)), ("num_classes", num_classes)):
@@ -37,7 +49,7 @@ def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], n
       return from_nnx(cls, kwargs)
     return from_linen(cls(**kwargs), sample_inputs(input_shape))
   except TypeError as e:  # Wrong kwargs for the class: a config mistake.
-    raise ConfigError(f"model {config.name!r} does not accept the config's fields: {e}") from None
+    raise ConfigError(f"model {name!r} does not accept the config's fields: {e}") from None
 
 
 def resolve(name: str) -> type[Any]:

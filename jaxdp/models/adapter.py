@@ -23,7 +23,8 @@ class Model:
   """A module as two pure functions.
 
   init(rng) -> (params, model_state)
-  apply(params, model_state, inputs, *, train, rng) -> (outputs, new_model_state)
+  apply(params, model_state, *args, train, rng=None, **kwargs) -> (outputs, new_model_state): the module
+    called on `*args, **kwargs` (any number of inputs: an image and its mask, tokens and attention mask).
   """
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
   apply: Callable[..., tuple[jax.Array, PyTree]]
@@ -37,21 +38,43 @@ def from_nnx(cls: type[nnx.Module], kwargs: dict[str, Any]) -> Model:
   that key, which the step derives from the step number and the data's place in the global batch.
   """
   abstract = nnx.eval_shape(lambda: cls(**kwargs, rngs=nnx.Rngs(0)))
-  graphdef, abstract_params, abstract_rngs, abstract_rest = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
-  tags = sorted({v.tag for v in jax.tree.leaves(abstract_rngs, is_leaf=lambda v: isinstance(v, nnx.Variable))})
 
   def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
     _, params, _, rest = nnx.split(cls(**kwargs, rngs=nnx.Rngs(rng)), nnx.Param, nnx.RngState, ...)
     return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
-  def apply(params: PyTree, model_state: PyTree, inputs: jax.Array, *, train: bool,
-            rng: jax.Array | None = None) -> tuple[jax.Array, PyTree]:
+  return _nnx_model(abstract, init)
+
+
+def from_nnx_instance(module: nnx.Module) -> Model:
+  """Wraps a built NNX module: its current parameters and state are the run's init (whatever the seed).
+
+  A fresh run starts from them (a pretrained or hand-initialized module); the module itself is never changed.
+  """
+  _, params, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  abstract = nnx.eval_shape(lambda: nnx.merge(*nnx.split(module)))  # A shape-only copy: no device buffers kept.
+
+  def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
+    del rng  # The module's own values are the init.
+    return jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, rest)
+
+  return _nnx_model(abstract, init)
+
+
+def _nnx_model(abstract: nnx.Module, init: Callable[[jax.Array], tuple[PyTree, PyTree]]) -> Model:
+  """The pure `apply` of an NNX module shaped like `abstract`, with `init`."""
+  graphdef, abstract_params, abstract_rngs, abstract_rest = nnx.split(abstract, nnx.Param, nnx.RngState, ...)
+  tags = sorted({v.tag for v in jax.tree.leaves(abstract_rngs, is_leaf=lambda v: isinstance(v, nnx.Variable))})
+
+  def apply(params: PyTree, model_state: PyTree, *args: Any, train: bool, rng: jax.Array | None = None,
+            **kwargs: Any) -> tuple[Any, PyTree]:
     rngs = jax.tree.map(_placeholder, abstract_rngs)
     module = nnx.merge(graphdef, _fill(abstract_params, params), rngs, _fill(abstract_rest, model_state))
     if rng is not None and tags:  # Each stream (dropout, default, ...) from its own key derived from `rng`.
       nnx.reseed(module, policy="match_shape", **{t: _stream_key(rng, t) for t in tags})
     module.train() if train else module.eval()
-    outputs = module(inputs)
+    outputs = module(*args, **kwargs)
     _, _, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
     return outputs, nnx.to_pure_dict(rest)
 
@@ -78,21 +101,21 @@ def _fill(abstract: nnx.State, values: PyTree) -> nnx.State:
 
 
 def from_linen(module: linen.Module, sample_inputs: jax.Array) -> Model:
-  """Wraps a linen module whose `__call__` takes `train: bool`."""
+  """Wraps a linen module whose `__call__` takes `train: bool`; `init` calls it on `sample_inputs` alone."""
 
   def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
     variables = module.init({"params": rng, "dropout": rng}, sample_inputs, train=False)
     variables = dict(variables)
     return variables.pop("params", {}), variables
 
-  def apply(params: PyTree, model_state: PyTree, inputs: jax.Array, *, train: bool,
-            rng: jax.Array | None = None) -> tuple[jax.Array, PyTree]:
+  def apply(params: PyTree, model_state: PyTree, *args: Any, train: bool, rng: jax.Array | None = None,
+            **kwargs: Any) -> tuple[Any, PyTree]:
     variables = {"params": params, **model_state}
     rngs = {"dropout": rng} if rng is not None else None
     if train and model_state:
-      outputs, updates = module.apply(variables, inputs, train=True, rngs=rngs, mutable=list(model_state))
+      outputs, updates = module.apply(variables, *args, train=True, rngs=rngs, mutable=list(model_state), **kwargs)
       return outputs, {**model_state, **updates}
-    return module.apply(variables, inputs, train=train, rngs=rngs), model_state
+    return module.apply(variables, *args, train=train, rngs=rngs, **kwargs), model_state
 
   return Model(init, apply)
 
