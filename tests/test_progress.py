@@ -253,3 +253,21 @@ def test_a_finished_run_leaves_its_lines_and_no_bar(bar_reporter):
   assert _screen(out.getvalue()) == [
       "step 10/10 100% | loss 0.2500 | 128 ex/s (16/device) | 500.0 ms/step | MFU 0.2% | ETA 0:00:00",
       "done | 128 ex/s on average | 500.0 ms/step over 9 timed steps (0:00:04)", "time | 0:00:05 wall", ""]
+
+
+def test_the_lines_show_the_task_s_headline_metrics_not_a_fixed_accuracy():
+  clock, out = Clock(), io.StringIO()
+  reporter = _reporter(clock, out, headline=("mse", "r2"))  # A regression's headline.
+  reporter.on_step(1)
+  reporter.on_log(1, {"train/loss": 0.5, "train/mse": 0.123456, "train/r2": 12.3456, "train/accuracy": 0.75})
+  reporter.on_eval(1, {"eval/loss": 0.25, "eval/mse": 0.00012345, "eval/num_examples": 360})
+  lines = out.getvalue().splitlines()
+  assert lines[0] == "step  1/10  10% | loss 0.5000 | mse 0.1235 | r2 12.35"  # Not the accuracy it was given.
+  assert lines[1] == "step  1/10 eval | loss 0.2500 | mse 0.0001234 | 360 examples"  # r2 absent: left out.
+
+
+def test_headline_metrics_come_in_the_task_s_order_and_the_loss_once():
+  assert progress.eval_line(2, 10, {"eval/loss": 1.0, "eval/b": 2.0, "eval/accuracy": 0.5},
+                            headline=("loss", "b", "accuracy")) == "step  2/10 eval | loss 1.0000 | b 2 | acc 50.0%"
+  assert progress.eval_line(2, 10, {"eval/loss": 1.0, "eval/accuracy": 0.5}, headline=()) == \
+      "step  2/10 eval | loss 1.0000"

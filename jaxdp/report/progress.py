@@ -1,5 +1,6 @@
 """What a run shows while it trains (process 0 only): a tqdm progress bar on a terminal, plain
-periodic lines otherwise (so logs stay readable), with loss, throughput, step time, MFU and ETA."""
+periodic lines otherwise (so logs stay readable), with the loss, the task's headline metrics, throughput, step
+time, MFU and ETA."""
 
 import contextlib
 import logging
@@ -16,6 +17,9 @@ from jaxdp.report import units
 from jaxdp.report import flops as flops_lib
 
 REDRAW_SECONDS = 0.1  # tqdm's `mininterval`: a bar redrawn every step would cost more than a tiny step.
+DEFAULT_HEADLINE = ("accuracy",)  # Classification's, the default task's: the lines read as they always did.
+# Metrics shown under a short label as a percentage (`acc 87.5%`); any other is `name 0.1234`.
+PERCENT_LABELS = {"accuracy": "acc"}
 
 
 class Reporter:
@@ -31,11 +35,13 @@ class Reporter:
                flops_per_step: float | None = None, peak_flops: float | None = None,
                stream: TextIO | None = None, interactive: bool | None = None, enabled: bool | None = None,
                clock: Callable[[], float] = time.perf_counter, redraw_seconds: float = REDRAW_SECONDS,
-               untimed_seconds: Callable[[], float] = lambda: 0.0):
+               untimed_seconds: Callable[[], float] = lambda: 0.0,
+               headline: tuple[str, ...] = DEFAULT_HEADLINE):
     self.total_steps = total_steps
     self.start_step = start_step
     self.global_batch = global_batch
     self.num_devices = num_devices
+    self.headline = tuple(headline)  # The task's metrics the train and eval lines show after the loss.
     self.flops_per_step = flops_per_step
     self.peak_flops = peak_flops
     self.stream = stream if stream is not None else sys.stdout
@@ -67,12 +73,12 @@ class Reporter:
     """At a sync point after `step`: prints the train line; returns the `perf/...` scalars to write."""
     perf = self._close_window(step)
     self._loss = scalars.get("train/loss", self._loss)
-    self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step)))
+    self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step), self.headline))
     return perf
 
   def on_eval(self, step: int, scalars: Mapping[str, float]) -> None:
     """Prints the eval line; the next timing window starts now, after the eval."""
-    self._print(eval_line(step, self.total_steps, scalars))
+    self._print(eval_line(step, self.total_steps, scalars, self.headline))
     self._window = (step, self._clock(), self._untimed())
 
   def close(self) -> None:
@@ -174,20 +180,31 @@ def perf_scalars(step_seconds: float, global_batch: int, num_devices: int, flops
 
 
 def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mapping[str, float],
-               eta: float | None) -> str:
+               eta: float | None, headline: tuple[str, ...] = DEFAULT_HEADLINE) -> str:
   """`step 50/400  12% | loss 0.4123 | acc 87.5% | 5,234 ex/s (654/device) | 24.5 ms/step | ETA 0:00:07`."""
   head = f"step {step:>{len(str(total))}}/{total} {100 * step / total:3.0f}%"
-  return " | ".join([head, *figures(scalars, perf, eta, per_device=True)])
+  return " | ".join([head, *figures(scalars, perf, eta, per_device=True, headline=headline)])
+
+
+def metric_figures(scalars: Mapping[str, float], prefix: str, headline: tuple[str, ...]) -> list[str]:
+  """`loss 0.4123`, then each headline metric that is there: `acc 87.5%` or `mse 0.1234` (4 significant digits)."""
+  parts = []
+  if f"{prefix}/loss" in scalars:
+    parts.append(f"loss {scalars[f'{prefix}/loss']:.4f}")
+  for name in headline:
+    if name == "loss" or (key := f"{prefix}/{name}") not in scalars:  # The loss is always first, once.
+      continue
+    if name in PERCENT_LABELS:
+      parts.append(f"{PERCENT_LABELS[name]} {100 * scalars[key]:.1f}%")
+    else:
+      parts.append(f"{name} {scalars[key]:.4g}")
+  return parts
 
 
 def figures(scalars: Mapping[str, float], perf: Mapping[str, float], eta: float | None,
-            per_device: bool) -> list[str]:
-  """The train figures that are there, in the order of the log line and the bar: loss ... ETA."""
-  parts = []
-  if "train/loss" in scalars:
-    parts.append(f"loss {scalars['train/loss']:.4f}")
-  if "train/accuracy" in scalars:
-    parts.append(f"acc {100 * scalars['train/accuracy']:.1f}%")
+            per_device: bool, headline: tuple[str, ...] = DEFAULT_HEADLINE) -> list[str]:
+  """The train figures that are there, in the order of the log line and the bar: loss, headline ... ETA."""
+  parts = metric_figures(scalars, "train", headline)
   if scalars.get("train/nonfinite"):
     parts.append(f"{int(scalars['train/nonfinite'])} non-finite steps skipped")
   if "perf/examples_per_second" in perf:
@@ -201,13 +218,10 @@ def figures(scalars: Mapping[str, float], perf: Mapping[str, float], eta: float 
   return parts
 
 
-def eval_line(step: int, total: int, scalars: Mapping[str, float]) -> str:
+def eval_line(step: int, total: int, scalars: Mapping[str, float],
+              headline: tuple[str, ...] = DEFAULT_HEADLINE) -> str:
   """`step 200/400 eval | loss 0.1234 | acc 97.2% | 360 examples`."""
-  parts = [f"step {step:>{len(str(total))}}/{total} eval"]
-  if "eval/loss" in scalars:
-    parts.append(f"loss {scalars['eval/loss']:.4f}")
-  if "eval/accuracy" in scalars:
-    parts.append(f"acc {100 * scalars['eval/accuracy']:.1f}%")
+  parts = [f"step {step:>{len(str(total))}}/{total} eval", *metric_figures(scalars, "eval", headline)]
   if "eval/num_examples" in scalars:
     parts.append(f"{int(scalars['eval/num_examples']):,} examples")
   return " | ".join(parts)
