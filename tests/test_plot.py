@@ -1,4 +1,4 @@
-"""`python -m jaxdp.plot`: a PNG of the loss and accuracy curves of one or more runs."""
+"""`python -m jaxdp.plot`: a PNG of the curves of every metric one or more runs wrote."""
 
 import json
 import os
@@ -66,3 +66,36 @@ def test_a_run_without_metrics_is_one_error_line(tmp_path, capsys):
   assert plot.main([str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("error: ") and "metrics.jsonl" in err and len(err.splitlines()) == 1
+
+
+def _write_metrics(workdir, records):
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  return str(workdir)
+
+
+def test_one_panel_per_metric_the_run_wrote_train_and_eval_together(tmp_path):
+  records = [{"step": 2, "train/mse": 4.0, "train/loss": 4.0, "train/nonfinite": 0.0, "perf/step_time": 0.1},
+             {"step": 2, "eval/mse": 3.0, "eval/r2": 0.1, "eval/loss": 3.0, "eval/num_examples": 90},
+             {"step": 4, "train/mse": 2.0, "train/loss": 2.0, "train/my_metric": 7.0},
+             {"step": 4, "eval/mse": 1.0, "eval/r2": 0.5, "eval/loss": 1.0, "eval/my_metric": 6.0}]
+  run = _write_metrics(tmp_path / "regression", records)
+  fig = plot.figure([run])
+  shown = [ax for ax in fig.axes if ax.get_visible()]
+  # The loss first, then the task's metrics as written; counts of the run itself and perf/ left out.
+  assert [ax.get_title() for ax in shown] == ["loss", "mse", "r2", "my_metric"]
+  by_title = {ax.get_title(): ax for ax in shown}
+  assert [line.get_label() for line in by_title["mse"].lines] == ["regression train", "regression eval"]
+  assert [list(line.get_ydata()) for line in by_title["mse"].lines] == [[4.0, 2.0], [3.0, 1.0]]
+  assert [line.get_label() for line in by_title["r2"].lines] == ["regression eval"]  # Eval only.
+  assert [list(line.get_xdata()) for line in by_title["my_metric"].lines] == [[4], [4]]
+  out = str(tmp_path / "curves.png")
+  assert plot.main([run, "--out", out]) == 0
+  _assert_png(out)
+
+
+def test_a_run_with_only_bookkeeping_counts_is_one_error_line(tmp_path, capsys):
+  run = _write_metrics(tmp_path / "empty", [{"step": 1, "train/nonfinite": 0.0, "perf/step_time": 0.1}])
+  assert plot.main([run]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("error: no train/ or eval/ metrics in") and len(err.splitlines()) == 1

@@ -1,10 +1,12 @@
-"""`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: loss and accuracy curves of runs, as one PNG.
+"""`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: the curves of every metric runs wrote, as one PNG.
 
-Reads each run's `metrics.jsonl`; train curves are solid, eval curves dashed, one color per run. The
-PNG goes to `--out`, by default `WORKDIR/curves.png` for one run and `./curves.png` for several.
+Reads each run's `metrics.jsonl`; one panel per metric name (the loss first, then the task's metrics in the
+order the run wrote them), its train curve solid and its eval curve dashed, one color per run. The PNG
+goes to `--out`, by default `WORKDIR/curves.png` for one run and `./curves.png` for several.
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -14,7 +16,11 @@ from jaxdp.config import ConfigError
 from jaxdp.report import metrics
 from jaxdp.tools import cli
 
-PANELS = (("loss", "loss"), ("accuracy", "accuracy"))
+SPLITS = (("train", "-"), ("eval", "--"))  # A panel's curves: the split and its line style.
+# Counts jaxdp keeps about the run itself, not curves of the task: the examples of each eval (the same
+# every time), updates skipped for NaN/Inf, bad examples skipped (the summary and the log say them).
+BOOKKEEPING = ("num_examples", "nonfinite", "skipped_examples")
+COLUMNS = 3  # Panels per row.
 DEFAULT_NAME = "curves.png"
 
 
@@ -35,27 +41,45 @@ def curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
   return {key: (sorted(points), [points[s] for s in sorted(points)]) for key, points in by_key.items()}
 
 
-def plot(workdirs: list[str], out: str) -> str:
-  """Draws every run's loss and accuracy curves into the PNG `out`; returns its path."""
+def panels(runs: list[dict[str, tuple[list[int], list[float]]]]) -> list[str]:
+  """The metric names to draw, one panel each: `loss` first, then in the order the runs wrote them."""
+  names: dict[str, None] = {}  # Ordered, without repeats.
+  for run in runs:
+    for key in run:
+      name = key.split("/", 1)[1]
+      if name not in BOOKKEEPING:
+        names[name] = None
+  return sorted(names, key=lambda name: name != "loss")  # Stable: the rest keep their order.
+
+
+def figure(workdirs: list[str]) -> Figure:
+  """One panel per metric of the runs in `workdirs`, the train and eval curves of each run in it."""
   runs = {_label(w, workdirs): curves(w) for w in workdirs}
-  fig = Figure(figsize=(11, 4), layout="constrained")
-  axes = fig.subplots(1, len(PANELS))
-  drawn = 0
-  for ax, (metric, title) in zip(axes, PANELS):
+  names = panels(list(runs.values()))
+  if not names:
+    raise PlotError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
+  columns = min(len(names), COLUMNS)
+  rows = math.ceil(len(names) / columns)
+  fig = Figure(figsize=(max(11, 4.5 * columns), 4 * rows), layout="constrained")
+  axes = list(fig.subplots(rows, columns, squeeze=False).flat)
+  for ax, name in zip(axes, names):
     for color, (label, run) in enumerate(runs.items()):
-      for split, style in (("train", "-"), ("eval", "--")):
-        if f"{split}/{metric}" in run:
-          steps, values = run[f"{split}/{metric}"]
+      for split, style in SPLITS:
+        if f"{split}/{name}" in run:
+          steps, values = run[f"{split}/{name}"]
           ax.plot(steps, values, style, color=f"C{color}", marker="o" if split == "eval" or len(steps) < 3 else None,
-                  markersize=4,
-                  label=f"{label} {split}")
-          drawn += 1
-    ax.set(title=title, xlabel="step")
+                  markersize=4, label=f"{label} {split}")
+    ax.set(title=name, xlabel="step")
     ax.grid(alpha=0.3)
-    if ax.lines:
-      ax.legend(fontsize="small")
-  if not drawn:
-    raise PlotError(f"no train/eval loss or accuracy in {', '.join(map(repr, workdirs))}")
+    ax.legend(fontsize="small")
+  for ax in axes[len(names):]:  # The last row's unused places.
+    ax.set_visible(False)
+  return fig
+
+
+def plot(workdirs: list[str], out: str) -> str:
+  """Draws every run's metric curves into the PNG `out`; returns its path."""
+  fig = figure(workdirs)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, dpi=110)
   return out
