@@ -26,7 +26,7 @@ _READ_CHUNK = 1024  # Records read per call while decoding a split.
 
 
 class DecodedSource:
-  """A split held decoded in memory ({"inputs", "labels"}); reads are numpy gathers.
+  """A split held decoded in memory (every feature); reads are numpy gathers.
 
   `bad`: the indices of the examples that did not decode, and why; reading one raises `UnreadableExample`.
   """
@@ -35,7 +35,7 @@ class DecodedSource:
     self._arrays, self.bad = arrays, dict(bad or {})
 
   def __len__(self) -> int:
-    return len(self._arrays["labels"])
+    return len(next(iter(self._arrays.values())))
 
   def read(self, indices: np.ndarray) -> Rows:
     if self.bad and (unreadable := [int(i) for i in indices if int(i) in self.bad]):
@@ -59,16 +59,15 @@ class CachedCorpus:
 
 def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> TfdsCorpus | CachedCorpus:
   """`corpus` decoded in memory when all its `splits` (name -> examples) fit in `max_mib` MiB decoded."""
-  features = corpus.builder.info.features
-  inputs, labels = features[corpus.input_key], features[corpus.label_key]
-  if max_mib <= 0 or corpus.keep_encoded or None in (*inputs.shape, *labels.shape):
+  features = corpus.facts.decoded().values()
+  if max_mib <= 0 or corpus.keep_encoded or any(None in shape for shape, _ in features):
     return corpus
-  row_bytes = sum(int(np.prod(f.shape)) * np.dtype(f.np_dtype).itemsize for f in (inputs, labels))
+  row_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in features)
   return CachedCorpus(corpus) if row_bytes * sum(splits.values()) <= max_mib * 2**20 else corpus
 
 
 def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
-  """{"inputs", "labels"} of every row of the split, decoded in parallel, in index order; and the examples that do
+  """Every feature of every row of the split, decoded in parallel, in index order; and the examples that do
   not decode ({index: why}: their rows are zeros)."""
   try:
     return _decoded(source, decode), {}
@@ -81,14 +80,14 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   indices = np.arange(len(source))
   read = tf_read(source.read(indices[:1]), source.read)
   rows = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(read).unbatch()
-  rows = rows.map(_inputs_and_labels(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  rows = rows.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   parts = list(tfds.as_numpy(rows.batch(_READ_CHUNK)))
-  return {k: np.concatenate([p[k] for p in parts]) for k in ("inputs", "labels")}
+  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
-  n, one = len(source), _inputs_and_labels(decode)
+  n, one = len(source), decode
   good, parts = [], []
   for lo in range(0, n, _READ_CHUNK):
     indices = np.arange(lo, min(n, lo + _READ_CHUNK))
@@ -100,18 +99,10 @@ def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Ro
       parts.append(rows)
   if not parts:
     raise ConfigError(f"no example of the split decodes (tried all {n}): {_why(source, decode, 0)}")
-  arrays = {k: np.zeros((n, *parts[0][k].shape), parts[0][k].dtype) for k in ("inputs", "labels")}
+  arrays = {k: np.zeros((n, *parts[0][k].shape), parts[0][k].dtype) for k in parts[0]}
   for k, a in arrays.items():
     a[good] = np.stack([p[k] for p in parts])
   return arrays, {i: _why(source, decode, i) for i in sorted(set(range(n)) - set(good))}
-
-
-def _inputs_and_labels(decode: Callable[[dict], dict]) -> Callable[[dict], dict]:
-  def one(example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    decoded = decode(example)
-    return {"inputs": decoded["inputs"], "labels": decoded["labels"]}
-
-  return one
 
 
 def _why(source: Source, decode: Callable[[dict], dict], index: int) -> str:

@@ -4,14 +4,15 @@ facts the trainer needs, and `Options`: how its batches are read and prepared.""
 import dataclasses
 from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
 from jaxdp.data import prepare
-from jaxdp.data.preprocess import Preprocess
-from jaxdp.data.source import Corpus, Source
+from jaxdp.data.preprocess import Preprocess, batch_dtype
+from jaxdp.data.source import INPUTS, Corpus, Source
 
 Batch = dict[str, np.ndarray]
 
@@ -65,6 +66,20 @@ class Dataset:
   @property
   def label_shape(self) -> tuple[int, ...]:
     return self.corpus.facts.label_shape
+
+  @property
+  def float_labels(self) -> bool:
+    """Whether the labels are float targets (regression), not classes."""
+    return self.corpus.facts.float_labels
+
+  def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """One example's features as batches hold them (decoded and preprocessed; no batch axis; jaxdp's keys left out)."""
+    spec = {}
+    for name, (shape, dtype) in self.corpus.facts.decoded().items():
+      if name == INPUTS:
+        shape = self.input_shape
+      spec[name] = jax.ShapeDtypeStruct(tuple(shape), batch_dtype(name, dtype))
+    return spec
 
   @property
   def integer_inputs(self) -> bool:

@@ -11,10 +11,12 @@ flip therefore depend on the seed and its position only, never on which process 
 import dataclasses
 
 import ml_collections
+import numpy as np
 import tensorflow as tf
 
 from jaxdp.config import ConfigError
 
+INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
 
 
@@ -22,6 +24,18 @@ def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
   """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
   base = tf.constant([seed, stream], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
+
+
+def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
+  """A decoded feature's dtype in a host batch: inputs float32; integer labels int32 (float ones float32); any
+  other 64-bit feature narrowed to 32 bits (as a device holds it), anything else as decoded."""
+  dtype = np.dtype(dtype)
+  if name == INPUTS:
+    return np.dtype(np.float32)
+  if name == LABELS and np.issubdtype(dtype, np.integer):
+    return np.dtype(np.int32)
+  return {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.int64): np.dtype(np.int32),
+          np.dtype(np.uint64): np.dtype(np.uint32)}.get(dtype, dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,11 +88,13 @@ class Preprocess:
 
   def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
     """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
-    x = batch["inputs"]
+    if INPUTS not in batch:  # A dataset without supervised keys: nothing to augment (its options say so).
+      return self.finish(batch)
+    x = batch[INPUTS]
     if self.augments:
       draws = tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
       x = self.augment(x, draws[first_row:first_row + tf.shape(x)[0]])
-    return self.finish({**batch, "inputs": x})
+    return self.finish({**batch, INPUTS: x})
 
   def augment(self, images: tf.Tensor, draws: tf.Tensor) -> tf.Tensor:
     """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
@@ -99,14 +115,18 @@ class Preprocess:
     return tf.gather(tf.reshape(padded, [-1, channels]), flat)
 
   def finish(self, batch: dict) -> dict:
-    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; labels to int32."""
-    x = tf.cast(batch["inputs"], tf.float32)
+    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; every other feature to its `batch_dtype`."""
+    out = {k: v if k.startswith("_") or v.dtype == tf.string else tf.cast(v, batch_dtype(k, v.dtype.as_numpy_dtype))
+           for k, v in batch.items()}  # jaxdp's own keys ("_index", "_real") stay as they are.
+    if INPUTS not in batch:
+      return out
+    x = tf.cast(batch[INPUTS], tf.float32)
     # (x / 255 - mean) / std as one multiply-add: scale = 1 / (255 std), offset = -mean / std.
-    scale = 1 / 255 if batch["inputs"].dtype == tf.uint8 else 1.0
+    scale = 1 / 255 if batch[INPUTS].dtype == tf.uint8 else 1.0
     std = tf.constant(self.std or (1.0,), tf.float32)
     mean = tf.constant(self.mean or (0.0,), tf.float32)
     if self.mean or self.std or scale != 1.0:
       # Broadcast to one example's full shape first: TF broadcasts over a leading axis much faster.
       shape = tf.shape(x)[1:]
       x = x * tf.broadcast_to(scale / std, shape) - tf.broadcast_to(mean / std, shape)
-    return {**batch, "inputs": x, "labels": tf.cast(batch["labels"], tf.int32)}
+    return {**out, INPUTS: x}

@@ -41,11 +41,12 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
 
 
 def _decoder(ds: Dataset, per_example: Callable[[dict], dict] | None) -> Callable[[dict], dict]:
-  """One read example (with its "step" and "row") -> its inputs and labels, decoded (and `per_example`'d)."""
+  """One read example (with its "step" and "row") -> its features, decoded (and `per_example`'d)."""
   def decode(example: dict) -> dict:
-    decoded = ds.corpus.decode(example) if ds.corpus.decode is not None else example
-    out = {"inputs": decoded["inputs"], "labels": decoded["labels"], "step": example["step"],
-           "row": example["row"], **{k: example[k] for k in (REAL, INDEX) if k in example}}
+    if ds.corpus.decode is None:  # Read as final arrays: every key the source returns is a feature.
+      out = dict(example)
+    else:
+      out = {**ds.corpus.decode(example), **{k: example[k] for k in ("step", "row", REAL, INDEX) if k in example}}
     return per_example(out) if per_example is not None else out
 
   return decode

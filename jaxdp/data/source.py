@@ -8,9 +8,10 @@ The pipeline (`jaxdp.data`) needs only two things from storage:
   to call from several threads and must not hold anything proportional to the split in memory.
 
 What `read` returns goes through `corpus.decode` (a TF function of ONE example's dict, run in parallel
-tf.data workers) to `{"inputs": ..., "labels": ...}` (with `dataset.image_size`: still-encoded image
-bytes, which the pipeline decodes together with their crop); a corpus whose `read` already returns those two
-keys as final arrays sets `decode = None` (e.g. a token file: int32 windows, nothing to decode).
+tf.data workers) to every feature of the example under its batch name (`FeatureNames`: the supervised keys
+as "inputs"/"labels", the others under their own names, a nested FeaturesDict flattened with "/"; with
+`dataset.image_size`, "inputs" still-encoded image bytes, which the pipeline decodes together with their crop);
+a corpus whose `read` already returns final arrays sets `decode = None` (e.g. a token file: int32 windows).
 
 A kind of dataset (`jaxdp.data.kinds`) opens a corpus: `tfds_dataset` a `TfdsCorpus` for TFDS builders
 (or, when small, `cache.CachedCorpus`); `token_file` an `ArrayCorpus` of token windows, e.g.
@@ -21,8 +22,9 @@ A kind of dataset (`jaxdp.data.kinds`) opens a corpus: `tfds_dataset` a `TfdsCor
 """
 
 import dataclasses
-from collections.abc import Callable
-from typing import Protocol
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +33,11 @@ import tensorflow_datasets as tfds
 from jaxdp.config import ConfigError
 from jaxdp.data import offline
 
+log = logging.getLogger("jaxdp")
+
 Rows = dict[str, np.ndarray]
+Feature = tuple[tuple[int | None, ...], np.dtype]  # One example's feature as decoded: its shape and dtype.
+INPUTS, LABELS = "inputs", "labels"  # The batch names of a supervised dataset's supervised keys.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +49,17 @@ class Facts:
   num_classes: int
   integer_inputs: bool = False         # Token ids: kept exact (never cast to a float compute dtype).
   image: bool = False                  # Inputs are images (H, W, C), decoded by `decode`, augmentable.
+  float_labels: bool = False           # Labels are float targets (regression), not classes.
+  # Every feature as decoded, by its batch name; empty: "inputs" and "labels" only, of the shapes above.
+  features: Mapping[str, Feature] = dataclasses.field(default_factory=dict)
+
+  def decoded(self) -> dict[str, Feature]:
+    """Every feature as decoded (before preprocessing), by its batch name."""
+    if self.features:
+      return dict(self.features)
+    labels = np.dtype(np.float32 if self.float_labels else np.int32)
+    inputs = np.dtype(np.int32 if self.integer_inputs else np.float32)
+    return {INPUTS: (tuple(self.input_shape), inputs), LABELS: (tuple(self.label_shape), labels)}
 
 
 class UnreadableExample(Exception):
@@ -89,19 +106,62 @@ class TfdsSource:
     return {"record": np.array(list(records), dtype=object)}
 
 
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A nested dict (a FeaturesDict's example or tensor infos) as one level, its keys joined with "/"."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      out.update(flatten(value, f"{prefix}{key}/"))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+class FeatureNames:
+  """A TFDS dataset's features as batches hold them: flattened with "/", the supervised keys renamed to
+  "inputs"/"labels". Features a batch cannot hold are left out: text and bytes (no array type on a device),
+  and features of varying shape other than the input (rows of different shapes do not stack)."""
+
+  def __init__(self, info: tfds.core.DatasetInfo):
+    keys = info.supervised_keys or ()
+    supervised = len(keys) >= 2 and all(isinstance(k, str) for k in keys[:2])
+    self.input_key, self.label_key = keys[:2] if supervised else (None, None)
+    infos = flatten(info.features.get_tensor_info())
+    rename = {self.input_key: INPUTS, self.label_key: LABELS} if supervised else {}
+    if supervised and not all(k in infos for k in keys[:2]):  # A supervised key naming a nested FeaturesDict.
+      self.input_key, self.label_key, rename = None, None, {}
+    self.features: dict[str, Feature] = {}
+    self._keys: dict[str, str] = {}  # Flattened feature name -> batch name.
+    left_out = []
+    for key, tensor in infos.items():
+      name = rename.get(key, key)
+      dtype = tf.as_dtype(tensor.dtype)
+      if dtype == tf.string and key != self.input_key or (None in tensor.shape and key != self.input_key):
+        left_out.append(key)
+        continue
+      if name in self.features or name in self._keys.values():
+        raise ConfigError(f"dataset {info.full_name!r}: feature {key!r} and its supervised key are both {name!r} in "
+                          f"a batch")
+      self.features[name] = (tuple(tensor.shape), np.dtype(dtype.as_numpy_dtype))
+      self._keys[key] = name
+    if any(None in tensor.shape for key, tensor in infos.items() if key in left_out):
+      log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name, ", ".join(left_out))
+
+  def __call__(self, example: Mapping[str, Any]) -> dict[str, Any]:
+    """One decoded example (nested as its FeaturesDict) -> its features under their batch names."""
+    flat = flatten(example)
+    return {name: flat[key] for key, name in self._keys.items()}
+
+
 class TfdsCorpus:
-  """A TFDS builder read through random-access data sources, with its supervised keys."""
+  """A TFDS builder read through random-access data sources: every feature, the supervised keys as inputs/labels."""
 
   def __init__(self, builder: tfds.core.DatasetBuilder, keep_encoded: bool = False):
     """`keep_encoded`: `decode` leaves images encoded (the pipeline decodes them with their crop)."""
     self.builder, self.keep_encoded = builder, keep_encoded
-    self.input_key, self.label_key = builder.info.supervised_keys[:2]
-    features = builder.info.features
-    inputs, labels = features[self.input_key], features[self.label_key]
-    image = isinstance(inputs, tfds.features.Image)
-    integer = not image and np.issubdtype(np.dtype(inputs.np_dtype), np.integer)
-    classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
-    self.facts = Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image)
+    self.names = FeatureNames(builder.info)
+    self.input_key, self.label_key = self.names.input_key, self.names.label_key
+    self.facts = facts_of(builder, self.names)
     self._sources: dict[str, TfdsSource] = {}
 
   def source(self, split: str) -> TfdsSource:
@@ -111,13 +171,26 @@ class TfdsCorpus:
     return self._sources[split]
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """One serialized record -> {"inputs", "labels"}, decoded by the features' own TF code (as `as_dataset`).
+    """One serialized record -> every feature under its batch name, decoded by the features' own TF code.
 
     With `keep_encoded`, images stay encoded: the pipeline decodes them together with their crop.
     """
     decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
-    parsed = self.builder.info.features.deserialize_example(example["record"], decoders=decoders)
-    return {"inputs": parsed[self.input_key], "labels": parsed[self.label_key]}
+    return self.names(self.builder.info.features.deserialize_example(example["record"], decoders=decoders))
+
+
+def facts_of(builder: tfds.core.DatasetBuilder, names: FeatureNames) -> Facts:
+  """A TFDS dataset's facts: of its supervised keys (a dataset without: no input, no labels) and every feature."""
+  if names.input_key is None:
+    return Facts(builder.info.full_name, (), (), 0, features=names.features)
+  features = builder.info.features
+  inputs, labels = features[names.input_key], features[names.label_key]
+  image = isinstance(inputs, tfds.features.Image)
+  integer = not image and np.issubdtype(np.dtype(inputs.np_dtype), np.integer)
+  classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
+  float_labels = bool(np.issubdtype(names.features[LABELS][1], np.floating))
+  return Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image,
+               float_labels, names.features)
 
 
 class ArrayCorpus:

@@ -9,14 +9,13 @@ import re
 from collections.abc import Callable
 
 import ml_collections
-import numpy as np
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import dataset_builder
 
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, prepare
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import TfdsCorpus
+from jaxdp.data.source import FeatureNames, TfdsCorpus
 from jaxdp.runtime import quiet
 
 # (name, data_dir, builder_kwargs, skip_bad, **extra) -> the builder; `extra` (e.g. file_format) is TFDS's.
@@ -36,11 +35,9 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
   skip_bad = bool(config.skip_bad_examples)
   with quiet.tfds_prints():  # TFDS prints "Downloading and preparing ..." for every dataset it prepares.
     builder = prepare.open_prepared(lambda **extra: make(config.name, config.data_dir, kwargs, skip_bad, **extra))
-  if not builder.info.supervised_keys:
-    raise ConfigError(f"dataset {config.name!r} has no supervised keys (input, label)")
-  input_key = builder.info.supervised_keys[0]
-  _check_class_labels(config.name, builder)
-  options = Options.from_config(config, tuple(builder.info.features[input_key].shape))
+  names = FeatureNames(builder.info)  # A dataset without supervised keys gives all its features, no inputs.
+  input_shape = tuple(builder.info.features[names.input_key].shape) if names.input_key is not None else ()
+  options = Options.from_config(config, input_shape)
   if not options.shard_by_process:
     prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
@@ -96,13 +93,3 @@ def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -
     return cls(**kwargs)
   except TypeError as e:  # Wrong builder_kwargs for the class (or an abstract class): a config mistake.
     raise ConfigError(f"dataset {name!r} does not accept the builder_kwargs {sorted(kwargs)}: {e}") from None
-
-
-def _check_class_labels(name: str, builder: tfds.core.DatasetBuilder) -> None:
-  """A ConfigError for float labels: the step trains classification (integer classes), and a float label
-  has no class count (the model was then built with 0 outputs and failed deep inside Flax)."""
-  label_key = builder.info.supervised_keys[1]
-  dtype = np.dtype(getattr(builder.info.features[label_key], "np_dtype", np.int64))
-  if np.issubdtype(dtype, np.floating):
-    raise ConfigError(f"dataset {name!r}: its label feature {label_key!r} is {dtype}, not classes: jaxdp trains "
-                      f"classification on integer class labels (e.g. tfds.features.ClassLabel)")
