@@ -5,13 +5,15 @@ import json
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 from jaxdp.tools import hlo, inspect
 from jaxdp.configs import mlp_digits
 
 N = 8
-METRIC_BYTES = 64  # Loss and accuracy (two float32 scalars) travel with the gradients; allow a few more.
+METRIC_BYTES = 64  # The step's metrics (loss, accuracy: float32 scalars) travel with the gradients; allow a few more.
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def test_accumulation_still_all_reduces_once_per_step(analyzed):
   grads, baseline = four["collectives"]["compiled"]["all-reduce"], one["collectives"]["compiled"]["all-reduce"]
   assert grads["in_loop"] == 0  # Not inside the scan: once per optimizer step.
   assert (grads["count"], grads["bytes"]) == (baseline["count"], baseline["bytes"])
-  assert 0 < baseline["bytes"] - _params(one) <= METRIC_BYTES  # The parameters once (+ loss and accuracy).
+  assert 0 < baseline["bytes"] - _params(one) <= METRIC_BYTES  # The parameters once (+ the step's metrics).
   assert any("counts a loop body once" in note for note in four["notes"])
 
 
@@ -154,3 +156,24 @@ def test_cli_process_simulates_cpu_devices_and_prints_json(data_dir):
                         capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr
   assert json.loads(proc.stdout)["run"]["devices"] == 2
+
+
+class _Features:
+  """A dataset's features as `Dataset.element_spec` states them: two inputs, a float target, a text field."""
+
+  def element_spec(self):
+    return {"image": jax.ShapeDtypeStruct((8, 8, 3), np.float32), "mask": jax.ShapeDtypeStruct((8, 8), np.bool_),
+            "target": jax.ShapeDtypeStruct((2,), np.float32), "ids": jax.ShapeDtypeStruct((5,), np.int32),
+            "meta/name": jax.ShapeDtypeStruct((), np.dtype(object))}
+
+
+def test_fake_batches_hold_every_numeric_feature_of_the_dataset_not_inputs_and_labels():
+  shapes = hlo.batch_shapes(_Features(), 6)
+  assert {k: (x.shape, np.dtype(x.dtype)) for k, x in shapes.items()} == {  # Text never reaches a device.
+      "image": ((6, 8, 8, 3), np.float32), "mask": ((6, 8, 8), np.bool_), "target": ((6, 2), np.float32),
+      "ids": ((6, 5), np.int32)}
+  batch = hlo.fake_batch(shapes)
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {k: (x.shape, np.dtype(x.dtype)) for k, x in shapes.items()}
+  assert set(np.unique(batch["ids"])) == {0, 1} and batch["mask"].any() and not batch["mask"].all()
+  assert batch["image"].std() > 0.5 and np.isfinite(batch["target"]).all()
+  assert all(np.array_equal(batch[k], v) for k, v in hlo.fake_batch(shapes).items())  # The same draw each time.

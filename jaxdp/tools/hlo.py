@@ -11,6 +11,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdp import build, data, parallel
 
@@ -21,9 +22,26 @@ Shape = tuple[str, tuple[int, ...]]  # (numpy dtype name, dims)
 # --- The step's inputs -----------------------------------------------------------------------------
 
 def batch_shapes(ds: data.Dataset, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The {"inputs", "labels"} batch of `rows` examples as `preprocess.finish` makes it (shapes and dtypes)."""
-  return {"inputs": jax.ShapeDtypeStruct((rows, *ds.input_shape), jnp.float32),
-          "labels": jax.ShapeDtypeStruct((rows, *ds.label_shape), jnp.int32)}
+  """A batch of `rows` examples of every feature of `ds` as the pipeline hands it to the step (shapes, dtypes)."""
+  if hasattr(ds, "element_spec"):
+    spec = ds.element_spec()
+  else:  # TODO(issue 24): until Dataset.element_spec lands, a supervised dataset's two features.
+    spec = {"inputs": jax.ShapeDtypeStruct(tuple(ds.input_shape), jnp.float32),
+            "labels": jax.ShapeDtypeStruct(tuple(ds.label_shape), jnp.int32)}
+  # Text and other non-numeric features never reach a device: a step cannot take them.
+  return {name: jax.ShapeDtypeStruct((rows, *x.shape), x.dtype) for name, x in spec.items()
+          if np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)}
+
+
+def fake_batch(shapes: dict[str, jax.ShapeDtypeStruct], seed: int = 0) -> dict[str, np.ndarray]:
+  """Random host arrays of `shapes`, valid for any task: floats standard normal, integers and bools 0 or 1.
+
+  0 and 1 are a valid class, token id or mask value of every feature (a real step's cost does not depend on
+  which), where a wider range could index past a small vocabulary or class count.
+  """
+  rng = np.random.default_rng(seed)
+  return {name: (rng.standard_normal(x.shape) if np.issubdtype(x.dtype, np.floating)
+                 else rng.integers(0, 2, x.shape)).astype(x.dtype) for name, x in shapes.items()}
 
 
 def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
@@ -44,7 +62,7 @@ def run_options(parts: build.Parts) -> dict[str, Any]:
   """What was compiled: model, backend, devices, batch layout and the options that change the step."""
   config, device = parts.config, parts.backend.devices[0]
   return {"model": config.model.name, "backend": config.parallel.backend, "devices": parts.backend.num_devices,
-          "platform": device.platform, "device_kind": device.device_kind, "optimizer": config.optimizer,
+          "platform": parts.backend.platform, "device_kind": device.device_kind, "optimizer": config.optimizer,
           "global_batch": parts.layout.global_batch, "per_device_batch": parts.layout.per_device_batch,
           "grad_accum_steps": config.grad_accum_steps, "dtype": config.dtype,
           "allreduce_dtype": config.parallel.allreduce_dtype,

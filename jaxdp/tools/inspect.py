@@ -25,8 +25,8 @@ USAGE = ("python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [-
          "[--topology NAME [--max_batch]] [--project 8,64,512 [--interconnect NAME]]")
 KINDS = hlo.KINDS  # The report's rows, one per kind of collective (tests and scripts read inspect.KINDS).
 BYTES_NOTE = ("bytes = the full buffer of each collective (the all-reduced tensor, the reduce-scatter input, the "
-              "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (loss, accuracy, "
-              "finite flag), tensors are gradients, parameters, BatchNorm statistics")
+              "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (the loss, the "
+              "task's metrics, the finite flag), tensors are gradients, parameters, BatchNorm statistics")
 
 
 def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
                       "lowered": hlo.tally(hlo.parse_lowered(lowered.as_text()))},
       "while_loops": loops,
   }
-  report["notes"] = _notes(report, parts.backend.devices[0].platform)
+  report["notes"] = _notes(report, parts.backend.platform)
   return report
 
 
