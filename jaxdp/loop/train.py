@@ -1,14 +1,17 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains to `num_train_steps`, resuming from
-WORKDIR/checkpoints/; also called by tests and notebooks. The command line is `jaxdp.tools.train`.
+WORKDIR/checkpoints/; also called by tests, scripts and notebooks, with objects in place of the config's
+names (`model=`, `task=`, `train_data=`, `eval_data=`). The command line is `jaxdp.tools.train`.
 """
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import gc
 import itertools
 import json
 import logging
+import inspect
 import os
 import tempfile
 from collections.abc import Iterator
@@ -26,12 +29,70 @@ from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
-from jaxdp.runtime import compilation_cache, exits
+from jaxdp.runtime import exits, process
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
 # `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
 SKIPPED_FILE = "skipped_examples.json"
+# How the stored config names an object passed from Python, which no config can name: "<object __main__.Net>".
+OBJECT_PREFIX = "<object "
+# Config field -> the keyword that passes its object (train_and_evaluate, tools.evaluate.evaluate, ...).
+OBJECT_FIELDS = {"model.name": "model", "task.name": "task", "dataset.name": "eval_data"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Objects:
+  """What a Python caller passes in place of the config's names; None: the config's own."""
+  model: Any = None       # An NNX module class or instance, or a linen module (models.get_model's `module`).
+  task: Any = None        # A task function or object (tasks.get's `task`).
+  train_data: Any = None  # A dict of arrays or a random-access source (data.load's).
+  eval_data: Any = None
+
+  def build_kwargs(self) -> dict[str, Any]:
+    """The objects given, as build.build's keywords (only those given: an older build takes none)."""
+    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+  def named(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A copy of `config` whose names say which objects replaced them, as checkpoints store it.
+
+    `jaxdp.evaluate`/`sample` on such a workdir then name the argument to pass from Python instead of
+    failing on a name that resolves to nothing (or to another class) in their process.
+    """
+    names = {"model.name": self.model, "task.name": self.task,
+             "dataset.name": self.eval_data if self.eval_data is not None else self.train_data}
+    named = copy.deepcopy(config)
+    for field, obj in names.items():
+      if obj is None:
+        continue
+      section, key = field.split(".")
+      with named.unlocked():
+        if section not in named:
+          named[section] = ml_collections.ConfigDict()
+        named[section][key] = object_name(obj)
+    return named
+
+
+def object_name(obj: Any) -> str:
+  """'<object __main__.Net>' for a class or function, '<object __main__.Net instance>' for an instance."""
+  if inspect.isclass(obj) or inspect.isfunction(obj):
+    return f"{OBJECT_PREFIX}{obj.__module__}.{obj.__qualname__}>"
+  return f"{OBJECT_PREFIX}{type(obj).__module__}.{type(obj).__qualname__} instance>"
+
+
+def passed_objects(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """Keyword -> stored name, for each of `config`'s names that stands for an object passed from Python.
+
+  A class named in `__main__` ("__main__:Net", a notebook's or a script's) counts: another process's
+  `__main__` does not have it.
+  """
+  found = {}
+  for field, keyword in OBJECT_FIELDS.items():
+    section, key = field.split(".")
+    name = config.get(section, {}).get(key, "") or ""
+    if isinstance(name, str) and (name.startswith(OBJECT_PREFIX) or name.startswith("__main__:")):
+      found[keyword] = name
+  return found
 
 
 @dataclasses.dataclass
@@ -69,21 +130,29 @@ class _Run:
   clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Result:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model: Any = None, task: Any = None,
+                       train_data: Any = None, eval_data: Any = None) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
+
+  Objects override the config's names: `model` an NNX module class or instance (its current parameters are
+  the init) or a linen module; `task` a function or task object `task(model, batch) -> (loss, metrics)`;
+  `train_data`/`eval_data` a dict of numpy arrays or a random-access source. The checkpoints' config records
+  them as "<object ...>", so that `jaxdp.evaluate` on the workdir says which argument to pass.
+  In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins the run first.
 
   An exception leaves with its frames released, as the CLI releases them (`exits.release`): a caller that
   keeps it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
   """
   config = config_lib.with_defaults(config)
-  compilation_cache.use(config)  # As the CLI does: the Python API compiles through the same cache.
+  objects = Objects(model, task, train_data, eval_data)
   try:
+    process.join(config)  # As the CLI does before its command (a no-op after it); sets the compilation cache.
     # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
     # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
     with contextlib.ExitStack() as stack:
       compiles = stack.enter_context(goodput.CompileWatch())
       clock = goodput.Clock(workdir, compiles)
-      run = _setup(config, workdir, stack, clock)
+      run = _setup(config, workdir, stack, clock, objects)
       watcher = stack.enter_context(preemption.Watcher(config.preemption_sync_every_steps))
       return _train(run, watcher, stack)
   except BaseException as e:
@@ -93,17 +162,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> Resul
 
 
 def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack,
-           clock: goodput.Clock) -> _Run:
+           clock: goodput.Clock, objects: Objects = Objects()) -> _Run:
   """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
   with clock.span("setup"):
-    parts = build.build(config)
+    parts = build.build(config, **objects.build_kwargs())
+    named = objects.named(parts.config)  # What the summary shows and checkpoints store.
     _check_workdir(workdir)
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
-    summary.report(summary.describe(config, parts.backend, parts.layout, parts.ds, parts.model))
+    summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model))
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
-    checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, config, stream=stream))
+    checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, named, stream=stream))
   with clock.span("restore"):
     state = checkpointer.restore_or_init(parts.backend, parts.init, strategy=parts.strategy)
   with clock.span("setup"):

@@ -24,6 +24,7 @@ ENV_LAUNCHER_PID = "JAXDP_LAUNCHER_PID"
 # A rank that fails again without creating it cannot be restarted (jaxdp.launch --min_processes).
 ENV_JOINED_FILE = "JAXDP_JOINED_FILE"
 _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
+_joined = False  # This process joined its run (`initialize`): a second call (the CLI, then the loop) is a no-op.
 
 # Markers of clusters where `jax.distributed.initialize()` finds every argument by itself.
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
@@ -101,7 +102,11 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   """Joins the run when it is multi-process (explicit, or a detected cluster); returns whether it did.
 
   Must run before any JAX computation. Fails after `distributed.init_timeout_s` instead of waiting forever.
+  Called again in a process that already joined (the CLI joins, then `train_and_evaluate` asks), it returns True.
   """
+  global _joined
+  if _joined:
+    return True
   die_with_launcher()
   c = config.distributed
   explicit = settings(config)
@@ -120,5 +125,11 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
     raise DistributedInitError(f"could not join the distributed run at {where} as process "
                                f"{explicit['process_id']} of {explicit['num_processes']} within {timeout} s: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+  _joined = True
   _report_joined()
   return True
+
+
+def launched() -> bool:
+  """Whether this process was started to join a run (jaxdp.launch or a scheduler script set JAXDP_*)."""
+  return bool(os.environ.get(ENV_COORDINATOR))

@@ -28,3 +28,16 @@ def init(config: ml_collections.ConfigDict) -> None:
   from jaxdp.runtime import distributed
   if distributed.initialize(config) and jax.process_index() != 0:
     log.setLevel(logging.WARNING)
+
+
+def join(config: ml_collections.ConfigDict) -> None:
+  """For the Python API (`train_and_evaluate` in a user's script): `init`, as the CLI does before its command.
+
+  A run configured in `config`, launched (`python -m jaxdp.launch -- my_train.py`) or on a detected cluster
+  is joined (once: after the CLI's own `init` nothing happens); in a notebook nothing is. Under the launcher
+  the process's CPU devices (JAXDP_CPU_DEVICES) are set first, as the CLI sets them from the same variable.
+  """
+  from jaxdp.runtime import cpu_devices, distributed
+  if distributed.launched() and (count := cpu_devices.requested([])) is not None:
+    cpu_devices.simulate(count)
+  init(config)
