@@ -23,13 +23,8 @@ Shape = tuple[str, tuple[int, ...]]  # (numpy dtype name, dims)
 
 def batch_shapes(ds: data.Dataset, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
   """A batch of `rows` examples of every feature of `ds` as the pipeline hands it to the step (shapes, dtypes)."""
-  if hasattr(ds, "element_spec"):
-    spec = ds.element_spec()
-  else:  # TODO(issue 24): until Dataset.element_spec lands, a supervised dataset's two features.
-    spec = {"inputs": jax.ShapeDtypeStruct(tuple(ds.input_shape), jnp.float32),
-            "labels": jax.ShapeDtypeStruct(tuple(ds.label_shape), jnp.int32)}
   # Text and other non-numeric features never reach a device: a step cannot take them.
-  return {name: jax.ShapeDtypeStruct((rows, *x.shape), x.dtype) for name, x in spec.items()
+  return {name: jax.ShapeDtypeStruct((rows, *x.shape), x.dtype) for name, x in ds.element_spec().items()
           if np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)}
 
 
