@@ -1,11 +1,12 @@
-"""Measures gloo's all-reduce latency (alpha) and bandwidth (1 / beta) on localhost, for jaxdp.projection's table.
+"""Measures gloo's all-reduce latency (alpha) and bandwidth (1 / beta) on localhost, for jaxdp.tools.projection's table.
 
     python experiments/gloo_alpha_beta.py [--sizes 1024,65536,262144,1048576] [--repeats 20]
 
 Starts 2 processes (jax.distributed, 1 CPU device each, gloo collectives); each times a jitted psum of float32
 vectors of the given lengths (median of `repeats` after warm-up). Fits t = a + b * bytes by least squares on
 relative errors and, with the ring model at N = 2 (t = 2 alpha + bytes / bandwidth), prints alpha = a / 2 and bandwidth = 1 / b:
-paste them into jaxdp/projection.py's INTERCONNECTS["gloo-localhost"] with the date.
+paste them into jaxdp/tools/projection.py's INTERCONNECTS["gloo-localhost"] and add the fit (date, load) to
+experiments/projection_notes.md.
 """
 
 import argparse
