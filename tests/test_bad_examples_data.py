@@ -15,6 +15,7 @@ from PIL import Image
 import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
 import runs
 from jaxdp import data
+from jaxdp.batch import REAL
 from jaxdp.data import cache
 
 STEPS = 8  # Two epochs of 64 examples in batches of 16: each bad example is met twice.
@@ -73,7 +74,7 @@ def test_with_skipping_on_a_cached_split_reads_what_the_uncached_path_reads(tmp_
   for process_count in (1, 2):
     runs.assert_bitwise(_train(cached, process_count), (batches, skipped))
   evaluated = _eval(uncached)
-  assert sum(int(b["mask"].sum()) for b in evaluated) == 19  # The bad test example is left out.
+  assert sum(int(b[REAL].sum()) for b in evaluated) == 19  # The bad test example is left out.
   runs.assert_bitwise(_eval(cached), evaluated)
 
 

@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 
 import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, parallel
+from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, reader
 from jaxdp.data.preprocess import Preprocess
@@ -174,11 +175,11 @@ def test_eval_covers_the_split_once(digits, process_count):
   batches = [list(data.eval_batches(digits, split, global_batch=B, process_index=p,
                                     process_count=process_count)) for p in range(process_count)]
   assert {len(b) for b in batches} == {data.num_eval_steps(digits, split, B)}  # Same count everywhere.
-  masks = np.concatenate([np.concatenate([b["mask"] for b in per]) for per in batches])
+  masks = np.concatenate([np.concatenate([b[REAL] for b in per]) for per in batches])
   assert masks.sum() == 101 and masks.size == 4 * B
   # The unmasked rows of all processes are exactly the split's examples (as a multiset).
-  seen = np.concatenate([b["inputs"][b["mask"]].reshape(-1, 64) for per in batches for b in per])
-  truth = np.concatenate([b["inputs"][b["mask"]].reshape(-1, 64) for b in
+  seen = np.concatenate([b["inputs"][b[REAL]].reshape(-1, 64) for per in batches for b in per])
+  truth = np.concatenate([b["inputs"][b[REAL]].reshape(-1, 64) for b in
                           data.eval_batches(digits, split, global_batch=101, process_index=0, process_count=1)])
   assert len(truth) == 101
   np.testing.assert_array_equal(_sorted_rows(seen), _sorted_rows(truth))

@@ -13,6 +13,7 @@ from flax import nnx
 import jpeg_dataset  # noqa: F401  Registers "varsize_jpegs".
 import runs
 from jaxdp import data, train
+from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import imagenet2012_resnet50
 from jaxdp.data import images
@@ -90,7 +91,7 @@ def test_variable_size_stream_is_process_count_invariant_and_resumable(jpeg_dir)
   runs.assert_bitwise(straight, _global(ds, 5, 4))
   runs.assert_bitwise(straight[3:], _global(ds, 2, 2, start=3))
   evals = [list(data.eval_batches(ds, "test", global_batch=16, process_index=p, process_count=2)) for p in range(2)]
-  assert sum(int(b["mask"].sum()) for per in evals for b in per) == 20
+  assert sum(int(b[REAL].sum()) for per in evals for b in per) == 20
 
 
 def test_variable_size_jpegs_train_end_to_end_on_eight_devices(jpeg_dir, tmp_path):

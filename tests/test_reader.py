@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxdp import data
+from jaxdp.batch import REAL
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import ArrayCorpus, Facts
 
@@ -46,8 +47,8 @@ def test_the_train_stream_reads_once_per_step(counted):
 
 def test_the_eval_stream_reads_once_per_step(counted):
   ds, source = counted
-  batch = 12  # 40 examples: 4 steps, the last one padded (a third feature: the mask).
+  batch = 12  # 40 examples: 4 steps, the last one padded (a third key: REAL).
   batches = list(data.eval_batches(ds, "test", global_batch=batch, process_index=0, process_count=1))
   assert len(batches) == -(-N // batch)
   assert source.reads == len(batches) + 1
-  assert sum(int(b["mask"].sum()) for b in batches) == N
+  assert sum(int(b[REAL].sum()) for b in batches) == N

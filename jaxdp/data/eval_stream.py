@@ -1,5 +1,5 @@
 """The eval stream: every example of a split exactly once, in file order, padded to whole global batches
-with `mask` False on the padding; each process reads and decodes only its rows."""
+with `REAL` (jaxdp.batch) False on the padding; each process reads and decodes only its rows."""
 
 import math
 from collections.abc import Iterator
@@ -14,7 +14,7 @@ from jaxdp.data.reader import REAL, example_decodes, no_autograph, probe_row, re
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
                  process_count: int) -> Iterator[Batch]:
-  """Every example of `split` exactly once, padded to full batches; `mask` marks the real ones."""
+  """Every example of `split` exactly once, padded to full batches; `REAL` marks the real ones."""
   if ds.streamed:
     return streamed.eval_batches(ds, split, global_batch, process_index, process_count)
   source = ds.source(split)
@@ -38,7 +38,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
 
   def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def read(step: np.ndarray) -> dict[str, np.ndarray]:
-      # Padding repeats real examples from the start (so they decode like any other) with mask False; so does
+      # Padding repeats real examples from the start (so they decode like any other) with REAL False; so does
       # a bad example's replacement: an eval counts every good example once and a bad one never.
       indices, mask = sampler.eval_rows(n, global_batch, int(step), lo, lo + rows)
       replaced = swaps.get(int(step), {})

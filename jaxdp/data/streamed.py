@@ -20,7 +20,8 @@ import tensorflow_datasets as tfds
 from jaxdp.config import ConfigError
 from jaxdp.data import bad_examples, sampler
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import INDEX, no_autograph, to_numpy
+from jaxdp.data.reader import INDEX, REAL, no_autograph, to_numpy
+from jaxdp.data.source import INPUTS, FeatureNames
 
 CONVERT = "python -m jaxdp.data.convert DIR"  # Adds ArrayRecord files to a TFRecord-prepared dataset.
 
@@ -39,7 +40,7 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
   pre = ds.options.preprocess
   if pre.image_size:
     raise ConfigError("dataset.shard_by_process does not crop images of varying size; read by index instead")
-  as_example = _with_position(ds.builder, split) if with_ids else _supervised(ds.builder)
+  as_example = _with_position(ds.builder, split) if with_ids else FeatureNames(ds.builder.info)
 
   def finish(batch: dict, step: tf.Tensor) -> dict:
     return pre.train(batch, step, seed=seed, global_batch=global_batch, first_row=first_row)
@@ -94,30 +95,25 @@ def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
   positions = raw.map(no_autograph(_with_position(builder, split)))
   feature = builder.info.features[x]
   # The decoded input is an output: a shape alone of a fixed-size image would let TensorFlow skip the decode.
-  decoded = positions.map(no_autograph(lambda ex: (ex[INDEX], feature.decode_example(ex["inputs"]))),
+  decoded = positions.map(no_autograph(lambda ex: (ex[INDEX], feature.decode_example(ex[INPUTS]))),
                           num_parallel_calls=tf.data.AUTOTUNE)
   every = {int(i) for i in tfds.as_numpy(positions.map(no_autograph(lambda ex: ex[INDEX])))}
   return sorted(every - {int(i) for i, _ in tfds.as_numpy(decoded.ignore_errors())})
 
 
-def _supervised(builder: tfds.core.DatasetBuilder) -> Callable[[dict], dict]:
-  """A decoded example -> {"inputs", "labels"} (its supervised keys)."""
-  x, y = builder.info.supervised_keys[:2]
-  return lambda example: {"inputs": example[x], "labels": example[y]}
-
-
 def _with_position(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[dict], dict]:
-  """A decoded example with its `tfds_id` -> {"inputs", "labels", INDEX}: its position in `split` (in file order)."""
+  """A decoded example with its `tfds_id` -> its features (`FeatureNames`) and INDEX: its position in `split` (in
+  file order)."""
   files = builder.info.splits[split].file_instructions  # `split` may be a slice such as "train[10%:]".
   names = [os.path.basename(f.filename) for f in files]
   starts = np.cumsum([0, *(f.take for f in files[:-1])]) - [f.skip for f in files]  # Position of record 0 of a file.
   first = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(names, starts.astype(np.int64)), -1)
-  supervised = _supervised(builder)
+  names = FeatureNames(builder.info)
 
   def position(example: dict) -> dict:
     tfds_id = example["tfds_id"]  # "FILE__RECORD": the shard's file name and the record's index in it.
     record = tf.strings.to_number(tf.strings.regex_replace(tfds_id, "^.*__", ""), tf.int64)
-    return {**supervised(example), INDEX: first.lookup(tf.strings.regex_replace(tfds_id, "__[0-9]+$", "")) + record}
+    return {**names(example), INDEX: first.lookup(tf.strings.regex_replace(tfds_id, "__[0-9]+$", "")) + record}
 
   return position
 
@@ -127,9 +123,10 @@ def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,
   """The split streamed in file order, padded, each process decoding its rows."""
   n = ds.num_examples(split)
   padded = math.ceil(n / global_batch) * global_batch
-  examples = ds.builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+  names = FeatureNames(ds.builder.info)
+  examples = ds.builder.as_dataset(split=split, shuffle_files=False)
   examples = examples.repeat().take(padded).enumerate()
-  examples = examples.map(no_autograph(lambda i, ex: {"inputs": ex[0], "labels": ex[1], REAL: i < n}))
+  examples = examples.map(no_autograph(lambda i, ex: {**names(ex), REAL: i < n}))
   rows = global_batch // process_count
   lo = process_index * rows
   local = examples.batch(global_batch).map(no_autograph(lambda b: {k: v[lo:lo + rows] for k, v in b.items()}))
