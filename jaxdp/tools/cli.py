@@ -25,10 +25,10 @@ from jaxdp.runtime import compilation_cache, cpu_devices, exits, process
 from jaxdp.tools import restore
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
-MODEL_PREFIX = "--config.model."
+NEW_KEY_SECTIONS = ("model", "task")  # Config sections whose new keys are keyword arguments (of the model, the task).
 OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g. --config.batch_size=256);\n"
-                  "    config.model also takes new keys, passed to the model as keyword arguments\n"
-                  "    (e.g. --config.model.dense=64).")
+                  "    config.model and config.task also take new keys, passed to the model or the task as\n"
+                  "    keyword arguments (e.g. --config.model.dense=64, --config.task.gamma=2.0).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
 
@@ -43,14 +43,14 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   exit_if_help(argv, usage, extra_help)
   if (count := cpu_devices.requested(argv)) is not None:  # First: a config file may already ask JAX for devices.
     cpu_devices.simulate(count)
-  new_model_keys = _new_model_keys(argv)
-  fv = _parse_flags([a for a in argv if _model_key(a) not in new_model_keys])
+  new_keys = _new_keys(argv)
+  fv = _parse_flags([a for a in argv if _new_key(a) not in new_keys])
   if not fv["config"].present:
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
   if require_workdir and not fv.workdir:
     raise config_lib.ConfigError("--workdir is required")
   config = _load(fv)
-  _set_model_keys(config, [a for a in argv if _model_key(a) in new_model_keys])
+  _set_new_keys(config, [a for a in argv if _new_key(a) is not None and _new_key(a) in new_keys])
   return config_lib.with_defaults(config), fv.workdir
 
 
@@ -199,38 +199,47 @@ def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
     raise config_lib.ConfigError(f"could not load config file {path!r}: {e.__cause__ or e}") from None
 
 
-def _model_key(arg: str) -> str | None:
-  """'--config.model.dense=64' -> 'dense'; None for any other argument."""
-  m = re.match(re.escape(MODEL_PREFIX) + r"(\w+)", arg)
-  return m.group(1) if m else None
+def _new_key(arg: str) -> tuple[str, str] | None:
+  """'--config.model.dense=64' -> ('model', 'dense'); '--config.task.gamma=2' -> ('task', 'gamma'); else None."""
+  m = re.match(r"--config\.(" + "|".join(NEW_KEY_SECTIONS) + r")\.(\w+)", arg)
+  return (m.group(1), m.group(2)) if m else None
 
 
-def _new_model_keys(argv: list[str]) -> set[str]:
-  """The `--config.model.KEY` overrides whose KEY the config file does not declare (new model kwargs)."""
-  keys = {k for a in argv if (k := _model_key(a))}
+def _new_keys(argv: list[str]) -> set[tuple[str, str]]:
+  """The `--config.model.KEY` / `--config.task.KEY` overrides whose KEY the config file does not declare
+  (new keyword arguments of the model or the task)."""
+  keys = {k for a in argv if (k := _new_key(a))}
   if not keys:
     return set()
-  declared = _parse_flags([a for a in argv if not _model_key(a)])
+  declared = _parse_flags([a for a in argv if not _new_key(a)])
   if not declared["config"].present:
     return set()
-  model = _load(declared).get("model") or {}
-  return keys - set(model.keys())
+  config = _load(declared)
+  return {(section, key) for section, key in keys if key not in (config.get(section) or {})}
 
 
-def _set_model_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
-  """Adds `--config.model.KEY=VALUE` for new keys; VALUE is a Python literal, or else the plain string."""
+def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
+  """Adds `--config.model.KEY=VALUE` (or `--config.task.KEY=VALUE`) for new keys; VALUE is a Python literal,
+  or else the plain string. A model key is checked against the model class here; a task key against the
+  task's signature when the run builds it (`tasks.get`)."""
   for arg in args:
-    path, sep, text = arg[len(MODEL_PREFIX):].partition("=")
+    section, _ = _new_key(arg)
+    prefix = f"--config.{section}."
+    path, sep, text = arg[len(prefix):].partition("=")
     if not sep or "." in path:
-      raise config_lib.ConfigError(f"unknown config key 'config.model.{path}' (new model keys take a value: "
-                                   f"--config.model.{path.split('.')[0]}=VALUE)")
+      raise config_lib.ConfigError(f"unknown config key 'config.{section}.{path}' (new {section} keys take a value: "
+                                   f"--config.{section}.{path.split('.')[0]}=VALUE)")
     try:
       value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
       value = text
-    _check_model_key(config.model.get("name", ""), path)
-    with config.model.unlocked():
-      config.model[path] = value
+    if section == "model":
+      _check_model_key(config.model.get("name", ""), path)
+    if section not in config:
+      with config.unlocked():
+        config[section] = ml_collections.ConfigDict()
+    with config[section].unlocked():
+      config[section][path] = value
 
 
 def _check_model_key(name: str, key: str) -> None:
