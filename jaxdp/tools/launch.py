@@ -1,7 +1,8 @@
-"""`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments>`.
+"""`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments | SCRIPT.py ARGS>`.
 
-Starts P local processes of `jaxdp.train` that join one run through `jax.distributed` (coordinator on
-127.0.0.1, a free port), each with D CPU devices; prefixes each line of their output with its rank
+Starts P local processes of `jaxdp.train` (or of the user's script, when the first argument after `--` ends
+in `.py`, as torchrun does: its `train_and_evaluate` joins the run) that join one run through
+`jax.distributed` (coordinator on 127.0.0.1, a free port), each with D CPU devices; prefixes each line of their output with its rank
 (leaving out gloo's connection lines); exits with the first non-zero status (stopping the others), or 0
 when all succeed. The processes die with the launcher, however it ends.
 
@@ -128,7 +129,7 @@ class Group:
   """One start of the P processes, their output relayed; `wait()` for the outcome."""
 
   def __init__(self, args: argparse.Namespace, size: int, state_dir: str, attempt: int):
-    cmd = [sys.executable, "-m", "jaxdp.train", *args.train_args]
+    cmd = command(args.train_args)
     port = args.port or free_port()
     self.joined_files = [os.path.join(state_dir, f"joined-{attempt}-{r}") for r in range(size)]
     self.procs = []
@@ -182,6 +183,13 @@ def stop(procs: list[subprocess.Popen], sig: int, grace_s: float) -> None:
     except subprocess.TimeoutExpired:
       os.killpg(p.pid, signal.SIGKILL)
       p.wait()
+
+
+def command(train_args: list[str]) -> list[str]:
+  """Each process's command line: the user's script when the first argument ends in `.py`, else jaxdp.train."""
+  if train_args[:1] and train_args[0].endswith(".py"):
+    return [sys.executable, *train_args]
+  return [sys.executable, "-m", "jaxdp.train", *train_args]
 
 
 def workdir_of(train_args: list[str]) -> str | None:
@@ -289,7 +297,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--min_processes", type=int, default=0,
                       help="Elastic: go on with fewer processes, down to this many, when a rank cannot be restarted "
                            "(it fails again before joining the run). Default: --num_processes (never fewer).")
-  parser.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then jaxdp.train's arguments.")
+  parser.add_argument("train_args", nargs=argparse.REMAINDER,
+                      help="-- then jaxdp.train's arguments, or a script (SCRIPT.py) and its arguments.")
   args = parser.parse_args(argv)
   args.train_args = args.train_args[1:] if args.train_args[:1] == ["--"] else args.train_args
   for name in ("num_processes", "devices_per_process"):
