@@ -7,14 +7,18 @@ Shared by the training loop (jaxdp.loop.train) and the tools (jaxdp.tools: inspe
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
+from jaxdp import checkpoint, data, models, optim, parallel, strategies, tasks
 from jaxdp import config as config_lib
-from jaxdp import data, models, optim, parallel, strategies
 from jaxdp import step as step_lib
+from jaxdp.report import metrics
+from jaxdp.tasks import base as task_lib
 
 @dataclasses.dataclass
 class Parts:
@@ -30,12 +34,17 @@ class Parts:
   eval_step: Callable   # Mapped and jitted: (state, device batch) -> metric sums.
   strategy: strategies.Strategy | None = None  # How gradients cross devices (`strategies.select`).
   flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
+  task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
+  task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
 
 
-def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None) -> Parts:
+def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
+          task: Any = None, train_data: Any = None, eval_data: Any = None) -> Parts:
   """Validates `config` and builds its parts; raises ConfigError naming any bad value.
 
   `devices`: build over these instead of `jax.devices()` (e.g. a TPU topology's, to compile ahead of time).
+  `model` (an NNX/linen module class or instance), `task` (a function or task object) and `train_data`/
+  `eval_data` (arrays or random-access sources) are objects from Python overriding the config's names.
   """
   config = config_lib.with_defaults(config)
   num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
@@ -43,24 +52,55 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   strategy_cls = strategies.select(config)
   strategy_cls.validate(config, layout)
   backend = parallel.make_backend(config.parallel.backend, config.parallel.num_devices, strategy_cls, devices=devices)
-  ds = data.load(config.dataset)
+  # Data objects only when given: a data.load without those parameters still serves named datasets.
+  given = {k: v for k, v in (("train_data", train_data), ("eval_data", eval_data)) if v is not None}
+  ds = data.load(config.dataset, **given)
   strategy = strategy_cls(strategies.StrategyOptions.from_config(config, num_devices))
-  task = step_lib.TaskOptions.from_config(config, cast_inputs=not ds.integer_inputs)
-  model = models.get_model(config.model, ds.input_shape, ds.num_classes)
-  tx = optim.make(config, jax.eval_shape(model.init, jax.random.PRNGKey(config.seed))[0])  # Mask from true shapes.
-  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=model, tx=tx,
+  facts = ds.corpus.facts
+  task_info = tasks.resolve(config, facts, task)
+  num_outputs = getattr(task_info.task, "num_outputs", None)
+  module = {"module": model} if model is not None else {}
+  net = models.get_model(config.model, ds.input_shape, num_outputs(facts) if num_outputs else ds.num_classes, **module)
+  tx = optim.make(config, jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0])  # Mask from true shapes.
+  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=net, tx=tx,
                            strategy=strategy)
   abstract = jax.eval_shape(init)
   backend.bind_state(abstract, strategy.state_specs(abstract))
-  train_step = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy,
-                                                   task=task))
-  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, model=model, strategy=strategy, task=task))
-  return Parts(config, layout, backend, ds, model, tx, init, train_step, eval_step, strategy,
-               _flops_step(backend, model, tx, strategy, task) if strategy.options.accum_steps > 1 else train_step)
+  learn = {"model": net, "task": task_info.task, "cast_inputs": not ds.integer_inputs}
+  checkpoint.check_best(config, eval_metrics(ds, **learn))
+  train_step = backend.map_train(functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn))
+  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
+  flops_step = _flops_step(backend, tx, strategy, learn) if strategy.options.accum_steps > 1 else train_step
+  return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
+               task_info.task, task_info)
 
 
-def _flops_step(backend: parallel.Backend, model: models.Model, tx: optax.GradientTransformation,
-                strategy: strategies.Strategy, task: step_lib.TaskOptions) -> Callable:
+def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:
+  """The names `eval/...` the task reports, from tracing it (no FLOP run) on one abstract example of `ds`."""
+  params, model_state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  batch = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in _element_spec(ds).items()}
+
+  def sums(params: Any, model_state: Any, batch: dict) -> dict:
+    bound = task_lib.BoundModel(model.apply, params, model_state, train=False, rng=None, dtype=jnp.float32,
+                                cast_inputs=cast_inputs)
+    return task_lib.per_row(task_lib.run(task, bound, batch), jnp.ones((1,), bool))
+
+  shapes = jax.eval_shape(sums, params, model_state, batch)
+  ones = {group: jax.tree.map(lambda _: 1.0, values) for group, values in shapes.items()}
+  return list(metrics.summarize_eval(ones, task))
+
+
+def _element_spec(ds: data.Dataset) -> dict[str, jax.ShapeDtypeStruct]:
+  """One example's features; from the facts' inputs and labels where the dataset cannot say."""
+  if hasattr(ds, "element_spec"):
+    return ds.element_spec()
+  labels = jnp.float32 if ds.corpus.facts.float_labels else jnp.int32
+  return {"inputs": jax.ShapeDtypeStruct(tuple(ds.input_shape), jnp.int32 if ds.integer_inputs else jnp.float32),
+          "labels": jax.ShapeDtypeStruct(tuple(ds.label_shape), labels)}
+
+
+def _flops_step(backend: parallel.Backend, tx: optax.GradientTransformation, strategy: strategies.Strategy,
+                learn: dict[str, Any]) -> Callable:
   """The same step with one micro-batch of the whole slice: the same FLOPs, with no loop for XLA to count once."""
   whole = type(strategy)(dataclasses.replace(strategy.options, accum_steps=1))
-  return backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=whole, task=task))
+  return backend.map_train(functools.partial(step_lib.train_step, tx=tx, strategy=whole, **learn))

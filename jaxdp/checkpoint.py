@@ -9,7 +9,7 @@ is never listed (`steps`), never loaded.
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -21,7 +21,6 @@ from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import checkpoint_managers
 
 from jaxdp import data
-from jaxdp.report import metrics
 from jaxdp.config import ConfigError
 from jaxdp.optim import parameter_path
 from jaxdp.parallel import Backend
@@ -205,15 +204,15 @@ def _to_dicts(tree: Any) -> Any:
   return {f.name: getattr(tree, f.name) for f in tree.__dataclass_fields__.values()}
 
 
-def check_best(config: ml_collections.ConfigDict) -> None:
-  """`best_metric` must be an eval metric (saves carry only those) and `best_mode` max or min."""
+def check_best(config: ml_collections.ConfigDict, eval_metrics: Sequence[str] | None = None) -> None:
+  """`best_mode` max or min; with `eval_metrics` (the task's, e.g. "eval/loss") and best checkpoints kept,
+  `best_metric` one of them (saves carry only those)."""
   metric, mode = config.best_metric, config.best_mode
   if mode not in BEST_MODES:
     raise ConfigError(f"best_mode must be one of {', '.join(BEST_MODES)}, got {mode!r}")
-  known = [k for k in metrics.summarize_eval({"num_examples": 1, "loss_sum": 0.0, "correct": 0})
-           if k != "eval/num_examples"]
-  if metric not in known:
-    raise ConfigError(f"best_metric must be an eval metric ({', '.join(known)}), got {metric!r}")
+  known = [k for k in eval_metrics or () if k != "eval/num_examples"]
+  if eval_metrics is not None and config.keep_best_checkpoints and metric not in known:
+    raise ConfigError(f"best_metric must be an eval metric of the task ({', '.join(known)}), got {metric!r}")
 
 
 def _preservation_policy(config: ml_collections.ConfigDict) -> checkpoint_managers.PreservationPolicy:

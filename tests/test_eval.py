@@ -6,7 +6,8 @@ import pytest
 
 from jaxdp import build, data, models, train
 from jaxdp.report import metrics
-from jaxdp import step as step_lib
+from jaxdp.batch import REAL
+from jaxdp.tasks.classification import cross_entropy
 
 SPLIT, SIZE = "test[:101]", 101  # 101 is prime: no batch size below divides it.
 
@@ -49,7 +50,7 @@ def test_eval_accuracy_counts_only_real_examples(config, tmp_path):
   for batch in data.eval_batches(ds, SPLIT, global_batch=24, process_index=0, process_count=1):
     logits, _ = model.apply(params, model_state, jnp.asarray(batch["inputs"]), train=False)
     hits = np.argmax(np.asarray(logits), -1) == batch["labels"]
-    correct, seen = correct + int(hits[batch["mask"]].sum()), seen + int(batch["mask"].sum())
+    correct, seen = correct + int(hits[batch[REAL]].sum()), seen + int(batch[REAL].sum())
   assert seen == SIZE
   assert result.eval_metrics["eval/accuracy"] == pytest.approx(correct / SIZE, abs=1e-9)
 
@@ -62,10 +63,10 @@ def test_eval_loss_sums_only_real_rows(config, invariant):
   parts = build.build(config)
   state = parts.backend.init(parts.init)
   *_, last = data.eval_batches(parts.ds, SPLIT, global_batch=24, process_index=0, process_count=1)
-  assert int(last["mask"].sum()) == SIZE % 24
+  assert int(last[REAL].sum()) == SIZE % 24
   sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(last)))
   params, model_state = parts.backend.get((state.params, state.model_state))
   logits, _ = parts.model.apply(params, model_state, jnp.asarray(last["inputs"]), train=False)
-  per_row = np.asarray(step_lib.cross_entropy(logits, jnp.asarray(last["labels"])))
-  assert int(sums["num_targets"]) == SIZE % 24
-  np.testing.assert_allclose(float(sums["loss_sum"]), per_row[last["mask"]].sum(), rtol=1e-5)
+  per_row = np.asarray(cross_entropy(logits, jnp.asarray(last["labels"])))
+  assert int(sums["weight"]["loss"]) == SIZE % 24
+  np.testing.assert_allclose(float(sums["mean"]["loss"]), per_row[last[REAL]].sum(), rtol=1e-5)

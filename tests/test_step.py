@@ -8,8 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import build, data, models, optim, parallel
+from jaxdp import build, data, models, optim, parallel, tasks
 from jaxdp import step as step_lib
+from jaxdp.tasks.classification import cross_entropy
 
 
 def _setup(config, optimizer):
@@ -37,7 +38,7 @@ def _reference_grads(model, batch, init):
 
   def loss(params):
     logits, _ = model.apply(params, state.model_state, batch["inputs"], train=True)
-    return step_lib.cross_entropy(logits, batch["labels"]).mean()
+    return cross_entropy(logits, batch["labels"]).mean()
 
   return state.params, jax.grad(loss)(state.params)
 
@@ -104,7 +105,7 @@ def test_label_smoothing_trains_against_smoothed_targets(config):
   config.label_smoothing = 0.2
   model, tx, batch, init = _setup(config, "sgd")
   state, s = init(), config.label_smoothing
-  task = step_lib.TaskOptions.from_config(config)
+  task = tasks.Classification(label_smoothing=s)
 
   def loss(params):
     logits, _ = model.apply(params, state.model_state, batch["inputs"], train=True)

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdp import build, data, parallel, strategies
 from jaxdp import step as step_lib
 from jaxdp.strategies import zero1_layout
+from jaxdp.tasks.classification import cross_entropy
 
 
 def _first_batch(parts, config):
@@ -24,7 +25,7 @@ def _full_batch_grads(parts, params, model_state, batch):
 
   def loss(p):
     logits, _ = parts.model.apply(p, model_state, jnp.asarray(batch["inputs"]), train=True)
-    return step_lib.cross_entropy(logits, batch["labels"]).mean()
+    return cross_entropy(logits, batch["labels"]).mean()
 
   return jax.grad(loss)(params)
 

@@ -14,6 +14,8 @@ from jaxdp.report import metrics
 from jaxdp import models, optim, train
 from jaxdp.tools import sample
 from jaxdp import step as step_lib
+from jaxdp.batch import REAL
+from jaxdp.tasks.classification import cross_entropy
 from jaxdp.configs import cifar10_resnet18, gpt_text_file, gpt_tiny_shakespeare
 from jaxdp.datasets import text_file, tiny_shakespeare_chars
 
@@ -99,11 +101,11 @@ def test_eval_step_averages_over_targets_and_counts_examples():
   state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
   eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"))
   sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))(
-      {"inputs": logits, "labels": labels, "mask": mask})
+      {"inputs": logits, "labels": labels, REAL: mask})
   sums = jax.tree.map(lambda x: np.asarray(x[0]), sums)
-  ce = np.asarray(step_lib.cross_entropy(logits, labels))[np.asarray(mask)]
-  assert int(sums["num_examples"]) == 3 and int(sums["num_targets"]) == 12
-  summary = metrics.summarize_eval(sums)
+  ce = np.asarray(cross_entropy(logits, labels))[np.asarray(mask)]
+  assert int(sums["num_examples"]) == 3 and int(sums["weight"]["loss"]) == 12
+  summary = metrics.summarize_eval(sums, step_lib.CLASSIFICATION)
   assert summary["eval/loss"] == pytest.approx(ce.mean(), rel=1e-5)
   assert summary["eval/num_examples"] == 3
 

@@ -63,6 +63,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.max_steps_in_flight = 2  # CPU: unfinished steps before the host waits (fake devices deadlock unbounded); 0: none.
   config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
 
+  config.task = ml_collections.ConfigDict()
+  # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float
+  # labels: regression, else classification). Other fields are the task's keyword arguments (README: Your own task).
+  config.task.name = ""
+
   config.model = ml_collections.ConfigDict()
   config.model.name = "cnn"          # mlp | cnn | "package.module:ClassName" (NNX or linen); other fields are kwargs.
 

@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 50
   config.eval_every_steps = 500
 
+  config.task.name = "next_token"    # Per-token cross-entropy and accuracy, and bits per byte.
   config.model.name = "gpt"
   config.model.num_layers = 6        # Transformer blocks.
   config.model.num_heads = 6         # Attention heads per block (embed_dim must be divisible by it).

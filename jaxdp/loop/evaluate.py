@@ -3,14 +3,14 @@
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jaxdp import data
 from jaxdp.report import metrics
+from jaxdp.tasks import base as task_lib
 
 
 def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
-  """`eval/loss`, `eval/accuracy`, `eval/num_examples` over every example of `split` (default: the eval split).
+  """`eval/<metric>` of the run's task and `eval/num_examples` over every example of `split` (default: the eval split).
 
   `parts` is what `build.build` returns; each example counts once, on any device and process count.
   """
@@ -20,5 +20,5 @@ def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
   totals = None
   for batch in batches:
     sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  return metrics.summarize_eval(totals)
+    totals = sums if totals is None else task_lib.combine(totals, sums)  # Batches in order: sums, maxima.
+  return metrics.summarize_eval(totals, parts.task)

@@ -5,7 +5,7 @@ import json
 import numbers
 import os
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -113,12 +113,25 @@ def mean(history: Sequence[Mapping[str, np.ndarray]], prefix: str) -> dict[str, 
   return {f"{prefix}/{k}": float(np.mean([h[k] for h in history])) for k in history[0]}
 
 
-def summarize_eval(sums: Mapping[str, np.ndarray]) -> dict[str, float]:
-  """Eval sums -> `eval/loss`, `eval/accuracy` (per target: per example, or per token), `eval/num_examples`."""
-  n = int(sums["num_examples"])
-  t = int(sums.get("num_targets", n))
-  return {"eval/loss": float(sums["loss_sum"]) / t, "eval/accuracy": float(sums["correct"]) / t,
-          "eval/num_examples": n}
+def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float]:
+  """Eval sums by kind (`jaxdp.tasks.base.per_row`, reduced) -> `eval/<name>` of each task metric, `eval/num_examples`.
+
+  A mean is its weighted sum over its weight (per element: per example, or per token); then the task's
+  `finalize` adds metrics derived from the reduced ones. Names starting with "_" are helpers, not reported.
+  """
+  scalars = {name: _ratio(float(total), float(sums["weight"][name])) for name, total in sums["mean"].items()}
+  scalars.update({name: float(v) for group in ("sum", "max") for name, v in sums[group].items()})
+  scalars = dict(sorted(scalars.items(), key=lambda kv: kv[0] != "loss"))  # The loss first, as ever.
+  finalize = getattr(task, "finalize", None)
+  if finalize is not None:
+    scalars.update(finalize(dict(scalars)))
+  out: dict[str, float] = {f"eval/{k}": v for k, v in scalars.items() if not k.startswith("_")}
+  out["eval/num_examples"] = int(sums["num_examples"])
+  return out
+
+
+def _ratio(total: float, weight: float) -> float:
+  return total / weight if weight else float("nan")
 
 
 def _is_number(value: object) -> bool:

@@ -20,12 +20,16 @@ from jaxdp.config import Layout
 from jaxdp.strategies import zero1_layout
 
 PyTree = Any
-# (params, model_state, micro-batch, rng) -> ((mean loss, (accuracy, model_state)), grads), no communication.
+# A micro-batch's task metrics as scalars grouped by how they combine: {"mean": {"loss": ..., ...}, "sum": {...},
+# "max": {...}} (`jaxdp.tasks.base.by_kind`): means are averaged over micro-batches and devices, sums summed,
+# maxima maxed.
+Scalars = dict[str, dict[str, jax.Array]]
+# (params, model_state, micro-batch, rng) -> ((mean loss, (Scalars, model_state)), grads), no communication.
 GradFn = Callable[[PyTree, PyTree, dict, jax.Array], tuple]
-# (micro-batch) -> per-example sums {"loss_sum", "correct", "num_examples", "num_targets"}, each [rows].
-EvalFn = Callable[[dict], dict[str, jax.Array]]
-# (loss, accuracy, model_state, grads): means over the global batch, as the strategy reduced them.
-Gradients = tuple[jax.Array, jax.Array, PyTree, PyTree]
+# (rows) -> per-row eval values by kind (`jaxdp.tasks.base.per_row`): the "max" group maxed over rows, the rest summed.
+EvalFn = Callable[[dict], dict[str, Any]]
+# (metrics, model_state, grads): the metrics of the global batch, combined by kind, as the strategy reduced them.
+Gradients = tuple[Scalars, PyTree, PyTree]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +122,7 @@ class Strategy(abc.ABC):
 
   @abc.abstractmethod
   def gradients(self, grad_fn: GradFn, state: Any, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
-    """Loss, accuracy, model state and the reduced gradient of the global batch (this replica's slice in)."""
+    """The task's metrics (by kind), model state and the reduced gradient of the global batch (this replica's slice in)."""
 
   def finite(self, loss: jax.Array, grads: PyTree, axis: DataAxis) -> jax.Array:
     """Whether loss and gradient are finite, the same answer on every replica."""
@@ -140,16 +144,23 @@ class Strategy(abc.ABC):
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), opt_state
 
-  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
-    """Eval sums over the global batch from this replica's slice."""
-    return {k: _global_rows(v, axis.name).sum() for k, v in per_example(batch).items()}
+  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, Any]:
+    """Eval sums (the "max" group: maxima) over the global batch's rows from this replica's slice."""
+    return {group: jax.tree.map(lambda v: reduce_rows(group, _global_rows(v, axis.name)), values)
+            for group, values in per_example(batch).items()}
+
+
+def reduce_rows(group: str, rows: jax.Array) -> jax.Array:
+  """[rows] -> one value: the maximum for the "max" group of eval values, the sum for every other group."""
+  return rows.max() if group == "max" else rows.sum()
 
 
 def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
   """[rows] on each replica -> the [N * rows] of the global batch on every replica, bit for bit.
 
   A psum of zeros and one replica's values is exact, so the result (and a sum over it) does not depend on
-  the device count, unlike a psum of per-device sums, whose rounding does.
+  the device count, unlike a psum of per-device sums, whose rounding does. (A -inf of a padded row's
+  maximum plus zeros stays -inf.)
   """
   n, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
   placed = lax.dynamic_update_slice(jnp.zeros((n * rows.shape[0],), rows.dtype), rows, (i * rows.shape[0],))
@@ -187,6 +198,12 @@ def replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
   wide = jnp.int32 if x.dtype == jnp.bool_ else x.dtype  # psum takes no bool.
   mine = jnp.where(lax.axis_index(axis_name) == 0, x.astype(wide), jnp.zeros_like(x, wide))
   return lax.psum(mine, axis_name).astype(x.dtype)
+
+
+def reduce_metrics(metrics: Scalars, axis_name: str) -> Scalars:
+  """Each replica's combined metrics over all replicas: pmean of the means, psum of the sums, pmax of the maxima."""
+  ops = {"mean": lax.pmean, "sum": lax.psum, "max": lax.pmax}
+  return {kind: {k: ops[kind](v, axis_name) for k, v in values.items()} for kind, values in metrics.items()}
 
 
 def micro_batches(batch: dict, k: int) -> dict:

@@ -10,6 +10,7 @@ all-reduce, and the pieces run sequentially. Eval sums per-example values in one
 """
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -58,9 +59,8 @@ class Invariant(Strategy):
 
     def one(p: int, model_state: PyTree) -> tuple:
       piece = jax.tree.map(lambda x: x[p], pieces)
-      (loss, (accuracy, model_state)), grads = grad_fn(state.params, model_state, piece,
-                                                       jax.random.fold_in(rng, first + p))
-      return loss, accuracy, model_state, grads
+      (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, jax.random.fold_in(rng, first + p))
+      return metrics, model_state, grads
 
     # Unrolled, not a loop: XLA:CPU compiles a convolution differently (and slowly) inside a loop, and
     # how much it unrolls depends on the trip count, i.e. on N.
@@ -68,20 +68,29 @@ class Invariant(Strategy):
     for p in range(m_local * k):
       # Every piece starts from the step's float state (its statistics are averaged below); integer state
       # (a counter) runs on through a micro-shard's k pieces, as through plain DDP's k micro-batches.
-      start = state.model_state if p % k == 0 else _integers_from(outputs[-1][2], state.model_state)
+      start = state.model_state if p % k == 0 else _integers_from(outputs[-1][1], state.model_state)
       outputs.append(one(p, start))
     per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
-    per_shard = jax.tree.map(lambda x: _shard_total(x.reshape(m_local, k, *x.shape[1:])), per_piece)
+    metrics, rest = per_piece[0], per_piece[1:]
+    # Maxima combine by max (exact in any order); everything else is summed in the fixed order, then means
+    # (the mean-kind metrics, float state, gradients) are divided by the piece count.
+    maxima = {name: jnp.max(v) for name, v in metrics["max"].items()}
+    summed = ({kind: metrics[kind] for kind in metrics if kind != "max"}, *rest)
+    per_shard = jax.tree.map(lambda x: _shard_total(x.reshape(m_local, k, *x.shape[1:])), summed)
     subtree = jax.tree.map(_tree_total, per_shard)
-    total = jax.tree.map(_tree_total, lax.all_gather(subtree, axis.name))
-    return jax.tree.map(functools.partial(_mean, count=m * k), total)
+    gathered, maxima = lax.all_gather(subtree, axis.name), {n: lax.pmax(v, axis.name) for n, v in maxima.items()}
+    (sums, model_state, grads) = jax.tree.map(_tree_total, gathered)
+    model_state, grads = jax.tree.map(functools.partial(_mean, count=m * k), (model_state, grads))
+    means = {name: _mean(v, m * k) for name, v in sums["mean"].items()}
+    return {**sums, "mean": means, "max": maxima}, model_state, grads
 
-  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, jax.Array]:
+  def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, Any]:
     m_local = self.options.invariant_shards // self.options.num_shards
     shards = micro_batches(batch, m_local)
     rows = [per_example(jax.tree.map(lambda x: x[i], shards)) for i in range(m_local)]
     local = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)  # This device's rows, in global order.
-    return jax.tree.map(_pairwise_sum, lax.all_gather(local, axis.name, tiled=True))
+    every = lax.all_gather(local, axis.name, tiled=True)
+    return {group: jax.tree.map(jnp.max if group == "max" else _pairwise_sum, values) for group, values in every.items()}
 
 
 def _mean(x: jax.Array, count: int) -> jax.Array:

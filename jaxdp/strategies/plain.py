@@ -5,40 +5,42 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxdp.strategies.base import (DataAxis, Gradients, GradFn, PyTree, Strategy, integers_of_replica_zero, micro_batches,
-                                   pmean_floats)
+from jaxdp.strategies.base import (DataAxis, Gradients, GradFn, PyTree, Scalars, Strategy, integers_of_replica_zero,
+                                   micro_batches, pmean_floats, reduce_metrics)
 
 
 class DataParallel(Strategy):
   """Each replica's gradient (accumulated over `accum_steps` micro-batches) is averaged by one all-reduce."""
 
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
-    loss, accuracy, model_state, grads = local_gradients(grad_fn, state, batch, rng, axis, self.options.accum_steps)
-    if lax.axis_size(axis.name) == 1:  # One replica: its values are the means; no collective at all.
-      return loss, accuracy, model_state, grads
+    metrics, model_state, grads = local_gradients(grad_fn, state, batch, rng, axis, self.options.accum_steps)
+    if lax.axis_size(axis.name) == 1:  # One replica: its values are the global ones; no collective at all.
+      return metrics, model_state, grads
     # Model state (e.g. BatchNorm running statistics) is averaged too, so the replicas stay identical.
     model_state = pmean_floats(model_state, axis.name)
     if axis.mark_varying:  # Under shard_map the state is one replicated array: an integer leaf must agree too.
       model_state = integers_of_replica_zero(model_state, axis.name)
     # Flat only where `reduce` is this class's all-reduce (ZeRO-1 overrides it with a reduce-scatter).
     if self.options.flat_allreduce and type(self).reduce is DataParallel.reduce:
-      loss, accuracy, grads = self._flat_reduce(loss, accuracy, grads, axis)
-      return loss, accuracy, model_state, grads
+      metrics, grads = self._flat_reduce(metrics, grads, axis)
+      return metrics, model_state, grads
     grads = self.reduce(grads, axis)
-    return lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name), model_state, grads
+    return reduce_metrics(metrics, axis.name), model_state, grads
 
-  def _flat_reduce(self, loss: jax.Array, accuracy: jax.Array, grads: PyTree, axis: DataAxis) -> tuple:
-    """Loss, accuracy and gradients averaged in as few buffers as `bucket_bytes` allows.
+  def _flat_reduce(self, metrics: Scalars, grads: PyTree, axis: DataAxis) -> tuple[Scalars, PyTree]:
+    """Metrics and gradients reduced in as few buffers as `bucket_bytes` allows.
 
     XLA:CPU runs each operand of a combined all-reduce as its own gloo call with a fixed cost; one
-    buffer (or one per bucket, as DDP) pays it once. The scalars ride along only in float32, so a
-    bfloat16 all-reduce does not round the reported loss.
+    buffer (or one per bucket, as DDP) pays it once. The mean-kind scalars (the loss among them) ride
+    along only in float32, so a bfloat16 all-reduce does not round the reported loss; sums and maxima
+    take their own collectives.
     """
     dtype, bucket = self.options.allreduce_dtype, self.options.bucket_bytes
+    means, others = metrics["mean"], {**metrics, "mean": {}}
     if jnp.dtype(dtype) != jnp.float32:
-      return lax.pmean(loss, axis.name), lax.pmean(accuracy, axis.name), flat_all_reduce_mean(
-          grads, axis.name, dtype, bucket)
-    return flat_all_reduce_mean((loss, accuracy, grads), axis.name, dtype, bucket)
+      return reduce_metrics(metrics, axis.name), flat_all_reduce_mean(grads, axis.name, dtype, bucket)
+    means, grads = flat_all_reduce_mean((means, grads), axis.name, dtype, bucket)
+    return {**reduce_metrics(others, axis.name), "mean": means}, grads
 
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
     """The mean gradient over all replicas: the all-reduce of data parallelism."""
@@ -47,7 +49,7 @@ class DataParallel(Strategy):
 
 def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis,
                     k: int) -> Gradients:
-  """Mean loss, accuracy, new model state and gradients over this replica's slice, with no communication.
+  """Metrics (by kind), new model state and mean gradients over this replica's slice, with no communication.
 
   With k > 1 the slice is cut into k micro-batches, run one after another, and their gradients are
   averaged locally (DDP's `no_sync`): the all-reduce still happens once. Micro-batch i of device d
@@ -55,19 +57,31 @@ def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array,
   """
   params, first = axis.vary(state.params), lax.axis_index(axis.name) * k
   if k == 1:
-    (loss, (accuracy, model_state)), grads = grad_fn(params, state.model_state, batch, jax.random.fold_in(rng, first))
-    return loss, accuracy, model_state, grads
+    (_, (metrics, model_state)), grads = grad_fn(params, state.model_state, batch, jax.random.fold_in(rng, first))
+    return metrics, model_state, grads
+  micros = micro_batches(batch, k)
+  # The metrics' structure (names by kind), to start their running totals: a max from -inf, the rest from 0.
+  shapes = jax.eval_shape(grad_fn, params, state.model_state, jax.tree.map(lambda x: x[0], micros), rng)[0][1][0]
 
   def micro_step(carry: tuple, xs: tuple) -> tuple:
-    model_state, grad_sum, loss_sum, acc_sum = carry
+    model_state, grad_sum, totals = carry
     micro, i = xs
-    (loss, (accuracy, model_state)), grads = grad_fn(params, model_state, micro, jax.random.fold_in(rng, first + i))
-    return (model_state, jax.tree.map(jnp.add, grad_sum, grads), loss_sum + loss, acc_sum + accuracy), None
+    (_, (metrics, model_state)), grads = grad_fn(params, model_state, micro, jax.random.fold_in(rng, first + i))
+    return (model_state, jax.tree.map(jnp.add, grad_sum, grads), _accumulate(totals, metrics)), None
 
-  zero_sums = axis.vary((jax.tree.map(jnp.zeros_like, state.params), jnp.float32(0), jnp.float32(0)))
+  starts = {kind: {name: jnp.float32(-jnp.inf if kind == "max" else 0) for name in names}
+            for kind, names in shapes.items()}
+  zero_sums = axis.vary((jax.tree.map(jnp.zeros_like, state.params), starts))
   carry = (axis.vary(state.model_state), *zero_sums)
-  (model_state, grad_sum, loss_sum, acc_sum), _ = lax.scan(micro_step, carry, (micro_batches(batch, k), jnp.arange(k)))
-  return loss_sum / k, acc_sum / k, model_state, jax.tree.map(lambda g: g / k, grad_sum)
+  (model_state, grad_sum, totals), _ = lax.scan(micro_step, carry, (micros, jnp.arange(k)))
+  means = {**totals, "mean": {name: v / k for name, v in totals["mean"].items()}}
+  return means, model_state, jax.tree.map(lambda g: g / k, grad_sum)
+
+
+def _accumulate(totals: Scalars, metrics: Scalars) -> Scalars:
+  """Running totals over micro-batches: sums of the means and sums, maxima of the maxima."""
+  return {kind: {name: (jnp.maximum if kind == "max" else jnp.add)(totals[kind][name], v) for name, v in values.items()}
+          for kind, values in metrics.items()}
 
 
 def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyTree:

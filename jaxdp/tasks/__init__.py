@@ -1,0 +1,119 @@
+"""Tasks: what the model is fed, the loss and the metrics (`task(model, batch) -> (loss, metrics)`).
+
+Built-ins (`classification`, `next_token`, `regression`) use the same seam as a user's task, named by
+`config.task.name = "package.module:function_or_Class"` or passed as an object (`build.build(task=)`).
+"""
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from typing import Any
+
+import ml_collections
+
+from jaxdp.config import ConfigError
+from jaxdp.tasks.base import KINDS, BoundModel, Metric, Task
+from jaxdp.tasks.classification import Classification
+from jaxdp.tasks.next_token import NextToken
+from jaxdp.tasks.regression import Regression
+
+__all__ = ["BUILTIN", "KINDS", "BoundModel", "Classification", "Metric", "NextToken", "Regression", "Resolved", "Task",
+           "get", "headline", "resolve"]
+
+BUILTIN: dict[str, type] = {"classification": Classification, "next_token": NextToken, "regression": Regression}
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+  """The run's task and how it was chosen, for the start summary."""
+  task: Task
+  name: str    # "classification", "my_tasks:focal", "<object focal>".
+  origin: str  # Why: "inferred from integer labels", "config.task.name", "passed from Python".
+
+  def describe(self) -> str:
+    """"classification (inferred from integer labels)"."""
+    return f"{self.name} ({self.origin})"
+
+
+def get(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> Task:
+  """The run's task: `task` (an object from Python) if given, else `config.task.name`, else inferred from `facts`."""
+  return resolve(config, facts, task).task
+
+
+def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> Resolved:
+  """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field."""
+  kwargs = {k: v for k, v in config.task.to_dict().items() if k != "name"}
+  if task is not None:
+    if not callable(task):
+      raise ConfigError(f"task {task!r} is not callable: pass a function task(model, batch) or a task object")
+    if inspect.isclass(task):
+      return Resolved(_build(task, kwargs, config, _object_name(task)), _object_name(task), "passed from Python")
+    if kwargs:
+      task = _bind(task, kwargs, config, _object_name(task))
+    return Resolved(task, _object_name(task), "passed from Python")
+  name = config.task.name
+  origin = "config.task.name"
+  if not name:
+    name = "regression" if getattr(facts, "float_labels", False) else "classification"
+    origin = f"inferred from {'float' if name == 'regression' else 'integer'} labels"
+  target = BUILTIN.get(name) or _import(name)
+  if inspect.isclass(target):
+    return Resolved(_build(target, kwargs, config, name), name, origin)
+  return Resolved(_bind(target, kwargs, config, name), name, origin)
+
+
+def headline(task: Any) -> tuple[str, ...]:
+  """The metrics the progress line shows: the task's `headline`, else none besides the loss."""
+  return tuple(getattr(task, "headline", ()))
+
+
+def _import(name: str) -> Any:
+  if ":" not in name:
+    raise ConfigError(f"unknown task {name!r} (built-in: {', '.join(BUILTIN)}; or 'package.module:function_or_Class')")
+  module_name, _, attr = name.partition(":")
+  try:
+    target = getattr(importlib.import_module(module_name), attr)
+  except (ImportError, AttributeError) as e:
+    raise ConfigError(f"unknown task {name!r}: {e}") from None
+  if not callable(target):
+    raise ConfigError(f"task {name!r} is not a function or class")
+  return target
+
+
+def _with_smoothing(parameters: Any, kwargs: dict, config: ml_collections.ConfigDict) -> dict:
+  """The top-level `label_smoothing` is the default of a task's own `label_smoothing` (classification's)."""
+  if "label_smoothing" in parameters and "label_smoothing" not in kwargs:
+    return {**kwargs, "label_smoothing": float(config.label_smoothing)}
+  return kwargs
+
+
+def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) -> None:
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+    return
+  unknown = sorted(set(kwargs) - set(parameters))
+  if unknown:
+    accepted = ", ".join(parameters) or "none"
+    raise ConfigError(f"task {name!r} takes no field {', '.join('config.task.' + k for k in unknown)} "
+                      f"(its keyword arguments: {accepted})")
+
+
+def _build(cls: type, kwargs: dict, config: ml_collections.ConfigDict, name: str) -> Task:
+  """A task class built with the config's `task.*` fields as its keyword arguments."""
+  parameters = dict(inspect.signature(cls).parameters)
+  kwargs = _with_smoothing(parameters, kwargs, config)
+  _check(parameters, kwargs, name)
+  return cls(**kwargs)
+
+
+def _bind(fn: Any, kwargs: dict, config: ml_collections.ConfigDict, name: str) -> Task:
+  """A task function with the config's `task.*` fields bound as keyword arguments (after model, batch)."""
+  parameters = dict(list(inspect.signature(fn).parameters.items())[2:])
+  kwargs = _with_smoothing(parameters, kwargs, config)
+  _check(parameters, kwargs, name)
+  return functools.update_wrapper(functools.partial(fn, **kwargs), fn) if kwargs else fn
+
+
+def _object_name(obj: Any) -> str:
+  target = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+  return f"<object {getattr(obj, '__qualname__', None) or target.__qualname__}>"
