@@ -4,8 +4,10 @@
         [--config.key=value ...] [--cpu_devices N]
 
 Restores the newest checkpoint (or step N) on any device count, evaluates every example of the split
-exactly once and prints the same `eval/*` metrics as training (process 0 also appends them, with
-`eval/step`, to WORKDIR/evaluate.jsonl). The config defaults to the one the checkpoint stores.
+exactly once and prints the same `eval/*` metrics as training, every one the run's task reports (process 0
+also appends them, with `eval/step`, to WORKDIR/evaluate.jsonl). The config defaults to the one the
+checkpoint stores. A run trained with objects passed from Python (a model class defined in a notebook, a task
+function, in-memory data) is evaluated from Python: `evaluate(config, workdir, model=Net, eval_data=...)`.
 """
 
 import argparse
@@ -27,11 +29,18 @@ EXTRA_HELP = ("  --step: the checkpoint to evaluate (default: the newest).\n"
 RESULTS_FILE = "evaluate.jsonl"
 
 
-def evaluate(config: Any, workdir: str, step: int | None = None, split: str | None = None) -> tuple[int, dict]:
-  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`."""
+def evaluate(config: Any, workdir: str, step: int | None = None, split: str | None = None, *, model: Any = None,
+             task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
+  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`.
+
+  `model`, `task`, `eval_data`: the objects the run was trained with in place of names (as given to
+  `train_and_evaluate`); the config then is the stored one (`restore.stored_config(workdir)`) or the run's.
+  """
   from jaxdp import checkpoint
   from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
-  parts, state, step = restore.restore(config, workdir, step)
+  from jaxdp.loop import train
+  objects = train.Objects(model=model, task=task, eval_data=eval_data)
+  parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.evaluate.evaluate")
   log.info("evaluating checkpoint %s/%d on %s", checkpoint.directory(workdir), step, split or config.dataset.eval_split)
   return step, eval_loop.run(parts, state, split)
 

@@ -4,6 +4,7 @@ The config a checkpoint stores is their default (`cli.parse_workdir`), so a trai
 not be repeated; `--config.key=value` flags still change it, and `--config FILE` replaces it.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -29,14 +30,44 @@ def stored_config(workdir: str, step: int | None = None) -> ml_collections.Confi
   return config
 
 
-def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = None) -> tuple[Any, Any, int]:
-  """(build.Parts, state, step): checkpoint `step` (default: newest) laid out for `config`'s devices and options."""
+def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
+            objects: Any = None, call: str = "jaxdp.evaluate.evaluate") -> tuple[Any, Any, int]:
+  """(build.Parts, state, step): checkpoint `step` (default: newest) laid out for `config`'s devices and options.
+
+  `objects` (a `jaxdp.loop.train.Objects`): the model, task, data passed from Python for names the run's config
+  stores as objects; one missing is a ConfigError naming the argument of `call` that passes it.
+  """
   from jaxdp import build, checkpoint  # JAX: only once the devices are set up.
+  from jaxdp.loop import train
+  objects = objects or train.Objects()
+  check_objects(config, workdir, objects, call)
   step = checkpoint.pick_step(workdir, step)
-  parts = build.build(config)
+  parts = build.build(config, **objects.build_kwargs())
   with checkpoint.Checkpointer(workdir, config) as ckpt:
     state = ckpt.restore_or_init(parts.backend, parts.init, step, strategy=parts.strategy)
   return parts, state, step
+
+
+def check_objects(config: ml_collections.ConfigDict, workdir: str, objects: Any, call: str) -> None:
+  """A ConfigError, in one line, when `config` names an object passed from Python that `objects` lacks."""
+  from jaxdp.loop import train
+  given = {k for k, v in dataclasses.asdict(objects).items() if v is not None}
+  missing = {k: name for k, name in train.passed_objects(config).items()
+             if k not in given and not (k == "eval_data" and "train_data" in given)}
+  if not missing:
+    return
+  what = ", ".join(f"{k} {name}" for k, name in missing.items())
+  args = ", ".join(f"{k}={_short(name)}" for k, name in missing.items())
+  raise ConfigError(f"the run in {workdir!r} was trained with {what} passed from Python, which no command line "
+                    f"can name: call {call}(config, workdir, {args}) from Python with the same object"
+                    f"{'s' * (len(missing) > 1)}")
+
+
+def _short(name: str) -> str:
+  """'<object __main__.Net>' -> 'Net'; '__main__:Net' -> 'Net'; '<object __main__.Net instance>' -> 'Net(...)'."""
+  instance = name.endswith(" instance>")
+  short = name.removeprefix("<object ").removesuffix(">").removesuffix(" instance").replace(":", ".").rpartition(".")[2]
+  return f"{short}(...)" if instance else short
 
 
 def _tuples(value: Any) -> Any:

@@ -78,15 +78,18 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
   return prompt + decode(tokens)
 
 
-def load_model(config: Any, workdir: str, step: int | None = None, *,
-               language_model: bool = False) -> tuple[Model, PyTree, PyTree, int]:
+def load_model(config: Any, workdir: str, step: int | None = None, *, language_model: bool = False,
+               model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[Model, PyTree, PyTree, int]:
   """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
 
   The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
-  every checkpoint the trainer writes restores; the parameters come back as one host copy.
+  every checkpoint the trainer writes restores; the parameters come back as one host copy. `model`, `task`,
+  `eval_data`: the objects the run was trained with in place of names (as given to `train_and_evaluate`).
   """
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
-  parts, state, step = restore.restore(config, workdir, step)
+  from jaxdp.loop import train
+  objects = train.Objects(model=model, task=task, eval_data=eval_data)
+  parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.sample.load_model")
   if language_model:
     _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
   # stderr: stdout carries only the sampled text.
