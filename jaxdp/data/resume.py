@@ -36,14 +36,14 @@ def order_kind(ds: Dataset) -> str:
 def stream_spec(ds: Dataset, split: str, *, seed: int, global_batch: int, process_count: int) -> dict[str, Any]:
   """What the train batches depend on besides the step: save it with the step, compare on restore.
 
-  The order of examples (dataset and version, source kind, order kind, split, seed, global batch; the
-  process count where each process has its own shard, the shuffle buffer where one shuffles the stream)
-  and their augmentation (crop_padding, flip, image_size and the crop recipe).
+  The order of examples (dataset and version, or in-memory data's digest; source kind, order kind, split, seed,
+  global batch; the process count where each process has its own shard, the shuffle buffer where one shuffles
+  the stream), the features a batch holds, and their augmentation (crop_padding, flip, image_size, crop recipe).
   """
   pre, order = ds.options.preprocess, order_kind(ds)
   spec = {"dataset": ds.corpus.facts.name, "source": ds.kind, "order": order, "split": split, "seed": seed,
-          "global_batch": global_batch, "crop_padding": pre.crop_padding, "flip": pre.flip,
-          "image_size": pre.image_size}
+          "global_batch": global_batch, "features": sorted(ds.element_spec()), "crop_padding": pre.crop_padding,
+          "flip": pre.flip, "image_size": pre.image_size}
   if pre.image_size:
     spec["crop"] = images.RECIPE
   if order != GLOBAL:
@@ -66,7 +66,10 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any]) -> None:
 
 
 def _upgraded(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
-  """A spec saved before the `order` key, as the current code writes that stream (see the module docstring)."""
+  """A spec saved before the `order` key, as the current code writes that stream (see the module docstring); one
+  saved before the `features` key held the supervised features only, in the same order: it names the current ones."""
+  if "features" not in saved and "features" in current:
+    saved = {**saved, "features": current["features"]}
   if "order" in saved or "shard_by_process" not in saved:
     return saved
   saved = dict(saved)
