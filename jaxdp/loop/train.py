@@ -50,8 +50,11 @@ class Objects:
   eval_data: Any = None
 
   def build_kwargs(self) -> dict[str, Any]:
-    """The objects given, as build.build's keywords (only those given: an older build takes none)."""
-    return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+    """The objects given, as build.build's keywords (only those given: an older build takes none).
+
+    Not `dataclasses.asdict`, which would turn a linen module (a dataclass) into a dict of its fields.
+    """
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
   def named(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """A copy of `config` whose names say which objects replaced them, as checkpoints store it.

@@ -4,7 +4,6 @@ The config a checkpoint stores is their default (`cli.parse_workdir`), so a trai
 not be repeated; `--config.key=value` flags still change it, and `--config FILE` replaces it.
 """
 
-import dataclasses
 import json
 import os
 from typing import Any
@@ -51,7 +50,7 @@ def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = 
 def check_objects(config: ml_collections.ConfigDict, workdir: str, objects: Any, call: str) -> None:
   """A ConfigError, in one line, when `config` names an object passed from Python that `objects` lacks."""
   from jaxdp.loop import train
-  given = {k for k, v in dataclasses.asdict(objects).items() if v is not None}
+  given = set(objects.build_kwargs())
   missing = {k: name for k, name in train.passed_objects(config).items()
              if k not in given and not (k == "eval_data" and "train_data" in given)}
   if not missing:

@@ -1,0 +1,108 @@
+"""The Python API with objects: models (NNX class or instance, linen module), tasks and in-memory data passed to
+`train_and_evaluate`; a workdir trained so says at `jaxdp.evaluate` what to pass; a user's script and task
+resume bitwise (SIGKILL, 8 -> 4 devices) and run under `jaxdp.launch` in 2 processes like in one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+import runs
+from flax import nnx
+
+import my_train
+import user_models
+from jaxdp import build, train
+from jaxdp.loop import train as loop_train
+from jaxdp.report import metrics
+from jaxdp.tools import audit, evaluate, restore
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(TESTS, "my_train.py")
+
+
+def _digits(config: ml_collections.ConfigDict, steps: int = 8) -> ml_collections.ConfigDict:
+  """`config` (conftest's) with no model fields of its own (an object replaces the model) and an eval at the end."""
+  config.model = ml_collections.ConfigDict({"name": "mlp"})
+  config.num_train_steps, config.eval_every_steps, config.log_every_steps = steps, steps, steps
+  return config
+
+
+def _untrained_eval_loss(config: ml_collections.ConfigDict, model) -> float:
+  """The eval loss of the model's init: the bar a trained model must get under."""
+  from jaxdp.loop import evaluate as eval_loop
+  parts = build.build(config, model=model)
+  return eval_loop.run(parts, parts.backend.init(parts.init))["eval/loss"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: user_models.NNXNet,  # An NNX class: built from the seed, its kwargs from the config.
+    lambda: user_models.NNXNet(64, 10, rngs=nnx.Rngs(3)),  # An NNX instance: its parameters are the init.
+    lambda: user_models.LinenBNNet(width=16),  # A linen module (with BatchNorm state).
+], ids=["nnx_class", "nnx_instance", "linen"])
+def test_model_objects_train(config, tmp_path, make):
+  config = _digits(config, steps=16)
+  if make() is user_models.NNXNet:
+    with config.model.unlocked():
+      config.model.in_features = 64  # A class's kwargs still come from the config.
+  before = _untrained_eval_loss(config, make())
+  result = train.train_and_evaluate(config, str(tmp_path), model=make())
+  assert result.eval_metrics["eval/loss"] < before - 0.1, (before, result.eval_metrics)
+
+
+def test_an_nnx_instance_is_the_init_whatever_the_seed(config):
+  module = user_models.NNXNet(64, 10, rngs=nnx.Rngs(7))
+  expected = nnx.to_pure_dict(nnx.state(module, nnx.Param))
+  for seed in (0, 1):
+    config.seed = seed
+    params, _ = build.build(_digits(config), model=module).model.init(jax.random.PRNGKey(seed))
+    runs.assert_bitwise(params, expected)
+  assert isinstance(module.linear.kernel.value, jax.Array)  # The module itself is left as it was.
+
+
+def test_a_model_that_is_no_module_is_one_config_error(config):
+  from jaxdp.config import ConfigError
+  with pytest.raises(ConfigError, match="is not a Flax NNX or linen Module"):
+    build.build(_digits(config), model=lambda x: x)
+
+
+@pytest.fixture(scope="module")
+def object_workdir(data_dir, tmp_path_factory):
+  """A run whose model was an NNX class passed from Python (stored as '<object user_models.NNXNet>')."""
+  config = runs.config_with({"dataset.data_dir": data_dir, "batch_size": 32, "num_train_steps": 4,
+                             "log_every_steps": 2, "eval_every_steps": 4, "checkpoint_every_steps": 4,
+                             "check_replicas_every_steps": 0})
+  config.model = ml_collections.ConfigDict({"name": "mlp", "in_features": 64})
+  workdir = tmp_path_factory.mktemp("object")
+  train.train_and_evaluate(config, str(workdir), model=user_models.NNXNet)
+  last = [r for r in metrics.read(str(workdir)) if "eval/loss" in r][-1]
+  return workdir, last
+
+
+def test_evaluating_an_object_workdir_names_the_argument_to_pass(object_workdir, capsys):
+  workdir, _ = object_workdir
+  assert restore.stored_config(str(workdir)).model.name == "<object user_models.NNXNet>"
+  status = evaluate.main(["jaxdp.evaluate", "--workdir", str(workdir)])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and len(err) == 1, err
+  assert err[0].startswith("error: the run in ") and "model <object user_models.NNXNet>" in err[0], err
+  assert "jaxdp.evaluate.evaluate(config, workdir, model=NNXNet)" in err[0], err
+
+
+def test_evaluate_from_python_with_the_object_reproduces_the_run(object_workdir):
+  workdir, last = object_workdir
+  step, results = evaluate.evaluate(restore.stored_config(str(workdir)), str(workdir), model=user_models.NNXNet)
+  assert step == 4
+  for key in ("eval/loss", "eval/accuracy", "eval/num_examples"):
+    assert results[key] == last[key], key
+
+
+def test_a_main_class_name_counts_as_an_object():
+  config = ml_collections.ConfigDict({"model": {"name": "__main__:Net"}, "task": {"name": "my_tasks:focal"},
+                                      "dataset": {"name": "digits"}})
+  assert loop_train.passed_objects(config) == {"model": "__main__:Net"}
