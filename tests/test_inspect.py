@@ -6,11 +6,14 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
+from jaxdp.tasks import Metric
 from jaxdp.tools import hlo, inspect
-from jaxdp.configs import mlp_digits
+from jaxdp.configs import default, mlp_digits
 
 N = 8
 METRIC_BYTES = 64  # The step's metrics (loss, accuracy: float32 scalars) travel with the gradients; allow a few more.
@@ -177,3 +180,32 @@ def test_fake_batches_hold_every_numeric_feature_of_the_dataset_not_inputs_and_l
   assert set(np.unique(batch["ids"])) == {0, 1} and batch["mask"].any() and not batch["mask"].all()
   assert batch["image"].std() > 0.5 and np.isfinite(batch["target"]).all()
   assert all(np.array_equal(batch[k], v) for k, v in hlo.fake_batch(shapes).items())  # The same draw each time.
+
+
+class Masked(nnx.Module):
+  """A model of two inputs, an image and its mask (named `test_inspect:Masked`)."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.image, self.mask, self.head = nnx.Linear(192, 4, rngs=rngs), nnx.Linear(64, 4, rngs=rngs), nnx.Linear(4, 2, rngs=rngs)
+
+  def __call__(self, image, mask):
+    return self.head(nnx.relu(self.image(image.reshape(len(image), -1)) + self.mask(mask.reshape(len(mask), -1))))
+
+
+def masked(model, batch):
+  """Squared error of the two-input model against the float target, weighted by meta/weight."""
+  image = batch["image"].astype(jnp.float32) / 255
+  error = jnp.square(model(image, batch["mask"].astype(jnp.float32)) - batch["target"])
+  return error, {"weighted": Metric(error, weights=batch["meta/weight"][:, None])}
+
+
+def test_inspect_compiles_a_task_on_the_dataset_s_own_features(tmp_path):
+  config = default.get_config()
+  config.dataset.name, config.dataset.data_dir = "feature_datasets:Scenes", str(tmp_path)
+  config.model.name, config.task.name = "test_inspect:Masked", "test_inspect:masked"
+  config.batch_size, config.best_metric, config.best_mode = 16, "eval/loss", "min"
+  r = inspect.analyze(config)
+  # Per device 2 rows of image u8[8, 8, 3] (not supervised "inputs": not made float), mask bool[8, 8], target
+  # f32[2], meta/id i32, meta/weight f32; its text feature never reaches the step.
+  assert r["per_device"]["batch_bytes"] == 2 * (8 * 8 * 3 + 8 * 8 + 2 * 4 + 4 + 4)
+  assert r["params"]["count"] == 192 * 4 + 4 + 64 * 4 + 4 + 4 * 2 + 2
