@@ -42,7 +42,7 @@ class NotABuilder:
 
 
 class FloatLabels(TinyBlobs):
-  """TinyBlobs with a float target in place of its class: a regression dataset, which jaxdp cannot train yet."""
+  """TinyBlobs with a float target in place of its class: a regression dataset (labels 0, 0.5, 1)."""
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
