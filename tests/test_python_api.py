@@ -106,3 +106,80 @@ def test_a_main_class_name_counts_as_an_object():
   config = ml_collections.ConfigDict({"model": {"name": "__main__:Net"}, "task": {"name": "my_tasks:focal"},
                                       "dataset": {"name": "digits"}})
   assert loop_train.passed_objects(config) == {"model": "__main__:Net"}
+
+
+STEPS = 40  # The script checkpoints every 8 steps.
+
+
+def _script(workdir, data_dir, *args, devices=8, steps=STEPS) -> subprocess.Popen:
+  """tests/my_train.py (a user's script: model, task and invariant mode of its own) on `devices` CPU devices."""
+  env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices)}
+  env.pop("XLA_FLAGS", None)
+  return subprocess.Popen([sys.executable, SCRIPT, "--workdir", str(workdir), "--data_dir", data_dir, "--steps",
+                           str(steps), "--checkpoint_every", "8", "--invariant", "--save", *args], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # The script (or the launcher and its processes): none outlives the test.
+    raise
+  assert proc.returncode == 0, out[-4000:]
+  return out
+
+
+def _final(workdir) -> dict[str, np.ndarray]:
+  with np.load(os.path.join(workdir, "final.npz")) as f:
+    return dict(f)
+
+
+@pytest.fixture(scope="module")
+def user_reference(data_dir, tmp_path_factory):
+  """The user's script uninterrupted on 1 process x 8 devices: final parameters and workdir."""
+  workdir = tmp_path_factory.mktemp("user_reference")
+  _finish(_script(workdir, data_dir))
+  return _final(workdir), workdir
+
+
+def test_the_user_script_logs_its_own_metrics_and_stores_main_objects(user_reference):
+  _, workdir = user_reference
+  records = metrics.read(str(workdir))
+  assert any("train/max_err" in r and "train/abs_err" in r for r in records)
+  assert any("eval/max_err" in r and "eval/abs_err" in r for r in records)
+  stored = restore.stored_config(str(workdir))
+  assert stored.model.name == "<object __main__.Net>" and stored.task.name == "<object __main__.huber>", stored
+
+
+def test_a_user_task_resumes_bitwise_after_sigkill(data_dir, tmp_path, user_reference):
+  proc = _script(tmp_path, data_dir, steps=STEPS * 50)
+  runs.wait_for(lambda: (tmp_path / "checkpoints" / "8").is_dir(), timeout=240)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.communicate(timeout=30)
+  from jaxdp import checkpoint
+  assert 8 <= checkpoint.steps(str(tmp_path))[-1] < STEPS
+  _finish(_script(tmp_path, data_dir))
+  runs.assert_bitwise(_final(tmp_path), user_reference[0])
+
+
+def test_a_user_task_resumes_from_8_on_4_devices_bitwise(data_dir, tmp_path, user_reference):
+  _finish(_script(tmp_path, data_dir, steps=16))
+  out = _finish(_script(tmp_path, data_dir, devices=4))
+  assert "over 2 runs" in out and "step 17/40" in out and "step 16/40" not in out, out[-2000:]  # Resumed at 16.
+  runs.assert_bitwise(_final(tmp_path), user_reference[0])
+
+
+def test_two_launched_processes_run_a_user_script_like_one(data_dir, tmp_path, user_reference):
+  """`jaxdp.launch -- my_train.py`: each process's train_and_evaluate joins the run; a task named module:function."""
+  ref_params, ref_dir = user_reference
+  args = ["--num_processes", "2", "--devices_per_process", "4", "--", SCRIPT, "--workdir", str(tmp_path),
+          "--data_dir", data_dir, "--steps", str(STEPS), "--checkpoint_every", "8", "--invariant", "--save",
+          "--task_name", "my_train:huber"]
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = _finish(subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
+  assert "[0] step" in out and "[1] step" not in out, out[-2000:]  # Two processes, one reporting.
+  assert restore.stored_config(str(tmp_path)).task.name == "my_train:huber"
+  assert audit.main(["audit", str(ref_dir), str(tmp_path)]) == 0  # The same global batches, step by step.
+  runs.assert_bitwise(_final(tmp_path), ref_params)  # Invariant mode: 2 x 4 devices as 1 x 8.
