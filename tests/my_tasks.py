@@ -1,0 +1,35 @@
+"""Tasks a user brings, named "my_tasks:focal" (not jaxdp's): a custom loss and metrics of every kind."""
+
+import jax
+import jax.numpy as jnp
+
+from jaxdp.tasks import Metric
+
+
+def focal(model, batch: dict[str, jax.Array], gamma: float = 2.0) -> tuple[jax.Array, dict]:
+  """Focal loss (Lin et al., 2017): cross-entropy scaled by (1 - p)^gamma; gamma 0 is plain cross-entropy."""
+  logits, labels = model(batch["inputs"]).astype(jnp.float32), batch["labels"]
+  log_p = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1)[:, 0]
+  p = jnp.exp(log_p)
+  correct = jnp.argmax(logits, -1) == labels
+  return -((1 - p) ** gamma) * log_p, {
+      "confidence": p,                                      # Mean probability of the true class.
+      "worst": Metric(-log_p, reduce="max"),                # The largest cross-entropy of any example.
+      "hits": Metric(correct, reduce="sum"),                # Correct predictions, counted.
+      "even_accuracy": Metric(correct, weights=labels % 2 == 0),  # Accuracy over even classes only.
+  }
+
+
+focal.headline = ("confidence",)
+
+
+class Scaled:
+  """A task class: cross-entropy times `scale`, and the mean logit norm."""
+
+  def __init__(self, scale: float = 1.0):
+    self.scale = scale
+
+  def __call__(self, model, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict]:
+    logits = model(batch["inputs"]).astype(jnp.float32)
+    ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["labels"][:, None], -1)[:, 0]
+    return self.scale * ce, {"logit_norm": jnp.linalg.norm(logits, axis=-1)}

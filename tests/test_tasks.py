@@ -1,0 +1,185 @@
+"""The task seam (issue 24): user losses and metrics from the CLI, every reduction kind, the same guarantees for
+any task (N devices == 1 in invariant mode, ZeRO-1 + accumulation), the built-in regression, best_metric."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import my_tasks
+from jaxdp import build, checkpoint, data, tasks, train
+from jaxdp.batch import REAL
+from jaxdp.config import ConfigError
+from jaxdp.configs import default, mlp_digits
+from jaxdp.loop import evaluate
+from jaxdp.report import metrics
+from jaxdp.tasks import base as task_lib
+
+FOCAL = "my_tasks:focal"
+USER_METRICS = ("confidence", "worst", "hits", "even_accuracy")
+
+
+def _cli(tmp_path, data_dir, *overrides) -> list[dict]:
+  """`python -m jaxdp.train` in-process on digits; the records of its metrics.jsonl."""
+  status = train.main(["jaxdp.train", "--config", mlp_digits.__file__, "--workdir", str(tmp_path),
+                       f"--config.dataset.data_dir={data_dir}", "--config.num_train_steps=6",
+                       "--config.log_every_steps=1", "--config.eval_every_steps=6", "--config.checkpoint_every_steps=0",
+                       "--config.batch_size=64", *overrides])
+  assert status == 0
+  return metrics.read(str(tmp_path))
+
+
+def _train(records: list[dict]) -> list[float]:
+  return [r["train/loss"] for r in records if "train/loss" in r]
+
+
+def test_a_user_loss_named_module_function_from_the_cli_changes_the_training(tmp_path, data_dir):
+  plain = _cli(tmp_path / "plain", data_dir)
+  focal = _cli(tmp_path / "focal", data_dir, f"--config.task.name={FOCAL}")
+  as_ce = _cli(tmp_path / "gamma0", data_dir, f"--config.task.name={FOCAL}", "--config.task.gamma=0.0")
+  # Focal loss <= cross-entropy, far below it on the first steps; with gamma 0 it is cross-entropy (other arithmetic).
+  assert all(f < 0.9 * p for f, p in zip(_train(focal), _train(plain))), (_train(focal), _train(plain))
+  np.testing.assert_allclose(_train(as_ce), _train(plain), rtol=2e-4)
+  last = {k: v for r in focal for k, v in r.items()}
+  for name in USER_METRICS:  # A user metric is train/<name> and eval/<name>; a "_" helper is neither.
+    assert f"train/{name}" in last and f"eval/{name}" in last, sorted(last)
+  assert "train/accuracy" not in last and "eval/accuracy" not in last  # The classification task did not run.
+  assert last["eval/hits"] == int(last["eval/hits"]) and 0 < last["eval/hits"] <= last["eval/num_examples"]
+
+
+def test_each_kind_reduces_eval_rows_as_the_numbers_computed_by_hand(config):
+  """Mean (weighted), sum and max over the real rows of several batches, padding left out (101 = 4 x 24 + 5)."""
+  config.task.name, config.batch_size, config.eval_batch_size = FOCAL, 24, 24
+  config.dataset.eval_split = "test[:101]"
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  got = evaluate.run(parts, state)
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  rows = [b for b in data.eval_batches(parts.ds, "test[:101]", global_batch=24, process_index=0, process_count=1)]
+  x = np.concatenate([b["inputs"][b[REAL]] for b in rows])
+  y = np.concatenate([b["labels"][b[REAL]] for b in rows])
+  logits = np.asarray(parts.model.apply(params, model_state, jnp.asarray(x), train=False)[0], np.float64)
+  log_p = jax.nn.log_softmax(logits)[np.arange(len(y)), y]
+  correct = logits.argmax(-1) == y
+  even = y % 2 == 0
+  assert got["eval/num_examples"] == 101 == len(y)
+  np.testing.assert_allclose(got["eval/confidence"], np.exp(log_p).mean(), rtol=1e-5)
+  np.testing.assert_allclose(got["eval/worst"], (-log_p).max(), rtol=1e-5)
+  assert got["eval/hits"] == correct.sum()
+  np.testing.assert_allclose(got["eval/even_accuracy"], correct[even].mean(), rtol=1e-6)
+
+
+def _dropout_focal(config, num_devices: int, **parallel) -> ml_collections.ConfigDict:
+  config.model = ml_collections.ConfigDict({"name": "dropout_models:DropoutMLP"})
+  config.task.name, config.num_train_steps, config.batch_size = FOCAL, 4, 32
+  config.parallel.num_devices = num_devices
+  for k, v in parallel.items():
+    config.parallel[k] = v
+  return config
+
+
+def _run(config, workdir) -> tuple[list, dict]:
+  result = train.train_and_evaluate(config, str(workdir))
+  last = {k: v for r in metrics.read(str(workdir)) for k, v in r.items() if k.split("/")[0] in ("train", "eval")}
+  return [np.asarray(x) for x in jax.tree.leaves(result.params)], last
+
+
+def test_a_user_task_is_bitwise_the_same_on_1_2_4_8_devices_in_invariant_mode(config, tmp_path):
+  runs_ = {}
+  for n in (1, 2, 4, 8):
+    config.grad_accum_steps = 2
+    runs_[n] = _run(_dropout_focal(config, n, invariant=True), tmp_path / str(n))
+  params1, metrics1 = runs_[1]
+  assert set(metrics1) >= {f"train/{k}" for k in USER_METRICS} | {f"eval/{k}" for k in USER_METRICS}
+  for n in (2, 4, 8):
+    params, got = runs_[n]
+    assert all(np.array_equal(a, b) for a, b in zip(params1, params)), n
+    assert got == metrics1, (n, {k: (got[k], metrics1[k]) for k in got if got[k] != metrics1.get(k)})
+
+
+def test_a_user_task_with_zero1_and_accumulation_matches_the_plain_step(config, tmp_path):
+  plain = _run(_dropout_focal(config, 8), tmp_path / "plain")
+  config.grad_accum_steps = 2
+  zero1 = _run(_dropout_focal(config, 8, shard_optimizer_state=True), tmp_path / "zero1")
+  # Dropout masks are keyed by micro-batch, so 2 micro-batches of 2 rows draw other masks than 1 of 4: compare
+  # accumulation against accumulation without ZeRO-1, and ZeRO-1 without accumulation against plain.
+  accum = _run(_dropout_focal(config, 8), tmp_path / "accum")
+  config.grad_accum_steps = 1
+  zero1_only = _run(_dropout_focal(config, 8, shard_optimizer_state=True), tmp_path / "zero1_only")
+  for (pa, ma), (pb, mb) in ((accum, zero1), (plain, zero1_only)):
+    for a, b in zip(pa, pb):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for k in ma:
+      np.testing.assert_allclose(ma[k], mb[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  assert any(not np.array_equal(a, b) for a, b in zip(plain[0], accum[0]))  # The masks did differ.
+
+
+def test_best_metric_may_be_a_user_eval_metric_and_keeps_its_best_checkpoint(tmp_path, data_dir):
+  records = _cli(tmp_path, data_dir, f"--config.task.name={FOCAL}", "--config.num_train_steps=8",
+                 "--config.eval_every_steps=2", "--config.checkpoint_every_steps=2", "--config.keep_checkpoints=1",
+                 "--config.keep_best_checkpoints=1", "--config.best_metric=eval/worst", "--config.best_mode=max",
+                 "--config.async_checkpointing=False")
+  worst = {r["step"]: r["eval/worst"] for r in records if "eval/worst" in r}
+  best = max(worst, key=worst.get)
+  assert best != 8, worst  # Else keeping the newest would pass too.
+  assert set(checkpoint.steps(str(tmp_path))) == {best, 8}
+
+
+def test_best_metric_not_of_the_task_is_one_config_error_naming_the_choices(config):
+  config.task.name, config.keep_best_checkpoints, config.best_metric = FOCAL, 1, "eval/accuracy"
+  with pytest.raises(ConfigError, match=r"eval/accuracy.*") as e:
+    build.build(config)
+  assert "eval/worst" in str(e.value) and "eval/confidence" in str(e.value)
+  config.keep_best_checkpoints = 0  # No best checkpoints kept: the default best_metric is never read.
+  build.build(config)
+
+
+def test_the_regression_builtin_is_inferred_for_float_labels_and_reports_mse_mae_r2(config, tmp_path):
+  config.dataset = ml_collections.ConfigDict({"name": "user_datasets:FloatLabels", "data_dir": str(tmp_path / "tfds")})
+  config.num_train_steps, config.batch_size, config.learning_rate = 60, 24, 1e-2
+  parts = build.build(config)
+  assert parts.task_info.describe() == "regression (inferred from float labels)"
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  got = result.eval_metrics
+  assert {"eval/loss", "eval/mse", "eval/mae", "eval/r2"} <= set(got) and not any("/_" in k for k in got)
+  y = np.concatenate([b["labels"][b[REAL]] for b in data.eval_batches(
+      parts.ds, "test", global_batch=24, process_index=0, process_count=1)]).astype(np.float64)
+  np.testing.assert_allclose(got["eval/r2"], 1 - got["eval/mse"] / y.var(), rtol=1e-4)
+  assert got["eval/r2"] > 0.8 and got["eval/mse"] == pytest.approx(got["eval/loss"])
+
+
+def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_smoothing():
+  facts = type("Facts", (), {"float_labels": False})()
+  config = default.get_config()
+  config.label_smoothing = 0.1
+  assert tasks.get(config, facts) == tasks.Classification(label_smoothing=0.1)
+  assert tasks.resolve(config, facts).describe() == "classification (inferred from integer labels)"
+  config.task.name = "next_token"
+  assert tasks.get(config, facts) == tasks.NextToken(label_smoothing=0.1)
+  for name, task_fields, said in [("nope", {}, "unknown task 'nope'"), ("my_tasks:nope", {}, "unknown task"),
+                                  (FOCAL, {"gama": 1.0}, "config.task.gama"), ("my_tasks:Scaled", {"scal": 2}, "scal"),
+                                  ("classification", {"smoothing": 1}, "config.task.smoothing")]:
+    c = default.get_config()
+    c.task.name = name
+    c.task.update(task_fields)
+    with pytest.raises(ConfigError, match=said) as e:
+      tasks.get(c, facts)
+    assert "\n" not in str(e.value)
+  c = default.get_config()
+  c.task.name, c.task.scale = "my_tasks:Scaled", 3.0
+  assert tasks.get(c, facts).scale == 3.0
+  c = default.get_config()
+  c.task.name = "my_tasks:Scaled"
+  assert tasks.get(c, facts, task=my_tasks.focal) is my_tasks.focal  # An object from Python overrides the name.
+  assert tasks.headline(my_tasks.focal) == ("confidence",) and tasks.headline(tasks.Regression()) == ("mse",)
+
+
+def test_a_metric_of_no_known_kind_or_a_summed_loss_is_refused():
+  bound = task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, dtype=jnp.float32,
+                              cast_inputs=True)
+  batch = {"inputs": jnp.ones((2, 3))}
+  with pytest.raises(ConfigError, match="reduce must be one of"):
+    task_lib.run(lambda m, b: (m(b["inputs"]), {"x": tasks.Metric(b["inputs"], reduce="median")}), bound, batch)
+  with pytest.raises(ConfigError, match="loss must reduce by mean"):
+    task_lib.run(lambda m, b: (tasks.Metric(m(b["inputs"]), reduce="sum"), {}), bound, batch)
