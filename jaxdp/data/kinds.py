@@ -10,11 +10,12 @@ registration; a kind registered again under its name replaces the old one.
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 
 from jaxdp import config as config_lib
-from jaxdp.data import tfds_dataset, token_file
+from jaxdp.data import in_memory, tfds_dataset, token_file
 from jaxdp.data.dataset import Dataset
 
 
@@ -51,12 +52,16 @@ def find(name: str) -> Kind:
   return claims[0] if claims else TFDS_NAME
 
 
-def load(config: ml_collections.ConfigDict) -> Dataset:
-  """Opens the dataset `config` (a `config.dataset`) names, preparing it once (as ArrayRecord) if needed.
+def load(config: ml_collections.ConfigDict, *, train_data: Any = None, eval_data: Any = None) -> Dataset:
+  """Opens the dataset `config` (a `config.dataset`) names, preparing it once (as ArrayRecord) if needed; or, given
+  `train_data`/`eval_data` (a dict of numpy arrays or a random-access source each), those (`in_memory`; the name
+  is then unused).
 
   Fields it lacks take their defaults from `configs/default.py` (a caller may pass a few fields only).
   """
   config = complete(config)
+  if train_data is not None or eval_data is not None:
+    return in_memory.open_data(config, train_data, eval_data)
   return find(config.name).open(config, dict(config.get("builder_kwargs") or {}))
 
 
