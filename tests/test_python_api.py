@@ -148,8 +148,23 @@ def test_the_user_script_logs_its_own_metrics_and_stores_main_objects(user_refer
   records = metrics.read(str(workdir))
   assert any("train/max_err" in r and "train/abs_err" in r for r in records)
   assert any("eval/max_err" in r and "eval/abs_err" in r for r in records)
+  losses = [r["train/loss"] for r in records if "train/loss" in r]
+  assert np.mean(losses[-8:]) < 0.6 * np.mean(losses[:8]), losses  # The two-input model trains.
   stored = restore.stored_config(str(workdir))
   assert stored.model.name == "<object __main__.Net>" and stored.task.name == "<object __main__.huber>", stored
+
+
+def test_evaluate_with_the_script_objects_prints_the_user_metrics(user_reference, capsys):
+  _, workdir = user_reference
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(workdir)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "model=Net, task=huber)" in err[0], err
+  config = restore.stored_config(str(workdir))
+  step, results = evaluate.evaluate(config, str(workdir), model=my_train.Net, task=my_train.huber)
+  last = [r for r in metrics.read(str(workdir)) if "eval/loss" in r][-1]
+  assert step == STEPS and {"eval/loss", "eval/abs_err", "eval/max_err"} <= results.keys(), results
+  for key in ("eval/loss", "eval/abs_err", "eval/max_err", "eval/num_examples"):
+    assert results[key] == last[key], key
 
 
 def test_a_user_task_resumes_bitwise_after_sigkill(data_dir, tmp_path, user_reference):
