@@ -1,19 +1,25 @@
 """In-memory data (issue 24): `data.load(config.dataset, train_data=..., eval_data=...)` with a dict of numpy arrays
 or a random-access source, read by index in the global order like any dataset, nothing written to a TFDS
-directory, fingerprinted by the resume guard."""
+directory, fingerprinted by the resume guard; and a regression on in-memory load_diabetes through the Python API."""
 
 import itertools
 import os
 
+import jax
 import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from flax import nnx
+from sklearn.datasets import load_diabetes
+from sklearn.linear_model import LinearRegression
 
+import jaxdp
 import jaxdp.datasets  # noqa: F401  Registers digits.
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError
+from jaxdp.configs import default
 
 B, STEPS = 8, 9  # 60 train examples: 7 steps an epoch, so STEPS crosses into a second epoch.
 
@@ -148,3 +154,46 @@ def test_splits_of_different_features_are_a_config_error():
   del test["mask"]
   with pytest.raises(ConfigError, match="different features"):
     _load(_arrays(60), test)
+
+
+# Acceptance (issue 24): a regression on in-memory arrays through the Python API, on 8 fake devices.
+
+class LinearRegressor(nnx.Module):
+  """y = x w + b: one output, reshaped by the regression task to the target's shape."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.linear = nnx.Linear(10, 1, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.linear(x)
+
+
+def _diabetes_split():
+  """load_diabetes, its last 20% the test split; inputs and targets standardized by the train split's statistics."""
+  x, y = load_diabetes(return_X_y=True)
+  cut = int(round(len(x) * 0.8))
+  mean, std = x[:cut].mean(0), x[:cut].std(0)
+  y_mean, y_std = y[:cut].mean(), y[:cut].std()
+  x, y = ((x - mean) / std).astype(np.float32), ((y - y_mean) / y_std).astype(np.float32)
+  return (x[:cut], y[:cut]), (x[cut:], y[cut:]), y_std
+
+
+def test_a_linear_regression_on_in_memory_arrays_matches_scikit_learn(tmp_path, capsys):
+  (x_train, y_train), (x_test, y_test), y_std = _diabetes_split()
+  reference = LinearRegression().fit(x_train, y_train)
+  sklearn_mse = float(np.mean((reference.predict(x_test) - y_test) ** 2)) * y_std**2  # In the target's units.
+  config = default.get_config()
+  config.batch_size, config.eval_batch_size, config.num_train_steps = 64, 32, 800
+  config.learning_rate, config.lr_schedule = 0.05, "cosine"
+  config.log_every_steps, config.eval_every_steps = 400, 800
+  config.checkpoint_every_steps, config.check_replicas_every_steps = 0, 0
+  config.best_metric, config.best_mode = "eval/mse", "min"
+  result = jaxdp.train_and_evaluate(config, str(tmp_path / "run"), model=LinearRegressor,
+                                    train_data={"inputs": x_train, "labels": y_train},
+                                    eval_data={"inputs": x_test, "labels": y_test})
+  assert jax.device_count() == 8 and result.eval_metrics["eval/num_examples"] == len(x_test)
+  jaxdp_mse = result.eval_metrics["eval/mse"] * y_std**2
+  with capsys.disabled():
+    print(f"\nload_diabetes test MSE: jaxdp {jaxdp_mse:.1f}, scikit-learn LinearRegression {sklearn_mse:.1f} "
+          f"(ratio {jaxdp_mse / sklearn_mse:.4f})")
+  assert abs(jaxdp_mse / sklearn_mse - 1) < 0.05
