@@ -94,6 +94,13 @@ def test_evaluating_an_object_workdir_names_the_argument_to_pass(object_workdir,
   assert "jaxdp.evaluate.evaluate(config, workdir, model=NNXNet)" in err[0], err
 
 
+def test_sampling_an_object_workdir_names_the_argument_to_pass(object_workdir, capsys):
+  from jaxdp.tools import sample
+  assert sample.main(["jaxdp.sample", "--workdir", str(object_workdir[0])]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "jaxdp.sample.load_model(config, workdir, model=NNXNet)" in err[0], err
+
+
 def test_evaluate_from_python_with_the_object_reproduces_the_run(object_workdir):
   workdir, last = object_workdir
   step, results = evaluate.evaluate(restore.stored_config(str(workdir)), str(workdir), model=user_models.NNXNet)
