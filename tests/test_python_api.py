@@ -205,3 +205,18 @@ def test_two_launched_processes_run_a_user_script_like_one(data_dir, tmp_path, u
   assert restore.stored_config(str(tmp_path)).task.name == "my_train:huber"
   assert audit.main(["audit", str(ref_dir), str(tmp_path)]) == 0  # The same global batches, step by step.
   runs.assert_bitwise(_final(tmp_path), ref_params)  # Invariant mode: 2 x 4 devices as 1 x 8.
+
+
+def test_a_two_input_model_trains_on_in_memory_features_and_evaluates_from_python(data_dir, tmp_path, capsys):
+  """my_train.py --in_memory: the same features as arrays; the workdir names model, task and eval_data to pass."""
+  _finish(_script(tmp_path, data_dir, "--in_memory", steps=24))
+  records = metrics.read(str(tmp_path))
+  losses = [r["train/loss"] for r in records if "train/loss" in r]
+  assert np.mean(losses[-6:]) < 0.6 * np.mean(losses[:6]), losses
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "model=Net, task=huber, eval_data=dict(...))" in err[0], err
+  step, results = evaluate.evaluate(restore.stored_config(str(tmp_path)), str(tmp_path), model=my_train.Net,
+                                    task=my_train.huber, eval_data=my_train.make_data(20, 1))
+  last = [r for r in records if "eval/loss" in r][-1]
+  assert step == 24 and all(results[k] == last[k] for k in ("eval/loss", "eval/max_err", "eval/num_examples"))
