@@ -2,6 +2,7 @@
 as on a first run: from a checkout, in a fresh kernel in which jaxdp is not importable.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -37,7 +38,7 @@ def _first_run_checkout(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_there_are_notebooks():
-  assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb"}
+  assert {p.name for p in NOTEBOOKS} >= {"quickstart.ipynb", "data_parallelism.ipynb", "your_own_task.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -63,3 +64,9 @@ def test_notebook_runs(path, data_dir, tmp_path, monkeypatch):
   if path.name == "quickstart.ipynb":
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+  if path.name == "your_own_task.ipynb":  # The notebook's own task reached the metrics file, train and eval.
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    keys = set().union(*records)
+    assert {"train/loss", "train/mse", "train/max_error", "eval/mse", "eval/mae", "eval/max_error"} <= keys, keys
+    assert "train/accuracy" not in keys and "eval/accuracy" not in keys
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
