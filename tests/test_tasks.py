@@ -13,7 +13,7 @@ from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
 from jaxdp.loop import evaluate
-from jaxdp.report import metrics
+from jaxdp.report import metrics, summary
 from jaxdp.tasks import base as task_lib
 
 FOCAL = "my_tasks:focal"
@@ -140,6 +140,9 @@ def test_the_regression_builtin_is_inferred_for_float_labels_and_reports_mse_mae
   config.num_train_steps, config.batch_size, config.learning_rate = 60, 24, 1e-2
   parts = build.build(config)
   assert parts.task_info.describe() == "regression (inferred from float labels)"
+  lines = summary.describe(parts.config, parts.backend, parts.layout, parts.ds, parts.model, parts.task_info.describe())
+  assert lines["task"] == "regression (inferred from float labels)" and "float labels ()" in lines["data"]
+  assert list(lines).index("task") == list(lines).index("data") + 1
   result = train.train_and_evaluate(config, str(tmp_path / "run"))
   got = result.eval_metrics
   assert {"eval/loss", "eval/mse", "eval/mae", "eval/r2"} <= set(got) and not any("/_" in k for k in got)

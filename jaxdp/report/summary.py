@@ -18,22 +18,30 @@ TOPIC_WIDTH = 9  # Fixed, so that lines printed later (e.g. "compute") align wit
 
 
 def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layout: config_lib.Layout,
-             ds: data.Dataset, model: Model) -> dict[str, str]:
-  """Topic -> one line of text, in the order printed (the step's FLOPs come later: see `compute`)."""
+             ds: data.Dataset, model: Model, task: str = "") -> dict[str, str]:
+  """Topic -> one line of text, in the order printed (the step's FLOPs come later: see `compute`).
+
+  `task`: which task runs and why (`tasks.Resolved.describe`: "classification (inferred from integer labels)").
+  """
   count, nbytes = parameter_size(model)
   n_train = ds.num_examples(config.dataset.train_split)
   n_eval = ds.num_examples(config.dataset.eval_split)
   steps_per_epoch = n_train // layout.global_batch
-  return {
+  targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
+  lines = {
       "devices": _devices(backend),
       "backend": _backend(config.parallel.backend, backend),
       "batch": _batch(layout),
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
-               f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {ds.num_classes} classes"),
+               f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {targets}"),
       "schedule": (f"{config.num_train_steps:,} steps, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
   }
+  if not task:
+    return lines
+  at = list(lines).index("data") + 1  # Right after the data the task reads.
+  return {**dict(list(lines.items())[:at]), "task": task, **dict(list(lines.items())[at:])}
 
 
 def format_summary(lines: dict[str, str]) -> str:
