@@ -130,6 +130,11 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   return True
 
 
+def joined() -> bool:
+  """Whether this process already joined its run (`initialize` returned True)."""
+  return _joined
+
+
 def launched() -> bool:
   """Whether this process was started to join a run (jaxdp.launch or a scheduler script set JAXDP_*)."""
   return bool(os.environ.get(ENV_COORDINATOR))

@@ -38,6 +38,8 @@ def join(config: ml_collections.ConfigDict) -> None:
   the process's CPU devices (JAXDP_CPU_DEVICES) are set first, as the CLI sets them from the same variable.
   """
   from jaxdp.runtime import cpu_devices, distributed
+  if distributed.joined():  # The CLI joined before its command: its devices are the run's (global count now).
+    return
   if distributed.launched() and (count := cpu_devices.requested([])) is not None:
     cpu_devices.simulate(count)
   init(config)
