@@ -78,7 +78,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
 def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:
   """The names `eval/...` the task reports, from tracing it (no FLOP run) on one abstract example of `ds`."""
   params, model_state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-  batch = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in _element_spec(ds).items()}
+  batch = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in ds.element_spec().items()}
 
   def sums(params: Any, model_state: Any, batch: dict) -> dict:
     bound = task_lib.BoundModel(model.apply, params, model_state, train=False, rng=None, dtype=jnp.float32,
@@ -88,15 +88,6 @@ def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cas
   shapes = jax.eval_shape(sums, params, model_state, batch)
   ones = {group: jax.tree.map(lambda _: 1.0, values) for group, values in shapes.items()}
   return list(metrics.summarize_eval(ones, task))
-
-
-def _element_spec(ds: data.Dataset) -> dict[str, jax.ShapeDtypeStruct]:
-  """One example's features; from the facts' inputs and labels where the dataset cannot say."""
-  if hasattr(ds, "element_spec"):
-    return ds.element_spec()
-  labels = jnp.float32 if ds.corpus.facts.float_labels else jnp.int32
-  return {"inputs": jax.ShapeDtypeStruct(tuple(ds.input_shape), jnp.int32 if ds.integer_inputs else jnp.float32),
-          "labels": jax.ShapeDtypeStruct(tuple(ds.label_shape), labels)}
 
 
 def _flops_step(backend: parallel.Backend, tx: optax.GradientTransformation, strategy: strategies.Strategy,
