@@ -1,6 +1,8 @@
 """The task seam (issue 24): user losses and metrics from the CLI, every reduction kind, the same guarantees for
 any task (N devices == 1 in invariant mode, ZeRO-1 + accumulation), the built-in regression, best_metric."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -8,13 +10,15 @@ import numpy as np
 import pytest
 
 import my_tasks
-from jaxdp import build, checkpoint, data, tasks, train
+from jaxdp import build, checkpoint, data, models, tasks, train
+from jaxdp import step as step_lib
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
 from jaxdp.loop import evaluate
 from jaxdp.report import metrics, summary
 from jaxdp.tasks import base as task_lib
+from jaxdp.tasks.classification import cross_entropy
 
 FOCAL = "my_tasks:focal"
 USER_METRICS = ("confidence", "worst", "hits", "even_accuracy")
@@ -186,3 +190,22 @@ def test_a_metric_of_no_known_kind_or_a_summed_loss_is_refused():
     task_lib.run(lambda m, b: (m(b["inputs"]), {"x": tasks.Metric(b["inputs"], reduce="median")}), bound, batch)
   with pytest.raises(ConfigError, match="loss must reduce by mean"):
     task_lib.run(lambda m, b: (tasks.Metric(m(b["inputs"]), reduce="sum"), {}), bound, batch)
+
+
+def test_next_token_reports_per_token_loss_accuracy_and_bits_per_byte_over_real_rows_only():
+  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))  # Logits are the inputs.
+  logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5))   # 2 replicas x 3 examples x 4 tokens.
+  labels = jax.random.randint(jax.random.PRNGKey(1), (2, 3, 4), 0, 5)
+  real = jnp.array([[True, True, False], [True, False, False]])
+  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
+  task = tasks.NextToken(bytes_per_token=2.0)
+  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"), task=task)
+  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": logits, "labels": labels,
+                                                                              REAL: real})
+  got = metrics.summarize_eval(jax.tree.map(lambda x: np.asarray(x[0]), sums), task)
+  ce = np.asarray(cross_entropy(logits, labels))[np.asarray(real)]
+  hits = (np.asarray(logits).argmax(-1) == np.asarray(labels))[np.asarray(real)]
+  assert got["eval/num_examples"] == 3
+  np.testing.assert_allclose(got["eval/loss"], ce.mean(), rtol=1e-6)
+  np.testing.assert_allclose(got["eval/accuracy"], hits.mean(), rtol=1e-6)
+  np.testing.assert_allclose(got["eval/bits_per_byte"], ce.mean() / np.log(2) / 2.0, rtol=1e-5)
