@@ -50,3 +50,23 @@ class SupervisedScenes(Scenes):
   """Scenes with supervised keys: image -> "inputs", target -> "labels" (float labels), the others by name."""
 
   SUPERVISED = ("image", "target")
+
+
+class NestedInputScenes(Scenes):
+  """Scenes whose supervised input is itself a FeaturesDict ({"scene": {image, mask}}, target): it once crashed
+  jaxdp's reader; its features come under their own names, flattened ("scene/image", "scene/mask", "target")."""
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "scene": tfds.features.FeaturesDict({"image": tfds.features.Image(shape=(8, 8, 3)),
+                                                 "mask": tfds.features.Tensor(shape=(8, 8), dtype=np.bool_)}),
+            "target": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+        }),
+        supervised_keys=("scene", "target"),
+    )
+
+  def _generate_examples(self, n: int, first_id: int) -> Iterator[tuple[int, dict]]:
+    for i, e in super()._generate_examples(n, first_id):
+      yield i, {"scene": {"image": e["image"], "mask": e["mask"]}, "target": e["target"]}

@@ -124,3 +124,10 @@ def test_the_stream_spec_names_the_features(tfds_dir):
     data.check_resume(changed, plain)
   old = {k: v for k, v in supervised.items() if k != "features"}  # Saved before the key: same order of examples.
   data.check_resume(old, supervised)
+
+
+def test_a_supervised_input_that_is_a_features_dict_gives_its_features_by_name(tfds_dir):
+  ds = _load(tfds_dir, "feature_datasets:NestedInputScenes")
+  assert sorted(ds.element_spec()) == ["scene/image", "scene/mask", "target"]
+  for batch in _train(ds, steps=2):
+    np.testing.assert_array_equal(batch["scene/mask"], batch["scene/image"][..., 0] > 127)
