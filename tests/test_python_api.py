@@ -13,11 +13,11 @@ import ml_collections
 import numpy as np
 import pytest
 import runs
-from flax import nnx
+from flax import linen, nnx
 
 import my_train
 import user_models
-from jaxdp import build, train
+from jaxdp import build, models, train
 from jaxdp.loop import train as loop_train
 from jaxdp.report import metrics
 from jaxdp.tools import audit, evaluate, restore
@@ -220,3 +220,24 @@ def test_a_two_input_model_trains_on_in_memory_features_and_evaluates_from_pytho
                                     task=my_train.huber, eval_data=my_train.make_data(20, 1))
   last = [r for r in records if "eval/loss" in r][-1]
   assert step == 24 and all(results[k] == last[k] for k in ("eval/loss", "eval/max_err", "eval/num_examples"))
+
+
+class _TwoInputLinen(linen.Module):
+  """linen, two inputs: its init needs both, which only the task knows how to feed."""
+
+  @linen.compact
+  def __call__(self, image: jax.Array, mask: jax.Array, train: bool) -> jax.Array:
+    x = image.astype(jax.numpy.float32) * mask[..., None]
+    return linen.Dense(2)(x.reshape(x.shape[0], -1))
+
+
+def test_a_linen_module_of_two_inputs_is_initialized_on_what_the_task_feeds_it():
+  spec = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in my_train.make_data(1, 0).items()}
+  model = models.get_model(ml_collections.ConfigDict({"name": "mlp"}), (), 0, module=_TwoInputLinen(),
+                           task=my_train.huber, element_spec=spec)
+  params, _ = model.init(jax.random.PRNGKey(0))
+  assert params["Dense_0"]["kernel"].shape == (8 * 8 * 3, 2)
+  data = my_train.make_data(4, 0)
+  bound = lambda *a, **k: model.apply(params, {}, *a, train=False, **k)[0]  # noqa: E731
+  loss, found = my_train.huber(bound, jax.tree.map(jax.numpy.asarray, data))
+  assert loss.shape == (4,) and set(found) == {"abs_err", "max_err"}

@@ -8,7 +8,7 @@ import ml_collections
 from flax import linen, nnx
 
 from jaxdp.config import ConfigError
-from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, sample_inputs
+from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, linen_call, sample_inputs
 
 BUILTIN = {
     "mlp": "jaxdp.models.mlp:MLP",
@@ -23,18 +23,20 @@ ModuleLike = type[nnx.Module] | type[linen.Module] | nnx.Module | linen.Module
 
 
 def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int,
-              module: ModuleLike | None = None) -> Model:
+              module: ModuleLike | None = None, *, task: Any = None,
+              element_spec: dict[str, Any] | None = None) -> Model:
   """Resolves `config.name` (or takes `module`) and builds the module with the other fields of `config` as kwargs.
 
   `input_shape` and `num_classes` (from the dataset) are passed too when the class takes them and the
   config does not set them. `module` overrides `config.name`: a class is built as a named one is; an NNX
   instance is used as it is, its current parameters being the run's init (the seed does not change them);
-  a linen instance is initialized from the seed on a zero sample of `input_shape`.
+  a linen instance is initialized from the seed on a zero sample of `input_shape`, or, given the `task` and
+  the dataset's `element_spec`, on zeros of the inputs the task feeds it (any number of them).
   """
   if isinstance(module, nnx.Module):
     return from_nnx_instance(module)
   if isinstance(module, linen.Module):
-    return from_linen(module, sample_inputs(input_shape))
+    return _linen(module, input_shape, task, element_spec)
   if module is not None and not (inspect.isclass(module) and issubclass(module, (nnx.Module, linen.Module))):
     raise ConfigError(f"model {module!r} is not a Flax NNX or linen Module (a class, or an instance)")
   cls = module or resolve(config.name)
@@ -47,9 +49,17 @@ def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], n
   try:
     if issubclass(cls, nnx.Module):
       return from_nnx(cls, kwargs)
-    return from_linen(cls(**kwargs), sample_inputs(input_shape))
+    return _linen(cls(**kwargs), input_shape, task, element_spec)
   except TypeError as e:  # Wrong kwargs for the class: a config mistake.
     raise ConfigError(f"model {name!r} does not accept the config's fields: {e}") from None
+
+
+def _linen(module: linen.Module, input_shape: tuple[int, ...], task: Any,
+           element_spec: dict[str, Any] | None) -> Model:
+  """A linen module, initialized on the task's inputs when the task and features are known, else on `input_shape`."""
+  if task is None or element_spec is None:
+    return from_linen(module, sample_inputs(input_shape))
+  return from_linen(module, sample_call=linen_call(module, task, element_spec))
 
 
 def resolve(name: str) -> type[Any]:

@@ -100,11 +100,19 @@ def _fill(abstract: nnx.State, values: PyTree) -> nnx.State:
   return state
 
 
-def from_linen(module: linen.Module, sample_inputs: jax.Array) -> Model:
-  """Wraps a linen module whose `__call__` takes `train: bool`; `init` calls it on `sample_inputs` alone."""
+def from_linen(module: linen.Module, sample_inputs: jax.Array | None = None,
+               sample_call: tuple[tuple, dict] | None = None) -> Model:
+  """Wraps a linen module whose `__call__` takes `train: bool`.
+
+  `init` calls it on `sample_inputs` alone, or on zeros shaped as `sample_call`'s (args, kwargs): the
+  inputs a task feeds it (`linen_call`), for a module of several inputs.
+  """
+  if sample_call is None:
+    sample_call = ((sample_inputs,), {})
+  args, kwargs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sample_call)
 
   def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
-    variables = module.init({"params": rng, "dropout": rng}, sample_inputs, train=False)
+    variables = module.init({"params": rng, "dropout": rng}, *args, train=False, **kwargs)
     variables = dict(variables)
     return variables.pop("params", {}), variables
 
@@ -118,6 +126,29 @@ def from_linen(module: linen.Module, sample_inputs: jax.Array) -> Model:
     return module.apply(variables, *args, train=train, rngs=rngs, **kwargs), model_state
 
   return Model(init, apply)
+
+
+def linen_call(module: linen.Module, task: Callable, element_spec: dict[str, jax.ShapeDtypeStruct]) -> tuple[tuple, dict]:
+  """The (args, kwargs) shapes `task` calls `module` with on one abstract example, traced (nothing runs).
+
+  linen builds its parameters from a first call, so its init needs the inputs a task feeds it; NNX does not.
+  """
+  calls = []
+
+  class Probe:
+    """Stands for the bound model: records the call and answers with the module's abstract outputs."""
+    train = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+      calls.append(jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), (args, kwargs)))
+      key = jax.random.PRNGKey(0)
+      return module.init_with_output({"params": key, "dropout": key}, *args, train=False, **kwargs)[0]
+
+  batch = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in element_spec.items()}
+  jax.eval_shape(lambda b: task(Probe(), b), batch)
+  if not calls:
+    raise ValueError("the task never calls the model")
+  return calls[0]
 
 
 def sample_inputs(input_shape: tuple[int, ...], batch: int = 1) -> jax.Array:
