@@ -50,6 +50,8 @@ def test_a_user_loss_named_module_function_from_the_cli_changes_the_training(tmp
     assert f"train/{name}" in last and f"eval/{name}" in last, sorted(last)
   assert "train/accuracy" not in last and "eval/accuracy" not in last  # The classification task did not run.
   assert last["eval/hits"] == int(last["eval/hits"]) and 0 < last["eval/hits"] <= last["eval/num_examples"]
+  hits = [r["train/hits"] for r in focal if "train/hits" in r]  # A sum over the 64 rows of a step, not a mean.
+  assert len(hits) == 6 and all(h == int(h) and 0 <= h <= 64 for h in hits) and max(hits) > 8, hits
 
 
 def test_each_kind_reduces_eval_rows_as_the_numbers_computed_by_hand(config):
