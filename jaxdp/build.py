@@ -60,7 +60,8 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   task_info = tasks.resolve(config, facts, task)
   num_outputs = getattr(task_info.task, "num_outputs", None)
   module = {"module": model} if model is not None else {}
-  net = models.get_model(config.model, ds.input_shape, num_outputs(facts) if num_outputs else ds.num_classes, **module)
+  net = models.get_model(config.model, ds.input_shape, num_outputs(facts) if num_outputs else ds.num_classes, **module,
+                         task=task_info.task, element_spec=ds.element_spec())  # A linen instance: init on what the task feeds.
   tx = optim.make(config, jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0])  # Mask from true shapes.
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=net, tx=tx,
                            strategy=strategy)
