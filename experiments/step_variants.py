@@ -33,8 +33,9 @@ def train_step(state: step_lib.TrainState, batch: dict[str, jax.Array], *, model
   """jaxdp's per-replica step (float32, no accumulation) with the guard done by `guard` and, with `flat`,
   one all-reduce of everything (none without `allreduce`)."""
   rng = jax.random.fold_in(state.rng, state.step)
-  grad_fn = step_lib._grad_fn(model, step_lib.TaskOptions(), "float32")
-  loss, accuracy, model_state, grads = plain.local_gradients(grad_fn, state, batch, rng, axis, 1)
+  grad_fn = step_lib._grad_fn(model, step_lib.CLASSIFICATION, "float32", True)
+  metrics, model_state, grads = plain.local_gradients(grad_fn, state, batch, rng, axis, 1)
+  loss, accuracy = metrics["mean"]["loss"], metrics["mean"]["accuracy"]
   if allreduce:
     loss, accuracy, model_state, grads = _means(loss, accuracy, model_state, grads, axis.name, flat)
   finite = base.all_finite((loss, grads))

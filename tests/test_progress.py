@@ -199,7 +199,7 @@ def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   lines = out.splitlines()
   assert lines[0] == "jaxdp"
   topics = [line.split()[0] for line in lines[1:10]]
-  assert topics == ["devices", "backend", "batch", "model", "data", "schedule", "compute", "compile"] + ["step"], out
+  assert topics == ["devices", "backend", "batch", "model", "data", "task", "schedule", "compute", "compile"] + ["step"], out
   assert lines[1].split()[1:3] == ["4", "x"]
   assert "global 32 = 4 devices x 8" in lines[3]
   progress_lines = lines[9:]

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxdp import build, checkpoint, data, models, parallel
+from jaxdp import build, checkpoint, data, models, parallel, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
@@ -172,7 +172,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     named = objects.named(parts.config)  # What the summary shows and checkpoints store.
     _check_workdir(workdir)
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
-    summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model))
+    summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
+                                   parts.task_info.describe() if parts.task_info else ""))
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
@@ -209,7 +210,8 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     # The step time leaves out eval and checkpoint saves, as the clock times them (one timer for both).
     reporter = stack.enter_context(contextlib.closing(progress.Reporter(
         total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
-        peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps)))
+        peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps,
+        headline=tasks.headline(parts.task))))
   tracker = StepMetrics(backend, steps_in_flight(config, backend), config.max_consecutive_nonfinite)
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
