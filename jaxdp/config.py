@@ -1,6 +1,8 @@
 """Config validation with clear errors, and the values derived from a config."""
 
 import dataclasses
+import importlib
+from typing import Any
 
 import ml_collections
 
@@ -58,6 +60,19 @@ def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict
     elif (key not in _OWN_FIELDS and isinstance(value, ml_collections.ConfigDict)
           and isinstance(config[key], ml_collections.ConfigDict)):
       _fill(config[key], value)
+
+
+def import_named(name: str, what: str) -> Any:
+  """The object "package.module:attr" names (a model, task or dataset of one's own); a ConfigError naming it."""
+  module_name, _, attr = name.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ConfigError(f"unknown {what} {name!r}: cannot import module {module_name!r}: {e}") from None
+  try:
+    return getattr(module, attr)
+  except AttributeError:
+    raise ConfigError(f"unknown {what} {name!r}: module {module_name!r} has no {attr!r}") from None
 
 
 def eval_batch_size(config: ml_collections.ConfigDict) -> int:

@@ -2,13 +2,13 @@
 names (nested ones flattened with "/"), in the one global order, the same through the in-memory cache, every
 eval example once; the stream spec names the features."""
 
-import itertools
 
 import ml_collections
 import numpy as np
 import pytest
 
 import feature_datasets
+import batches
 import jaxdp.datasets  # noqa: F401  Registers the kinds of a user's data.
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
@@ -29,24 +29,12 @@ def _load(tfds_dir, name, **fields):
 
 
 def _train(ds, process_index=0, process_count=1, steps=STEPS):
-  stream = data.train_batches(ds, "train", seed=3, global_batch=B, start_step=0, process_index=process_index,
-                              process_count=process_count, with_ids=True)
-  return list(itertools.islice(stream, steps))
+  return batches.train(ds, seed=3, global_batch=B, steps=steps, process_index=process_index,
+                       process_count=process_count)
 
 
 def _global(ds, process_count):
-  """The global batches as the processes of a `process_count`-process run assemble them."""
-  per = [_train(ds, p, process_count) for p in range(process_count)]
-  return [{k: np.concatenate([pp[s][k] for pp in per]) for k in per[0][s]} for s in range(STEPS)]
-
-
-def _assert_same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert sorted(x) == sorted(y)
-    for k in x:
-      assert x[k].dtype == y[k].dtype, k
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+  return batches.global_batches(ds, process_count, seed=3, global_batch=B, steps=STEPS)
 
 
 def test_a_dataset_without_supervised_keys_gives_every_feature_under_its_own_name(tfds_dir):
@@ -87,7 +75,7 @@ def test_supervised_keys_are_inputs_and_labels_and_the_others_keep_their_names(t
 def test_one_and_two_processes_read_the_same_global_batches_of_every_feature(tfds_dir, name, fields):
   ds = _load(tfds_dir, name, **fields)
   one, two = _global(ds, 1), _global(ds, 2)
-  _assert_same(one, two)
+  batches.assert_same(one, two)
   assert set(one[0]) >= {"mask", "meta/id", INDEX}
 
 
@@ -96,9 +84,9 @@ def test_the_in_memory_cache_gives_the_same_batches_of_every_feature(tfds_dir, n
   read, cached = _load(tfds_dir, name), _load(tfds_dir, name, cache_mb=64)
   assert type(cached.corpus).__name__ == "CachedCorpus" and type(read.corpus).__name__ == "TfdsCorpus"
   assert cached.element_spec() == read.element_spec()
-  _assert_same(_train(read), _train(cached))
+  batches.assert_same(_train(read), _train(cached))
   evals = [list(data.eval_batches(d, "test", global_batch=B, process_index=0, process_count=1)) for d in (read, cached)]
-  _assert_same(*evals)
+  batches.assert_same(*evals)
 
 
 @pytest.mark.parametrize("process_count", [1, 2])

@@ -2,7 +2,6 @@
 or a random-access source, read by index in the global order like any dataset, nothing written to a TFDS
 directory, fingerprinted by the resume guard; and a regression on in-memory load_diabetes through the Python API."""
 
-import itertools
 import os
 
 import jax
@@ -15,6 +14,7 @@ from sklearn.datasets import load_diabetes
 from sklearn.linear_model import LinearRegression
 
 import jaxdp
+import batches
 import jaxdp.datasets  # noqa: F401  Registers digits.
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
@@ -56,23 +56,12 @@ def _load(train=None, test=None, **fields):
 
 
 def _train(ds, process_index=0, process_count=1):
-  stream = data.train_batches(ds, "train", seed=1, global_batch=B, start_step=0, process_index=process_index,
-                              process_count=process_count, with_ids=True)
-  return list(itertools.islice(stream, STEPS))
+  return batches.train(ds, seed=1, global_batch=B, steps=STEPS, process_index=process_index,
+                       process_count=process_count)
 
 
 def _global(ds, process_count):
-  per = [_train(ds, p, process_count) for p in range(process_count)]
-  return [{k: np.concatenate([pp[s][k] for pp in per]) for k in per[0][s]} for s in range(STEPS)]
-
-
-def _assert_same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert sorted(x) == sorted(y)
-    for k in x:
-      assert x[k].dtype == y[k].dtype, k
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+  return batches.global_batches(ds, process_count, seed=1, global_batch=B, steps=STEPS)
 
 
 @pytest.mark.parametrize("wrap", [dict, Rows, BatchedRows])
@@ -84,7 +73,7 @@ def test_in_memory_data_is_read_by_index_in_the_global_order(wrap):
   assert sorted(spec) == ["inputs", "labels", "mask", "meta/id"]  # Text left out; nested keys flattened.
   assert spec["inputs"].dtype == np.float32 and spec["labels"].dtype == np.float32 and spec["meta/id"].dtype == np.int32
   one = _global(ds, 1)
-  _assert_same(one, _global(ds, 2))  # 1 and 2 processes: the same global batches.
+  batches.assert_same(one, _global(ds, 2))  # 1 and 2 processes: the same global batches.
   epoch = np.concatenate([b[INDEX] for b in one[:7]])
   assert sorted(epoch) == sorted(set(epoch)) and len(epoch) == 56  # An epoch reads each example at most once.
   for batch in one:
@@ -107,7 +96,7 @@ def test_a_tfds_data_source_reads_as_its_arrays(data_dir):
   arrays = {k: np.stack([e[k] for e in examples]) for k in examples[0]}
   from_source, from_arrays = _load(source), _load(arrays)
   assert sorted(from_source.element_spec()) == ["image", "label"]  # No "inputs"/"labels": its own names.
-  _assert_same(_train(from_source), _train(from_arrays))
+  batches.assert_same(_train(from_source), _train(from_arrays))
 
 
 def test_nothing_is_written_to_a_tfds_directory(tmp_path, monkeypatch):

@@ -3,7 +3,6 @@ decoded once in memory when small (`cache`). The builder comes from a kind's mak
 TFDS name, a builder class named "package.module:Class", or a user's file or folder (`jaxdp.datasets.user`).
 """
 
-import importlib
 import inspect
 import re
 from collections.abc import Callable
@@ -12,6 +11,7 @@ import ml_collections
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core import dataset_builder
 
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, prepare
 from jaxdp.data.dataset import Dataset, Options
@@ -71,13 +71,7 @@ def by_class(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = Fal
 
 def _builder_class(name: str) -> type[tfds.core.DatasetBuilder]:
   """The TFDS builder class named by "package.module:ClassName"."""
-  module_name, _, class_name = name.partition(":")
-  try:
-    cls = getattr(importlib.import_module(module_name), class_name)
-  except ImportError as e:
-    raise ConfigError(f"dataset {name!r}: cannot import module {module_name!r}: {e}") from None
-  except AttributeError:
-    raise ConfigError(f"dataset {name!r}: module {module_name!r} has no {class_name!r}") from None
+  cls = config_lib.import_named(name, "dataset")
   if not (inspect.isclass(cls) and issubclass(cls, tfds.core.DatasetBuilder)):
     raise ConfigError(f"dataset {name!r} is not a TFDS builder class (tfds.core.DatasetBuilder), got {cls!r}")
   return cls

@@ -1,12 +1,12 @@
 """Models: built-in NNX modules, any NNX / linen class named by "package.module:ClassName", or a module object."""
 
-import importlib
 import inspect
 from typing import Any
 
 import ml_collections
 from flax import linen, nnx
 
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, linen_call, sample_inputs
 
@@ -67,11 +67,7 @@ def resolve(name: str) -> type[Any]:
   path = BUILTIN.get(name, name)
   if ":" not in path:
     raise ConfigError(f"unknown model {name!r} (built-in: {', '.join(BUILTIN)}; or 'package.module:ClassName')")
-  module_name, _, class_name = path.partition(":")
-  try:
-    cls = getattr(importlib.import_module(module_name), class_name)
-  except (ImportError, AttributeError) as e:
-    raise ConfigError(f"unknown model {name!r}: {e}") from None
+  cls = config_lib.import_named(path, "model")
   if not (inspect.isclass(cls) and issubclass(cls, (nnx.Module, linen.Module))):
     raise ConfigError(f"model {name!r} is not a Flax NNX or linen Module class")
   return cls

@@ -6,12 +6,12 @@ Built-ins (`classification`, `next_token`, `regression`) use the same seam as a 
 
 import dataclasses
 import functools
-import importlib
 import inspect
 from typing import Any
 
 import ml_collections
 
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.tasks.base import KINDS, BoundModel, Metric, Task
 from jaxdp.tasks.classification import Classification
@@ -71,11 +71,7 @@ def headline(task: Any) -> tuple[str, ...]:
 def _import(name: str) -> Any:
   if ":" not in name:
     raise ConfigError(f"unknown task {name!r} (built-in: {', '.join(BUILTIN)}; or 'package.module:function_or_Class')")
-  module_name, _, attr = name.partition(":")
-  try:
-    target = getattr(importlib.import_module(module_name), attr)
-  except (ImportError, AttributeError) as e:
-    raise ConfigError(f"unknown task {name!r}: {e}") from None
+  target = config_lib.import_named(name, "task")
   if not callable(target):
     raise ConfigError(f"task {name!r} is not a function or class")
   return target
