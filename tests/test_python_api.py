@@ -18,7 +18,7 @@ from flax import linen, nnx
 import my_train
 import user_models
 from jaxdp import build, models, train
-from jaxdp.loop import train as loop_train
+from jaxdp import objects
 from jaxdp.report import metrics
 from jaxdp.tools import audit, evaluate, restore
 
@@ -112,7 +112,7 @@ def test_evaluate_from_python_with_the_object_reproduces_the_run(object_workdir)
 def test_a_main_class_name_counts_as_an_object():
   config = ml_collections.ConfigDict({"model": {"name": "__main__:Net"}, "task": {"name": "my_tasks:focal"},
                                       "dataset": {"name": "digits"}})
-  assert loop_train.passed_objects(config) == {"model": "__main__:Net"}
+  assert objects.passed_objects(config) == {"model": "__main__:Net"}
 
 
 STEPS = 40  # The script checkpoints every 8 steps.

@@ -4,14 +4,12 @@ names (`model=`, `task=`, `train_data=`, `eval_data=`). The command line is `jax
 """
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import gc
 import itertools
 import json
 import logging
-import inspect
 import os
 import tempfile
 from collections.abc import Iterator
@@ -23,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxdp import build, checkpoint, data, models, parallel, tasks
+from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
@@ -35,69 +34,6 @@ log = logging.getLogger("jaxdp")
 PyTree = Any
 # `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
 SKIPPED_FILE = "skipped_examples.json"
-# How the stored config names an object passed from Python, which no config can name: "<object __main__.Net>".
-OBJECT_PREFIX = "<object "
-# Config field -> the keyword that passes its object (train_and_evaluate, tools.evaluate.evaluate, ...).
-OBJECT_FIELDS = {"model.name": "model", "task.name": "task", "dataset.name": "eval_data"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Objects:
-  """What a Python caller passes in place of the config's names; None: the config's own."""
-  model: Any = None       # An NNX module class or instance, or a linen module (models.get_model's `module`).
-  task: Any = None        # A task function or object (tasks.get's `task`).
-  train_data: Any = None  # A dict of arrays or a random-access source (data.load's).
-  eval_data: Any = None
-
-  def build_kwargs(self) -> dict[str, Any]:
-    """The objects given, as build.build's keywords (only those given: an older build takes none).
-
-    Not `dataclasses.asdict`, which would turn a linen module (a dataclass) into a dict of its fields.
-    """
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
-
-  def named(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` whose names say which objects replaced them, as checkpoints store it.
-
-    `jaxdp.evaluate`/`sample` on such a workdir then name the argument to pass from Python instead of
-    failing on a name that resolves to nothing (or to another class) in their process.
-    """
-    names = {"model.name": self.model, "task.name": self.task,
-             "dataset.name": self.eval_data if self.eval_data is not None else self.train_data}
-    named = copy.deepcopy(config)
-    for field, obj in names.items():
-      if obj is None:
-        continue
-      section, key = field.split(".")
-      with named.unlocked():
-        if section not in named:
-          named[section] = ml_collections.ConfigDict()
-        named[section][key] = object_name(obj)
-    return named
-
-
-def object_name(obj: Any) -> str:
-  """'<object __main__.Net>' for a class or function, '<object __main__.Net instance>' for an instance."""
-  if inspect.isclass(obj) or inspect.isfunction(obj):
-    return f"{OBJECT_PREFIX}{obj.__module__}.{obj.__qualname__}>"
-  return f"{OBJECT_PREFIX}{type(obj).__module__}.{type(obj).__qualname__} instance>"
-
-
-def passed_objects(config: ml_collections.ConfigDict) -> dict[str, str]:
-  """Keyword -> stored name, for each of `config`'s names that stands for an object passed from Python.
-
-  A class named in `__main__` ("__main__:Net", a notebook's or a script's) counts: another process's
-  `__main__` does not have it.
-  """
-  found = {}
-  for field, keyword in OBJECT_FIELDS.items():
-    section, key = field.split(".")
-    name = config.get(section, {}).get(key, "") or ""
-    if isinstance(name, str) and (name.startswith(OBJECT_PREFIX) or name.startswith("__main__:")):
-      found[keyword] = name
-  return found
-
-
 @dataclasses.dataclass
 class Result:
   """What a run leaves: the final (device) state, its backend and model, the last eval metrics.

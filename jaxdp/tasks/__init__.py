@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from jaxdp import config as config_lib
+from jaxdp import objects
 from jaxdp.config import ConfigError
 from jaxdp.tasks.base import KINDS, BoundModel, Metric, Task
 from jaxdp.tasks.classification import Classification
@@ -48,10 +49,10 @@ def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> 
     if not callable(task):
       raise ConfigError(f"task {task!r} is not callable: pass a function task(model, batch) or a task object")
     if inspect.isclass(task):
-      return Resolved(_build(task, kwargs, config, _object_name(task)), _object_name(task), "passed from Python")
+      return Resolved(_build(task, kwargs, config, objects.object_name(task)), objects.object_name(task), "passed from Python")
     if kwargs:
-      task = _bind(task, kwargs, config, _object_name(task))
-    return Resolved(task, _object_name(task), "passed from Python")
+      task = _bind(task, kwargs, config, objects.object_name(task))
+    return Resolved(task, objects.object_name(task), "passed from Python")
   name = config.task.name
   origin = "config.task.name"
   if not name:
@@ -110,6 +111,3 @@ def _bind(fn: Any, kwargs: dict, config: ml_collections.ConfigDict, name: str) -
   return functools.update_wrapper(functools.partial(fn, **kwargs), fn) if kwargs else fn
 
 
-def _object_name(obj: Any) -> str:
-  target = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
-  return f"<object {getattr(obj, '__qualname__', None) or target.__qualname__}>"

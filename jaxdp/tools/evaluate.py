@@ -38,8 +38,8 @@ def evaluate(config: Any, workdir: str, step: int | None = None, split: str | No
   """
   from jaxdp import checkpoint
   from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
-  from jaxdp.loop import train
-  objects = train.Objects(model=model, task=task, eval_data=eval_data)
+  from jaxdp import objects as objects_lib
+  objects = objects_lib.Objects(model=model, task=task, eval_data=eval_data)
   parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.evaluate.evaluate")
   log.info("evaluating checkpoint %s/%d on %s", checkpoint.directory(workdir), step, split or config.dataset.eval_split)
   return step, eval_loop.run(parts, state, split)

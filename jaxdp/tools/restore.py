@@ -33,12 +33,12 @@ def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = 
             objects: Any = None, call: str = "jaxdp.evaluate.evaluate") -> tuple[Any, Any, int]:
   """(build.Parts, state, step): checkpoint `step` (default: newest) laid out for `config`'s devices and options.
 
-  `objects` (a `jaxdp.loop.train.Objects`): the model, task, data passed from Python for names the run's config
+  `objects` (a `jaxdp.objects.Objects`): the model, task, data passed from Python for names the run's config
   stores as objects; one missing is a ConfigError naming the argument of `call` that passes it.
   """
   from jaxdp import build, checkpoint  # JAX: only once the devices are set up.
-  from jaxdp.loop import train
-  objects = objects or train.Objects()
+  from jaxdp import objects as objects_lib
+  objects = objects or objects_lib.Objects()
   check_objects(config, workdir, objects, call)
   step = checkpoint.pick_step(workdir, step)
   parts = build.build(config, **objects.build_kwargs())
@@ -49,9 +49,9 @@ def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = 
 
 def check_objects(config: ml_collections.ConfigDict, workdir: str, objects: Any, call: str) -> None:
   """A ConfigError, in one line, when `config` names an object passed from Python that `objects` lacks."""
-  from jaxdp.loop import train
+  from jaxdp import objects as objects_lib
   given = set(objects.build_kwargs())
-  missing = {k: name for k, name in train.passed_objects(config).items()
+  missing = {k: name for k, name in objects_lib.passed_objects(config).items()
              if k not in given and not (k == "eval_data" and "train_data" in given)}
   if not missing:
     return

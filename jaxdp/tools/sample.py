@@ -87,8 +87,8 @@ def load_model(config: Any, workdir: str, step: int | None = None, *, language_m
   `eval_data`: the objects the run was trained with in place of names (as given to `train_and_evaluate`).
   """
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
-  from jaxdp.loop import train
-  objects = train.Objects(model=model, task=task, eval_data=eval_data)
+  from jaxdp import objects as objects_lib
+  objects = objects_lib.Objects(model=model, task=task, eval_data=eval_data)
   parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.sample.load_model")
   if language_model:
     _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
