@@ -7,6 +7,7 @@ from jax import lax
 
 from jaxdp.strategies.base import (DataAxis, Gradients, GradFn, PyTree, Scalars, Strategy, integers_of_replica_zero,
                                    micro_batches, pmean_floats, reduce_metrics)
+from jaxdp.tasks.base import combine
 
 
 class DataParallel(Strategy):
@@ -67,7 +68,7 @@ def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array,
     model_state, grad_sum, totals = carry
     micro, i = xs
     (_, (metrics, model_state)), grads = grad_fn(params, model_state, micro, jax.random.fold_in(rng, first + i))
-    return (model_state, jax.tree.map(jnp.add, grad_sum, grads), _accumulate(totals, metrics)), None
+    return (model_state, jax.tree.map(jnp.add, grad_sum, grads), combine(totals, metrics)), None  # Sums; maxima of maxima.
 
   starts = {kind: {name: jnp.float32(-jnp.inf if kind == "max" else 0) for name in names}
             for kind, names in shapes.items()}
@@ -76,12 +77,6 @@ def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array,
   (model_state, grad_sum, totals), _ = lax.scan(micro_step, carry, (micros, jnp.arange(k)))
   means = {**totals, "mean": {name: v / k for name, v in totals["mean"].items()}}
   return means, model_state, jax.tree.map(lambda g: g / k, grad_sum)
-
-
-def _accumulate(totals: Scalars, metrics: Scalars) -> Scalars:
-  """Running totals over micro-batches: sums of the means and sums, maxima of the maxima."""
-  return {kind: {name: (jnp.maximum if kind == "max" else jnp.add)(totals[kind][name], v) for name, v in values.items()}
-          for kind, values in metrics.items()}
 
 
 def all_reduce_mean(tree: PyTree, axis_name: str, dtype: str = "float32") -> PyTree:
