@@ -1,4 +1,5 @@
-"""Reading by index (`jaxdp.data.source.tf_read`, `jaxdp.data.reader`): one source read per step, whatever the features."""
+"""Reading by index (`jaxdp.data.source.tf_read`, `jaxdp.data.reader`; on the host, `jaxdp.data.host_batches`): one
+source read per step, whatever the features."""
 
 import threading
 
@@ -36,19 +37,22 @@ def counted() -> tuple[Dataset, CountingSource]:
   return Dataset(ArrayCorpus(facts, {"train": source, "test": source}), Options(prefetch=0), kind="counting"), source
 
 
-def test_the_train_stream_reads_once_per_step(counted):
+@pytest.mark.parametrize("tf_data", [False, True])
+def test_the_train_stream_reads_once_per_step(counted, tf_data):
   ds, source = counted
   steps = 10
   batches = list(data.train_batches(ds, "train", seed=0, global_batch=B, start_step=0, process_index=0,
-                                    process_count=1, stop_step=steps))
+                                    process_count=1, stop_step=steps, _tf_data=tf_data))
   assert len(batches) == steps
-  assert source.reads == steps + 1  # And one probe for the types.
+  assert source.reads == steps + tf_data  # tf.data: and one probe for the types.
 
 
-def test_the_eval_stream_reads_once_per_step(counted):
+@pytest.mark.parametrize("tf_data", [False, True])
+def test_the_eval_stream_reads_once_per_step(counted, tf_data):
   ds, source = counted
   batch = 12  # 40 examples: 4 steps, the last one padded (a third key: REAL).
-  batches = list(data.eval_batches(ds, "test", global_batch=batch, process_index=0, process_count=1))
+  batches = list(data.eval_batches(ds, "test", global_batch=batch, process_index=0, process_count=1,
+                                   _tf_data=tf_data))
   assert len(batches) == -(-N // batch)
-  assert source.reads == len(batches) + 1
+  assert source.reads == len(batches) + tf_data
   assert sum(int(b[REAL].sum()) for b in batches) == N

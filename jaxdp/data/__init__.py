@@ -9,8 +9,11 @@ The modules, in the order the data flows through them:
   ArrayRecord), or a token file (`token_file`); or data given as Python objects (`in_memory`: a dict of numpy
   arrays, any random-access source); `source`: the random-access `Source` interface.
 - `sampler`: which examples global batch `step` holds, a pure function of (seed, step).
-- `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order).
-- `images`, `preprocess`: crops of images of varying size (per example); augmentation, normalization (per batch).
+- `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order);
+  `host_batches`: the same rows of a split with nothing to decode (cached, token file, in-memory, .npz), read by
+  numpy in the caller's thread, bitwise the same batches, no tf.data.
+- `images`, `preprocess`: crops of images of varying size (per example); augmentation, normalization (per batch,
+  in TF or, for `host_batches`, in numpy).
 - `train_stream`: `train_batches`, resumable at any step (its docstring states the contract);
   `eval_stream`: `eval_batches`, every example once, padded and masked; `streamed`: both for a dataset
   prepared as TFRecord only, under `dataset.shard_by_process`.

@@ -1,7 +1,8 @@
 """Examples that do not decode (a truncated image, bytes that are no image): named, or replaced and counted.
 
 A failed decode inside a tf.data worker surfaces as one `tf.errors.OpError` at the step's batch, naming no
-example. `Guarded` catches it, re-reads that step one example at a time to find the rows that fail, and
+example; a batch built on the host (`host_batches`) raises the source's `UnreadableExample` (a split decoded in
+memory), naming none either. `Guarded` catches it, re-reads that step one example at a time to find the rows that fail, and
 then either raises `BadExampleError` naming the split and each bad example's index in it (exit status 2
 through the CLI), or, with `dataset.skip_bad_examples`, reads the step again with each bad row replaced by
 the next example in index order that decodes at that position, and goes on from there. The happy path
@@ -21,9 +22,11 @@ import tensorflow as tf
 
 from jaxdp.config import ConfigError
 from jaxdp.data.dataset import Batch
+from jaxdp.data.source import UnreadableExample
 
 log = logging.getLogger("jaxdp")
 
+Failure = tf.errors.OpError | UnreadableExample  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
 SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
@@ -66,7 +69,7 @@ class Guarded(Iterator[Batch]):
   def __next__(self) -> Batch:
     try:
       batch = next(self._batches)
-    except tf.errors.OpError as e:
+    except (tf.errors.OpError, UnreadableExample) as e:
       batch = self._repair(self._step, e)
     self._step += 1
     return batch
@@ -75,7 +78,7 @@ class Guarded(Iterator[Batch]):
     """Bad examples replaced in this process's rows of the steps up to `step` (reading runs ahead)."""
     return sum(n for s, n in self.skipped.items() if s <= step)
 
-  def _repair(self, step: int, error: tf.errors.OpError) -> Batch:
+  def _repair(self, step: int, error: Failure) -> Batch:
     """The failed step read again with its bad rows replaced; raises BadExampleError when not skipping."""
     try:
       bad = [(row, int(i)) for row, i in enumerate(self._indices(step)) if not self._decodes(step, row, int(i))]
@@ -100,11 +103,11 @@ class Guarded(Iterator[Batch]):
         return candidate
     raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
 
-  def _error(self, bad: list[tuple[int, int]], error: tf.errors.OpError) -> BadExampleError:
+  def _error(self, bad: list[tuple[int, int]], error: Failure) -> BadExampleError:
     return named_error(self.split, [index for _, index in bad], error)
 
 
-def named_error(split: str, indices: list[int], error: tf.errors.OpError, remedy: str = SKIP) -> BadExampleError:
+def named_error(split: str, indices: list[int], error: Failure, remedy: str = SKIP) -> BadExampleError:
   """One line naming the split, the bad indices, and TensorFlow's reason."""
   named = ", ".join(str(index) for index in indices[:MAX_NAMED]) + (f" (+{len(indices) - MAX_NAMED} more)"
                                                                    if len(indices) > MAX_NAMED else "")
@@ -112,9 +115,11 @@ def named_error(split: str, indices: list[int], error: tf.errors.OpError, remedy
                          f"or {remedy}")
 
 
-def reason_of(error: tf.errors.OpError) -> str:
-  """TensorFlow's first line of `error`, without its tags and the tf.data wrappings around the cause."""
-  first = ((error.message or "").strip().splitlines() or [""])[0]
+def reason_of(error: Failure) -> str:
+  """TensorFlow's first line of `error`, without its tags and the tf.data wrappings around the cause (an
+  `UnreadableExample`: its message, the same cause)."""
+  message = str(error) if isinstance(error, UnreadableExample) else error.message
+  first = ((message or "").strip().splitlines() or [""])[0]
   return _TF_WRAPPING.sub("", first).strip() or type(error).__name__
 
 

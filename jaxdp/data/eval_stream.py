@@ -7,14 +7,18 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from jaxdp.data import bad_examples, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import REAL, example_decodes, no_autograph, probe_row, read_steps, to_numpy
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
-                 process_count: int) -> Iterator[Batch]:
-  """Every example of `split` exactly once, padded to full batches; `REAL` marks the real ones."""
+                 process_count: int, _tf_data: bool = False) -> Iterator[Batch]:
+  """Every example of `split` exactly once, padded to full batches; `REAL` marks the real ones.
+
+  A split with nothing to decode is read by numpy in the caller's thread (`host_batches`); any other through
+  tf.data (`_tf_data`: always, for the tests that compare the two).
+  """
   if ds.streamed:
     return streamed.eval_batches(ds, split, global_batch, process_index, process_count)
   source = ds.source(split)
@@ -26,6 +30,14 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   def ids(step: int) -> np.ndarray:
     return sampler.eval_rows(n, global_batch, step, lo, lo + rows)[0]
 
+  def read(step: int, swaps: bad_examples.Swaps) -> dict[str, np.ndarray]:
+    # Padding repeats real examples from the start (so they decode like any other) with REAL False; so does
+    # a bad example's replacement: an eval counts every good example once and a bad one never.
+    indices, mask = sampler.eval_rows(n, global_batch, step, lo, lo + rows)
+    replaced = swaps.get(step, {})
+    mask[list(replaced)] = False
+    return {**source.read(bad_examples.swapped(indices, replaced)), REAL: mask}
+
   def crop(example: dict) -> dict:
     return {**example, "inputs": images.eval_crop(example["inputs"], pre.image_size, pre.crop_ratio,
                                                   ds.input_shape[-1])}
@@ -34,19 +46,15 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     return pre.finish({k: v for k, v in batch.items() if k not in ("step", "row")})
 
   per_example = crop if pre.image_size else None
-  probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
+  stop = math.ceil(n / global_batch)
 
-  def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    def read(step: np.ndarray) -> dict[str, np.ndarray]:
-      # Padding repeats real examples from the start (so they decode like any other) with REAL False; so does
-      # a bad example's replacement: an eval counts every good example once and a bad one never.
-      indices, mask = sampler.eval_rows(n, global_batch, int(step), lo, lo + rows)
-      replaced = swaps.get(int(step), {})
-      mask[list(replaced)] = False
-      return {**source.read(bad_examples.swapped(indices, replaced)), REAL: mask}
+  def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    return host_batches.batches(lambda step: pre.finish_host(read(step, swaps)), first, stop)
 
-    steps = tf.data.Dataset.range(first, math.ceil(n / global_batch))
-    batches = read_steps(ds, probe, steps, read, rows, lo, per_example)
+  def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
+    steps = tf.data.Dataset.range(first, stop)
+    batches = read_steps(ds, probe, steps, lambda step: read(int(step), swaps), rows, lo, per_example)
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
@@ -56,7 +64,8 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
 
     return example_decodes(ds, one, step, lo + row, per_example)
 
-  return bad_examples.Guarded(open_from, ids, decodes, split=split, size=n, start=0,
+  on_host = host_batches.applies(ds) and not _tf_data
+  return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=n, start=0,
                               skip=ds.options.skip_bad_examples)
 
 

@@ -1,8 +1,9 @@
 """Host-side preprocessing of whole batches: train augmentation (random crop with padding, horizontal
 flip), then inputs to float32 and per-channel normalization.
 
-Every function takes one process's rows of a global batch and uses only vectorized TF ops (no
-per-example map), so it costs a few ops per batch. Augmentation is stateless: the draws of global
+Every function takes one process's rows of a global batch and uses only vectorized ops (no per-example
+map), so it costs a few ops per batch: TF ops inside tf.data, or their numpy twins (`*_host`, bitwise the same)
+for batches built without tf.data (`jaxdp.data.host_batches`). Augmentation is stateless: the draws of global
 batch `step` come from one `tf.random.stateless_uniform` seeded by (seed, step) over all its rows, and
 the example at global position `id = step * global_batch + row` takes row `row`. An example's crop and
 flip therefore depend on the seed and its position only, never on which process or device gets it.
@@ -121,12 +122,60 @@ class Preprocess:
     if INPUTS not in batch:
       return out
     x = tf.cast(batch[INPUTS], tf.float32)
-    # (x / 255 - mean) / std as one multiply-add: scale = 1 / (255 std), offset = -mean / std.
-    scale = 1 / 255 if batch[INPUTS].dtype == tf.uint8 else 1.0
-    std = tf.constant(self.std or (1.0,), tf.float32)
-    mean = tf.constant(self.mean or (0.0,), tf.float32)
-    if self.mean or self.std or scale != 1.0:
+    affine = self.affine(batch[INPUTS].dtype.as_numpy_dtype)
+    if affine is not None:
       # Broadcast to one example's full shape first: TF broadcasts over a leading axis much faster.
       shape = tf.shape(x)[1:]
-      x = x * tf.broadcast_to(scale / std, shape) - tf.broadcast_to(mean / std, shape)
+      scale, offset = (tf.broadcast_to(tf.constant(a), shape) for a in affine)
+      x = x * scale - offset
+    return {**out, INPUTS: x}
+
+  def affine(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
+    """(scale, offset), float32 per channel: inputs of `dtype` are normalized as x * scale - offset; None: as they are.
+
+    (x / 255 - mean) / std (uint8; else x - mean) as one multiply-add: scale = 1 / (255 std), offset = mean / std.
+    The one home of the formula: `finish` (TF) and `finish_host` (numpy) both apply it, in float32.
+    """
+    scale = 1 / 255 if np.dtype(dtype) == np.uint8 else 1.0
+    if not (self.mean or self.std or scale != 1.0):
+      return None
+    std = np.asarray(self.std or (1.0,), np.float32)
+    mean = np.asarray(self.mean or (0.0,), np.float32)
+    return np.float32(scale) / std, mean / std
+
+  def train_host(self, batch: dict[str, np.ndarray], step: int, *, seed: int, global_batch: int,
+                 first_row: int) -> dict[str, np.ndarray]:
+    """`train` in numpy, bitwise the same: augments then finishes rows [first_row, first_row + rows) of `step`."""
+    if INPUTS not in batch:
+      return self.finish_host(batch)
+    x = batch[INPUTS]
+    if self.augments:
+      draws = tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step)).numpy()
+      x = self.augment_host(x, draws[first_row:first_row + len(x)])
+    return self.finish_host({**batch, INPUTS: x})
+
+  def augment_host(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """`augment` in numpy (the same float32 draws to offsets, the same one gather), bitwise the same."""
+    rows, height, width, channels = images.shape
+    pad = self.crop_padding
+    top = (draws[:, 0] * np.float32(2 * pad + 1)).astype(np.int32)
+    left = (draws[:, 1] * np.float32(2 * pad + 1)).astype(np.int32)
+    j = np.arange(width, dtype=np.int32)[None, :]
+    cols = left[:, None] + (np.where((draws[:, 2] < 0.5)[:, None], width - 1 - j, j) if self.flip else j)
+    ys = top[:, None] + np.arange(height, dtype=np.int32)[None, :]
+    padded = np.pad(images, [(0, 0), (pad, pad), (pad, pad), (0, 0)]) if pad else images
+    return padded[np.arange(rows)[:, None, None], ys[:, :, None], cols[:, None, :]]
+
+  def finish_host(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`finish` in numpy, bitwise the same (the same casts; `affine` applied in float32), every array contiguous."""
+    out = {k: v if k == INPUTS or k.startswith("_") or v.dtype == object else
+           np.ascontiguousarray(v, batch_dtype(k, v.dtype)) for k, v in batch.items()}
+    if INPUTS not in batch:
+      return out
+    x = np.array(batch[INPUTS], np.float32)  # A copy of its own: normalized in place.
+    affine = self.affine(batch[INPUTS].dtype)
+    if affine is not None:
+      scale, offset = affine
+      np.multiply(x, scale, out=x)
+      np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}

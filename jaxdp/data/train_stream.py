@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 import tensorflow as tf
 
-from jaxdp.data import bad_examples, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import INDEX, example_decodes, no_autograph, probe_row, read_steps, to_numpy
 
@@ -40,11 +40,13 @@ def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_i
 
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,
                   process_index: int, process_count: int, stop_step: int | None = None,
-                  with_ids: bool = False) -> Iterator[Batch]:
+                  with_ids: bool = False, _tf_data: bool = False) -> Iterator[Batch]:
   """This process's rows of global batches start_step, start_step+1, ..., stop_step - 1 (None: forever).
 
-  A stream that ends lets tf.data's workers finish with it: an endless one is cancelled when it is released,
-  which can hold the process's exit for seconds (experiments/data_notes.md).
+  A split with nothing to decode is read by numpy in the caller's thread (`host_batches`); any other through
+  tf.data (`_tf_data`: always, for the tests that compare the two). A stream that ends lets tf.data's workers
+  finish with it: an endless one is cancelled when it is released, which can hold the process's exit for seconds
+  (experiments/data_notes.md).
   """
   rows = global_batch // process_count
   first_row = process_index * rows
@@ -59,7 +61,10 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return order.rows(step, first_row, first_row + rows)
 
   def with_index(ids: np.ndarray) -> dict[str, np.ndarray]:
-    return {**source.read(ids), INDEX: ids} if with_ids else source.read(ids)
+    return {**source.read(ids), INDEX: np.array(ids)} if with_ids else source.read(ids)
+
+  def read(step: int, swaps: bad_examples.Swaps) -> dict[str, np.ndarray]:
+    return with_index(bad_examples.swapped(ids(step), swaps.get(step)))
 
   def crop(example: dict) -> dict:
     key = images.example_seed(seed, example["step"], example["row"])
@@ -72,19 +77,23 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return batch
 
   per_example = crop if pre.image_size else None
-  probe = probe_row(with_index, len(source))
 
-  def open_from(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    def read(step: np.ndarray) -> dict[str, np.ndarray]:
-      return with_index(bad_examples.swapped(ids(int(step)), swaps.get(int(step))))
+  def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    def make(step: int) -> Batch:
+      return pre.train_host(read(step, swaps), step, seed=seed, global_batch=global_batch, first_row=first_row)
 
+    return host_batches.batches(make, first, stop_step)
+
+  def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
-    batches = read_steps(ds, probe, steps, read, rows, first_row, per_example)
+    batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
+                         first_row, per_example)
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
   def decodes(step: int, row: int, index: int) -> bool:
     return example_decodes(ds, lambda: with_index(np.array([index], np.int64)), step, first_row + row, per_example)
 
-  return bad_examples.Guarded(open_from, ids, decodes, split=split, size=len(source), start=start_step,
-                              skip=ds.options.skip_bad_examples)
+  on_host = host_batches.applies(ds) and not _tf_data
+  return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=len(source),
+                              start=start_step, skip=ds.options.skip_bad_examples)

@@ -1,0 +1,176 @@
+"""Batches built by numpy on the host (`jaxdp.data.host_batches`) are bitwise those of the tf.data path, for every
+kind of split with nothing to decode: train (1 and several processes, resumed, with ids) and eval; bad examples and
+failing reads are reported alike."""
+
+import itertools
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
+import batches
+import jaxdp.datasets  # noqa: F401  Registers digits, .npz files and token files.
+from jaxdp import data
+from jaxdp.data import cache, host_batches, reader
+from jaxdp.data.preprocess import Preprocess
+from jaxdp.datasets import token_file
+from jaxdp.runtime import exits
+
+STEPS = 30
+
+
+def _train(ds, *, host: bool, start: int = 0, steps: int = STEPS, batch: int = 16, process_index: int = 0,
+           process_count: int = 1, with_ids: bool = True) -> list:
+  stream = data.train_batches(ds, "train", seed=3, global_batch=batch, start_step=start, process_index=process_index,
+                              process_count=process_count, with_ids=with_ids, _tf_data=not host)
+  return list(itertools.islice(stream, steps))
+
+
+def _eval(ds, *, host: bool, batch: int = 16, process_index: int = 0, process_count: int = 1, split: str = "test"):
+  return list(data.eval_batches(ds, split, global_batch=batch, process_index=process_index,
+                                process_count=process_count, _tf_data=not host))
+
+
+def _assert_both_paths_agree(ds, batch: int = 16, eval_split: str = "test") -> None:
+  """Train (1 and 2 processes' rows, resumed at a step, with and without ids) and eval batches: bitwise the same."""
+  assert host_batches.applies(ds)
+  for kwargs in ({}, {"process_index": 1, "process_count": 2}, {"start": 7, "steps": 9}, {"with_ids": False}):
+    batches.assert_same(_train(ds, host=True, batch=batch, **kwargs), _train(ds, host=False, batch=batch, **kwargs))
+  for p, count in ((0, 1), (0, 2), (1, 2)):
+    batches.assert_same(_eval(ds, host=True, batch=batch, process_index=p, process_count=count, split=eval_split),
+                        _eval(ds, host=False, batch=batch, process_index=p, process_count=count, split=eval_split))
+
+
+def _digits(data_dir, **fields):
+  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
+
+
+def test_a_cached_split_reads_the_same_batches_on_the_host(data_dir):
+  ds = _digits(data_dir)
+  assert isinstance(ds.corpus, cache.CachedCorpus)
+  _assert_both_paths_agree(ds)
+
+
+@pytest.mark.parametrize("fields", [{"crop_padding": 2, "flip": True}, {"flip": True, "mean": (0.4,), "std": (0.3,)},
+                                    {"crop_padding": 3, "mean": (0.5,)}])
+def test_augmented_and_normalized_cached_batches_are_the_same_on_the_host(data_dir, fields):
+  _assert_both_paths_agree(_digits(data_dir, **fields))
+
+
+def test_a_token_file_reads_the_same_batches_on_the_host(tmp_path):
+  path = str(tmp_path / "t.bin")
+  token_file.write((np.arange(5000) * 7) % 300, path, vocab_size=300)
+  ds = data.load(ml_collections.ConfigDict({"name": "token_file", "builder_kwargs": {"path": path, "seq_len": 12}}))
+  _assert_both_paths_agree(ds, batch=12)
+
+
+def test_in_memory_arrays_read_the_same_batches_on_the_host():
+  rng = np.random.RandomState(0)
+
+  def arrays(n):
+    return {"inputs": rng.randint(0, 256, (n, 6, 5, 3)).astype(np.uint8), "labels": rng.randint(0, 7, n),
+            "weight": rng.randn(n), "count": rng.randint(-2**40, 2**40, (n, 2)), "mask": rng.rand(n, 4) > 0.5,
+            "half": rng.randn(n, 2).astype(np.float16)}
+
+  config = ml_collections.ConfigDict({"mean": (0.1, 0.2, 0.3), "std": (0.7, 0.5, 0.3), "crop_padding": 1,
+                                      "flip": True})
+  ds = data.load(config, train_data=arrays(70), eval_data=arrays(23))
+  _assert_both_paths_agree(ds)
+  floats = data.load(ml_collections.ConfigDict({"mean": (0.5,)}), train_data={"inputs": rng.randn(40, 3),
+                                                                                 "labels": rng.randn(40)},
+                     eval_data={"inputs": rng.randn(9, 3), "labels": rng.randn(9)})
+  _assert_both_paths_agree(floats, batch=8)
+
+
+def test_an_npz_file_reads_the_same_batches_on_the_host(tmp_path):
+  rng = np.random.RandomState(1)
+  path = str(tmp_path / "d.npz")
+  np.savez(path, x=rng.randn(90, 4), y=rng.randint(0, 3, 90), extra=rng.randint(0, 9, (90, 2)))
+  ds = data.load(ml_collections.ConfigDict({"name": path, "data_dir": str(tmp_path / "tfds"), "std": (2.0,)}))
+  assert isinstance(ds.corpus, cache.CachedCorpus)
+  _assert_both_paths_agree(ds, batch=8)
+
+
+def test_the_host_path_uses_no_tf_data(data_dir, monkeypatch):
+  ds = _digits(data_dir)
+
+  def refused(*args, **kwargs):
+    raise AssertionError("the host path went through tf.data")
+
+  monkeypatch.setattr(reader, "read_steps", refused)
+  monkeypatch.setattr(reader, "to_numpy", refused)
+  assert len(_train(ds, host=True, steps=3)) == 3 and _eval(ds, host=True)
+
+
+def test_the_numpy_and_tf_finish_are_the_same_function_of_the_data():
+  """`finish_host` against `finish` on extreme values and every dtype the streams cast."""
+  pre = Preprocess(mean=(0.3, 0.6, 0.9), std=(0.11, 0.7, 3.0))
+  rng = np.random.RandomState(2)
+  batch = {"inputs": rng.randint(0, 256, (4, 3, 2, 3)).astype(np.uint8), "labels": rng.randint(0, 9, 4),
+           "f64": rng.randn(4) * 1e30, "u64": rng.randint(0, 2**62, 4).astype(np.uint64), "b": rng.rand(4) > 0.5,
+           "_index": np.arange(4, dtype=np.int64)}
+  tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in batch.items()}).items()}
+  batches.assert_same([pre.finish_host(batch)], [tf_out])
+  floats = {"inputs": rng.randn(4, 3) * 1e3}
+  tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in floats.items()}).items()}
+  batches.assert_same([pre.finish_host(floats)], [tf_out])
+
+
+def _bad_pngs(data_dir, **fields):
+  fields = {"name": "bad_datasets:BadPngs", "data_dir": str(data_dir), "builder_kwargs": {"bad_train": (5, 17),
+            "bad_test": (3,)}, **fields}
+  return data.load(ml_collections.ConfigDict(fields))
+
+
+def test_a_bad_example_of_a_cached_split_is_named_alike_on_both_paths(tmp_path):
+  ds = _bad_pngs(tmp_path)
+  assert isinstance(ds.corpus, cache.CachedCorpus) and host_batches.applies(ds)
+  messages = []
+  for host in (True, False):
+    with pytest.raises(data.BadExampleError) as train_error:
+      _train(ds, host=host, steps=8)
+    with pytest.raises(data.BadExampleError) as eval_error:
+      _eval(ds, host=host, batch=8)
+    messages.append((str(train_error.value), str(eval_error.value)))
+  assert messages[0] == messages[1] and "cannot decode example" in messages[0][0], messages
+
+
+def test_bad_examples_of_a_cached_split_are_replaced_alike_on_both_paths(tmp_path):
+  ds = _bad_pngs(tmp_path, skip_bad_examples=True)
+  for process_index, process_count in ((0, 1), (1, 2)):
+    streams = [data.train_batches(ds, "train", seed=0, global_batch=16, start_step=0, process_index=process_index,
+                                  process_count=process_count, with_ids=True, _tf_data=not host)
+               for host in (True, False)]
+    host, tf_data = (list(itertools.islice(s, 8)) for s in streams)
+    batches.assert_same(host, tf_data)
+    assert data.skipped_through(streams[0], 7) == data.skipped_through(streams[1], 7) > 0
+  batches.assert_same(_eval(ds, host=True, batch=8), _eval(ds, host=False, batch=8))
+
+
+class FailingSource:
+  """40 examples; once `broken`, reading example 13 raises, as a user's broken source would."""
+  broken = False
+
+  def __len__(self) -> int:
+    return 40
+
+  def __getitem__(self, i: int) -> dict:
+    if self.broken and i == 13:
+      raise ValueError("cannot read example 13")
+    return {"inputs": np.full([2], i, np.float32), "labels": np.int64(i % 3)}
+
+
+def test_a_failing_read_is_reported_as_on_the_tf_data_path():
+  """One `error:` line naming the source's exception and its frame, as the CLI prints a failed tf.data worker."""
+  source = FailingSource()
+  ds = data.load(ml_collections.ConfigDict({}), train_data=source)  # Its digest reads every row.
+  source.broken = True
+  summaries = []
+  for host in (True, False):
+    with pytest.raises(tf.errors.OpError) as error:
+      _train(ds, host=host, steps=10, batch=8)
+    summaries.append(exits.input_failure(error.value))
+  assert summaries[0] == summaries[1], summaries
+  assert summaries[0][0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summaries
