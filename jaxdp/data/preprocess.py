@@ -19,12 +19,38 @@ from jaxdp.config import ConfigError
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
+# Steps whose draws `HostDraws` makes in one TF call: a call costs about as much as 30 steps' draws
+# (experiments/data_notes.md).
+DRAW_BLOCK = 64
 
 
 def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
   """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
   base = tf.constant([seed, stream], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
+
+
+def augment_draws(seed: int, global_batch: int, step: tf.Tensor) -> tf.Tensor:
+  """The augmentation draws [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
+  return tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
+
+
+class HostDraws:
+  """`augment_draws` of one stream's steps as numpy, made DRAW_BLOCK steps per TF call (the same values); call it
+  from one thread at a time."""
+
+  def __init__(self, seed: int, global_batch: int):
+    self._block, self._draws = -1, np.zeros([0])
+    self._make = tf.function(lambda steps: tf.map_fn(lambda step: augment_draws(seed, global_batch, step), steps,
+                                                      fn_output_signature=tf.float32), autograph=False)
+
+  def __call__(self, step: int) -> np.ndarray:
+    """Global batch `step`'s draws [global_batch, 3]."""
+    block, k = divmod(int(step), DRAW_BLOCK)
+    if block != self._block:
+      self._draws = self._make(tf.range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK, dtype=tf.int64)).numpy()
+      self._block = block
+    return self._draws[k]
 
 
 def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
@@ -93,7 +119,7 @@ class Preprocess:
       return self.finish(batch)
     x = batch[INPUTS]
     if self.augments:
-      draws = tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
+      draws = augment_draws(seed, global_batch, step)
       x = self.augment(x, draws[first_row:first_row + tf.shape(x)[0]])
     return self.finish({**batch, INPUTS: x})
 
@@ -143,15 +169,14 @@ class Preprocess:
     mean = np.asarray(self.mean or (0.0,), np.float32)
     return np.float32(scale) / std, mean / std
 
-  def train_host(self, batch: dict[str, np.ndarray], step: int, *, seed: int, global_batch: int,
+  def train_host(self, batch: dict[str, np.ndarray], step: int, *, draws: HostDraws,
                  first_row: int) -> dict[str, np.ndarray]:
     """`train` in numpy, bitwise the same: augments then finishes rows [first_row, first_row + rows) of `step`."""
     if INPUTS not in batch:
       return self.finish_host(batch)
     x = batch[INPUTS]
     if self.augments:
-      draws = tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step)).numpy()
-      x = self.augment_host(x, draws[first_row:first_row + len(x)])
+      x = self.augment_host(x, draws(step)[first_row:first_row + len(x)])
     return self.finish_host({**batch, INPUTS: x})
 
   def augment_host(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
@@ -172,10 +197,11 @@ class Preprocess:
            np.ascontiguousarray(v, batch_dtype(k, v.dtype)) for k, v in batch.items()}
     if INPUTS not in batch:
       return out
-    x = np.array(batch[INPUTS], np.float32)  # A copy of its own: normalized in place.
     affine = self.affine(batch[INPUTS].dtype)
-    if affine is not None:
-      scale, offset = affine
-      np.multiply(x, scale, out=x)
-      np.subtract(x, offset, out=x)
+    if affine is None:
+      return {**out, INPUTS: np.ascontiguousarray(batch[INPUTS], np.float32)}
+    x = np.array(batch[INPUTS], np.float32)  # A copy of its own (never the source's array): normalized in place.
+    scale, offset = affine
+    np.multiply(x, scale, out=x)
+    np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}

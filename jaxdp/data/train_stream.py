@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
+from jaxdp.data.preprocess import HostDraws
 from jaxdp.data.reader import INDEX, example_decodes, no_autograph, probe_row, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
@@ -78,9 +79,11 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
 
   per_example = crop if pre.image_size else None
 
+  draws = HostDraws(seed, global_batch)  # Made only when the batches are augmented.
+
   def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def make(step: int) -> Batch:
-      return pre.train_host(read(step, swaps), step, seed=seed, global_batch=global_batch, first_row=first_row)
+      return pre.train_host(read(step, swaps), step, draws=draws, first_row=first_row)
 
     return host_batches.batches(make, first, stop_step)
 
