@@ -2,7 +2,7 @@
 tf.data path, and goodput's `time/total/input` of whole runs before and after.
 
     python experiments/host_input.py batches [--rounds 5] [--batches 200]
-    python experiments/host_input.py goodput --before DIR [--rounds 2]   # DIR: a checkout of the older code
+    python experiments/host_input.py goodput --before DIR [--after DIR] [--rounds 2]   # checkouts (after: this one)
 
 `batches`: per host batch ms (median over each round's batches, after 10 warm-up batches) of the train stream
 for digits cached (128 rows), digits cached with flip and crop_padding 2 (128 rows), a token file (12 x 64,
@@ -116,7 +116,7 @@ def goodput(args: argparse.Namespace) -> None:
     if "token" in config:
       flags = [*flags, "--config.dataset.builder_kwargs.path=TOKENS"]
     for _ in range(args.rounds):
-      for label, repo in (("before", args.before), ("after", ROOT)):
+      for label, repo in (("before", args.before), ("after", args.after or ROOT)):
         results.setdefault((name, label), []).append(_run(repo, config, flags, directory))
   print(f"load: {os.getloadavg()[0]:.2f}; {args.rounds} alternating rounds\n")
   print("| run | code | input s | total s | input share |\n|---|---|---|---|---|")
@@ -132,6 +132,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=0)
   parser.add_argument("--batches", type=int, default=200)
   parser.add_argument("--before", default="", help="goodput: a checkout of the code to compare against")
+  parser.add_argument("--after", default="", help="goodput: the checkout of the new code (default: this one)")
   args = parser.parse_args()
   args.rounds = args.rounds or (5 if args.mode == "batches" else 2)
   (batches if args.mode == "batches" else goodput)(args)

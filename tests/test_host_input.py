@@ -174,3 +174,15 @@ def test_a_failing_read_is_reported_as_on_the_tf_data_path():
     summaries.append(exits.input_failure(error.value))
   assert summaries[0] == summaries[1], summaries
   assert summaries[0][0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summaries
+
+
+def test_a_host_stream_pulled_from_another_thread_reads_the_same_batches(data_dir):
+  """The device prefetch may pull the host iterator from its own thread: one thread at a time, any thread."""
+  import concurrent.futures
+  ds = _digits(data_dir, flip=True, crop_padding=2)  # Augmented: its draws' TF call runs in that thread too.
+  expected = _train(ds, host=False, steps=70)
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    for _ in range(10):
+      stream = data.train_batches(ds, "train", seed=3, global_batch=16, start_step=0, process_index=0,
+                                  process_count=1, with_ids=True)
+      batches.assert_same([pool.submit(next, stream).result() for _ in range(70)], expected)

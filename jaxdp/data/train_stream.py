@@ -9,6 +9,9 @@ same number of batches per epoch, and the stream is a pure function of the step:
 checkpoint is the train state's step**, and `train_batches(start_step=step)` continues exactly there.
 Save the state's step, never a count of batches pulled from the iterator: prefetching reads ahead of the step.
 
+A split with nothing to decode (cached, token file, in-memory, .npz) and no per-example crop is read by numpy in
+the caller's thread (`jaxdp.data.host_batches`), any other through tf.data's workers: the same batches either way.
+
 `dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
 epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
 
@@ -44,8 +47,8 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
                   with_ids: bool = False, _tf_data: bool = False) -> Iterator[Batch]:
   """This process's rows of global batches start_step, start_step+1, ..., stop_step - 1 (None: forever).
 
-  A split with nothing to decode is read by numpy in the caller's thread (`host_batches`); any other through
-  tf.data (`_tf_data`: always, for the tests that compare the two). A stream that ends lets tf.data's workers
+  `_tf_data`: through tf.data even where the batches could be built on the host (tests compare the two paths).
+  A stream that ends lets tf.data's workers
   finish with it: an endless one is cancelled when it is released, which can hold the process's exit for seconds
   (experiments/data_notes.md).
   """
