@@ -24,7 +24,7 @@ from jaxdp import checkpoint, data, models, optim, parallel
 from jaxdp.report import metrics
 from jaxdp import step as step_lib
 
-STEPS, EVERY = 120, 10  # Steps of each run; a checkpoint every EVERY steps.
+STEPS, EVERY = 60, 10  # Steps of each run (the last kill is at step 40 at most); a checkpoint every EVERY steps.
 # Exits rank 1 at interpreter start once the marker file exists: a host that is gone (a test hook, not jaxdp's).
 GONE_HOOK = """import os
 if os.environ.get("JAXDP_PROCESS_ID") == "1" and os.path.exists(os.environ.get("JAXDP_TEST_GONE_MARKER", "/-")):
