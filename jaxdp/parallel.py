@@ -8,8 +8,10 @@ the loop asks a `Backend` for replicas and copies (and the platform, e.g. to bou
 """
 
 import abc
-import collections
 import functools
+import logging
+import queue
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from jaxdp.config import ConfigError
 from jaxdp.strategies import DataAxis, DataParallel, Strategy
 
+log = logging.getLogger("jaxdp")
 PyTree = Any
 AXIS = "data"
 
@@ -113,7 +116,8 @@ class PmapBackend(Backend):
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
     sharding = NamedSharding(self._local_mesh, P(AXIS))
     n = len(self.local_devices)
-    return {k: jax.device_put(v.reshape(n, v.shape[0] // n, *v.shape[1:]), sharding) for k, v in batch.items()}
+    # One call for the whole batch: cheaper than one per array (experiments/loop_overhead.md).
+    return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, sharding)
 
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return self._pmap(functools.partial(step, axis=self.axis), donate_argnums=0)
@@ -178,7 +182,9 @@ class MeshBackend(Backend):
     return jax.jit(fn, out_shardings=self._shardings(self.state_specs))()
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
-    return {k: jax.make_array_from_process_local_data(self.sharded, v) for k, v in batch.items()}
+    # The whole batch in one call: with one process one device_put of the dict, cheaper than one per array
+    # (experiments/loop_overhead.md); with several, JAX places each array as before.
+    return jax.make_array_from_process_local_data(self.sharded, batch)
 
   def _shard_map(self, step: Callable[..., Any], out_specs: Any) -> Callable[..., Any]:
     return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
@@ -228,10 +234,90 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
 
 
 def prefetch(backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int) -> Iterator[PyTree]:
-  """Places the next `size` host batches on devices ahead of use (transfers are asynchronous)."""
-  queue: collections.deque = collections.deque()
-  for batch in batches:
-    queue.append(backend.put_batch(batch))
-    if len(queue) > size:
-      yield queue.popleft()
-  yield from queue
+  """The device batches of `batches`, in order; `size` > 0: read and placed ahead by one thread, `size` deep.
+
+  `size` 0: each batch is read and placed when asked for, in the caller's thread.
+  """
+  if size <= 0:
+    return (backend.put_batch(batch) for batch in batches)
+  return Prefetcher(backend, batches, size)
+
+
+class Prefetcher(Iterator[PyTree]):
+  """One background thread reads host batches and places them on devices, up to `size` ahead, in order.
+
+  So reading and placing overlap the steps: `next` waits only when the thread is behind. An exception in the
+  thread (the stream's, the placement's) is raised by the `next` that would have returned that batch. The
+  thread stops at the stream's end, or at `close` (also on garbage collection): it holds no reference to
+  this object, so dropping the iterator stops it.
+  """
+  JOIN_S = 30.0  # How long `close` waits for the thread to finish the batch it is reading.
+
+  def __init__(self, backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int):
+    self._queue: queue.Queue = queue.Queue(maxsize=size)
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=_produce, args=(backend, iter(batches), self._queue, self._stop),
+                                    name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
+    self._done = False
+    self._thread.start()
+
+  def __next__(self) -> PyTree:
+    if self._done:
+      raise StopIteration
+    batch, error = self._queue.get()
+    if batch is not _END and error is None:
+      return batch
+    self._done = True
+    self._thread.join()  # Finished: the thread's frames, which the error's traceback holds, can be released.
+    if error is not None:
+      raise error
+    raise StopIteration
+
+  def close(self) -> None:
+    """Stops the thread and drops the batches it placed ahead; returns once it stopped (at most JOIN_S)."""
+    self._done = True
+    self._stop.set()
+    self._drain()  # A thread waiting to put a batch sees the room, then the stop.
+    if self._thread.is_alive() and self._thread is not threading.current_thread():
+      self._thread.join(self.JOIN_S)
+      if self._thread.is_alive():
+        log.warning("the input prefetch thread is still reading a batch after %.0f s; leaving it", self.JOIN_S)
+    self._drain()  # The batch it put on its way out.
+
+  def _drain(self) -> None:
+    while True:
+      try:
+        self._queue.get_nowait()
+      except queue.Empty:
+        return
+
+  def __del__(self) -> None:
+    if hasattr(self, "_thread"):  # Not when __init__ failed before the thread existed.
+      self.close()
+
+
+_END = object()  # The stream's end, as the thread queues it.
+_PUT_POLL_S = 0.1  # How often a thread waiting for room checks for `close`.
+
+
+def _produce(backend: Backend, batches: Iterator[dict[str, np.ndarray]], out: queue.Queue,
+             stop: threading.Event) -> None:
+  """The prefetch thread: (device batch, None) per batch, then (_END, None), or (None, error) on a failure."""
+  try:
+    for batch in batches:
+      if not _put(out, (backend.put_batch(batch), None), stop) or stop.is_set():
+        return  # Stopped: not one more read.
+    _put(out, (_END, None), stop)
+  except BaseException as e:  # Anything, to be raised in the loop's thread.
+    _put(out, (None, e), stop)
+
+
+def _put(out: queue.Queue, item: tuple[Any, BaseException | None], stop: threading.Event) -> bool:
+  """Queues `item` once there is room; False when stopped first."""
+  while not stop.is_set():
+    try:
+      out.put(item, timeout=_PUT_POLL_S)
+      return True
+    except queue.Full:
+      pass
+  return False

@@ -48,7 +48,9 @@ class Recorder:
 
   def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None):
     self.header, self.global_order = header, global_order
-    self._read: collections.deque[np.ndarray] = collections.deque()  # Ids of batches taken, not yet trained.
+    # Ids of batches taken, not yet trained. Shared: `take_ids` runs in the prefetch thread, `record` in the loop's;
+    # a deque's append and popleft are atomic, and a batch's ids are in before the batch reaches the loop.
+    self._read: collections.deque[np.ndarray] = collections.deque()
     self._ids = self._saves = None
     if directory is not None:  # Recording; otherwise only digests.
       os.makedirs(directory, exist_ok=True)

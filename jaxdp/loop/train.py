@@ -138,6 +138,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         with_ids=run.recorder.recording)
     # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
     batches = parallel.prefetch(backend, run.recorder.take_ids(stream), config.parallel.prefetch)
+    stack.callback(batches.close)  # The prefetch thread stops however the loop ends.
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
     step_flops, batches = _count_flops(parts, state, batches, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
