@@ -9,7 +9,7 @@ for digits cached (128 rows), digits cached with flip and crop_padding 2 (128 ro
 1 MB of random byte tokens), in-memory arrays (512 x 784 float32, the MLP's rows per process); host and tf.data
 rounds alternate; medians and ranges over rounds. `goodput`: the default run (8 simulated devices) and the small
 GPT (gpt_token_file: 4 layers, width 128, context 64, batch 12) 400 steps on one device, each a fresh process of
-`python -m jaxdp.train`, the older checkout's and this one's alternating; `input` and `total` from goodput.json.
+`python -m jaxdp.train`, the older checkout's and this one's alternating; `input` and `wall` from goodput.json.
 Results are printed as markdown for experiments/data_notes.md.
 """
 
@@ -119,9 +119,9 @@ def goodput(args: argparse.Namespace) -> None:
       for label, repo in (("before", args.before), ("after", args.after or ROOT)):
         results.setdefault((name, label), []).append(_run(repo, config, flags, directory))
   print(f"load: {os.getloadavg()[0]:.2f}; {args.rounds} alternating rounds\n")
-  print("| run | code | input s | total s | input share |\n|---|---|---|---|---|")
+  print("| run | code | input s | wall s | input share |\n|---|---|---|---|---|")
   for (name, label), runs in results.items():
-    inputs, totals = [r["input"] for r in runs], [sum(r.values()) for r in runs]
+    inputs, totals = [r["input"] for r in runs], [r["wall"] for r in runs]
     shares = [100 * i / t for i, t in zip(inputs, totals)]
     print(f"| {name} | {label} | {_cell(inputs, 2)} | {_cell(totals, 1)} | {_cell(shares, 1)} % |")
 
