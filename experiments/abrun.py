@@ -66,6 +66,12 @@ def fmt(values: Sequence[float], digits: int = 3) -> str:
   return f"{s['median']:.{digits}g} ({s['min']:.{digits}g}..{s['max']:.{digits}g})"
 
 
+def fmt_rate(values: Sequence[float]) -> str:
+  """`median (min..max)` of rates such as samples/s, in whole units with thousands separators."""
+  s = spread(values)
+  return f"{s['median']:,.0f} ({s['min']:,.0f}..{s['max']:,.0f})"
+
+
 def fmt_iqr(values: Sequence[float], digits: int = 3) -> str:
   """`median [q1..q3]`: the median and the interquartile range (robust to a few disturbed rounds)."""
   s = spread(values)

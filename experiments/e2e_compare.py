@@ -47,7 +47,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 GLOBAL_BATCH = 128  # jaxdp/configs/default.py's batch_size; the torch script's default --batch_size.
 ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # A variant's leading VAR=VALUE words set its environment.
-JAXDP_LINE = re.compile(r"^\[0\] step\s+(\d+)/\d+\s+\d+%")  # A train line of process 0 (an eval line has no %).
+# A train line of process 0 (an eval line has no %); a single process's lines have no "[0] ".
+JAXDP_LINE = re.compile(r"^(?:\[0\] )?step\s+(\d+)/\d+\s+\d+%")
 
 
 def jaxdp_command(steps: int, log_every: int, workdir: str, launch_args: list[str], jaxdp_args: list[str]) -> list[str]:
@@ -124,21 +125,22 @@ def window(stamps: dict[int, float], warmup: int) -> tuple[int, int]:
   return first, steps[-1]
 
 
-def rate(stamps: dict[int, float], first: int, last: int) -> float:
-  """Samples/s between two stamped steps."""
-  return GLOBAL_BATCH * (last - first) / (stamps[last] - stamps[first])
+def rate(stamps: dict[int, float], first: int, last: int, batch: int = GLOBAL_BATCH) -> float:
+  """Samples/s between two stamped steps of `batch` samples each."""
+  return batch * (last - first) / (stamps[last] - stamps[first])
 
 
-def self_reported(framework: str, lines: list[tuple[float, str]], workdir: str, first: int, last: int) -> float:
-  """Samples/s over the same window by the side's own clock."""
+def self_reported(framework: str, lines: list[tuple[float, str]], workdir: str, first: int, last: int,
+                  batch: int = GLOBAL_BATCH) -> float:
+  """Samples/s over the same window by the side's own clock ("torch": any side printing e2e_torch's JSON lines)."""
   if framework == "torch":
     own = {r["step"]: r["time"] for r in (json.loads(l) for _, l in lines if l.startswith("{")) if "time" in r}
-    return rate(own, first, last)
+    return rate(own, first, last, batch)
   records = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   times = {r["step"]: r["perf/step_time"] for r in records if "perf/step_time" in r}
   logged = sorted(s for s in times if first < s <= last)
   seconds = sum(times[s] * (s - prev) for prev, s in zip([first, *logged], logged))
-  return GLOBAL_BATCH * (last - first) / seconds
+  return batch * (last - first) / seconds
 
 
 def extras(framework: str, lines: list[tuple[float, str]], workdir: str) -> dict:

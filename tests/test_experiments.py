@@ -209,3 +209,24 @@ def test_e2e_torch_trains_jaxdp_default_data_and_model(data_dir, capsys, monkeyp
   records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert [r["step"] for r in records] == [1, 15, 30, 30]
   assert records[-1]["eval/accuracy"] > 0.5 and records[2]["loss"] < records[0]["loss"] / 2  # It learns.
+
+
+def test_four_way_driver_runs_its_sides_in_turn_and_reports_each_cell(tmp_path):
+  """experiments/four_way.py end to end at a toy size: the plain-JAX and torch sides of the MLP, one process."""
+  pytest.importorskip("torch", reason="the `bench` extra (torch) is not installed")
+  import four_way
+  out = tmp_path / "four_way.md"
+  record = four_way.main(["--workloads", "mlp", "--procs", "1", "--sides", "jax,torch", "--rounds", "1",
+                          "--steps", "6", "--warmup", "2", "--log_every", "2", "--examples", "2048", "--commit", "",
+                          "--out", str(out)])
+  runs = record["runs"]
+  assert [(r["side"], r["round"]) for r in runs] == [("jax", 0), ("torch", 0)]
+  for r in runs:
+    assert r["window"] == [2, 6] and r["global_batch"] == 1024 and r["samples_per_s"] > 0
+    assert math.isfinite(r["eval/loss"]) and 0 <= r["eval/accuracy"] <= 1
+  saved = json.loads((tmp_path / "four_way.json").read_text())
+  assert saved["runs"] == json.loads(json.dumps(runs))
+  text = out.read_text()
+  assert "## mlp, 1 process" in text and "jax/torch" in text and "four_way_jax.py --workload mlp" in text
+  assert four_way.per_workload("mlp=5,9", 0) == {"mlp": 9, "cnn": 9, "resnet": 9, "gpt": 9}
+  assert four_way.per_workload("gpt=7", 0)["gpt"] == 7 and four_way.per_workload("gpt=7", 0)["mlp"] == 300

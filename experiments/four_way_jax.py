@@ -1,0 +1,186 @@
+"""The plain-JAX side of experiments/four_way.py: a hand-written jit step with optax over numpy batches in memory.
+
+    python experiments/four_way_jax.py --workload gpt --data ARRAYS.npz --steps 400 [--log_every 25] \
+        [--num_processes 2]
+
+What a JAX user would write without jaxdp's loop: the workload's model from jaxdp.models (the same function as
+jaxdp trains: experiments/four_way_configs.py), the config's optimizer written out in optax, one `jax.jit` step
+(value_and_grad, optax update, the state donated), numpy batches gathered from the in-memory .npz each step
+(one shuffled order per epoch, full global batches), no prefetch but JAX's asynchronous dispatch, the loss read
+on the host at log steps only. With --num_processes N this process starts N - 1 peers of itself, each joins
+with `jax.distributed.initialize` (one CPU device each, gloo), and the step is a shard_map over the 2-device
+mesh whose gradients, loss and BatchNorm statistics are pmean'd; each process gathers its own rows of the global
+batch. XLA's and JAX's defaults otherwise (threads, flags).
+
+Process 0 prints experiments/e2e_torch.py's JSON lines ({"step", "time", "loss"}) and at the end
+{"step", "eval/loss", "eval/accuracy"} over the whole test split, evaluated locally on its own device.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import four_way_configs  # noqa: E402
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog="four_way_jax.py", description=__doc__.splitlines()[0])
+  parser.add_argument("--workload", required=True, choices=four_way_configs.NAMES)
+  parser.add_argument("--data", required=True, help="The study's .npz: x_train, y_train, x_test, y_test.")
+  parser.add_argument("--steps", type=int, required=True, help="Optimizer steps (the schedule's num_train_steps).")
+  parser.add_argument("--log_every", type=int, default=50, help="Process 0 prints a timed line every this many steps.")
+  parser.add_argument("--num_processes", type=int, default=1, help="Processes (this one starts the others).")
+  parser.add_argument("--process_id", type=int, default=0, help="Set on the peers this process starts.")
+  parser.add_argument("--coordinator", default="", help="host:port of process 0 (set on the peers).")
+  return parser.parse_args(argv)
+
+
+def tx_of(config):
+  """The config's optimizer in optax (jaxdp.optim's recipe: decay on rank >= 2 tensors, warmup then cosine)."""
+  import jax
+  import optax
+  lr, warmup, total = config.learning_rate, config.warmup_steps, config.num_train_steps
+  if config.lr_schedule == "cosine":
+    lr = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(total, warmup + 1))
+  elif warmup:
+    lr = optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)], [warmup])
+  mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+  wd = config.weight_decay
+  if config.optimizer == "adamw":
+    tx = optax.adamw(lr, weight_decay=wd, mask=mask)
+  elif config.optimizer == "adam":
+    tx = optax.adam(lr)
+  elif config.optimizer == "momentum":
+    tx = optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov)
+  else:
+    raise SystemExit(f"error: the plain-JAX side has no optimizer {config.optimizer!r}")
+  if wd and config.optimizer != "adamw":
+    tx = optax.chain(optax.add_decayed_weights(wd, mask), tx)
+  return optax.chain(optax.clip_by_global_norm(config.max_grad_norm), tx) if config.max_grad_norm else tx
+
+
+def start_peers(argv: list[str], count: int) -> tuple[str, list[subprocess.Popen]]:
+  """Starts processes 1..count-1 of this script; returns the coordinator address and the peers."""
+  from jaxdp.tools.launch import free_port  # A free port: the one helper taken from jaxdp, not part of the loop.
+  address = f"127.0.0.1:{free_port()}"
+  peers = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv, "--process_id", str(i),
+                             "--coordinator", address], stdout=subprocess.DEVNULL) for i in range(1, count)]
+  return address, peers
+
+
+def train(args: argparse.Namespace) -> dict[str, float]:
+  """Trains args.steps steps; returns process 0's eval metrics (the others: {})."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from jaxdp import models
+
+  n, pid = args.num_processes, args.process_id
+  if n > 1:
+    jax.distributed.initialize(args.coordinator, n, pid)
+  config = four_way_configs.get_config(args.workload)
+  config.num_train_steps = args.steps
+  with np.load(args.data) as f:
+    arrays = {k: f[k] for k in f.files}
+  x, y = arrays["x_train"], arrays["y_train"]
+  if len(x) < config.batch_size:
+    raise SystemExit(f"error: {len(x)} train examples, fewer than one global batch of {config.batch_size}")
+  num_classes = 256 if args.workload == "gpt" else int(y.max()) + 1
+  model = models.get_model(config.model, x.shape[1:], num_classes)
+  tx = tx_of(config)
+  axis = "data" if n > 1 else None
+
+  def loss_fn(params, model_state, inputs, labels):
+    logits, model_state = model.apply(params, model_state, inputs, train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean(), model_state
+
+  def step(state, inputs, labels):
+    params, model_state, opt_state = state
+    (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, model_state, inputs, labels)
+    if axis:  # Every replica applies the mean gradient; per-replica BatchNorm statistics averaged, as jaxdp.
+      grads, loss, model_state = lax.pmean((grads, loss, model_state), axis)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), model_state, opt_state), loss
+
+  def init(key):
+    params, model_state = model.init(key)
+    return params, model_state, tx.init(params)
+
+  key = jax.random.PRNGKey(config.seed)
+  if n > 1:
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    state = jax.jit(init, out_shardings=replicated)(key)
+    step_fn = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P())),
+                      donate_argnums=0)
+    put = lambda a: jax.make_array_from_process_local_data(rows, a)  # noqa: E731
+  else:
+    state, step_fn, put = jax.jit(init)(key), jax.jit(step, donate_argnums=0), jax.device_put
+  batch, local = config.batch_size, config.batch_size // n
+  rng, order, cursor = np.random.default_rng(config.seed), np.zeros(0, np.int64), 0
+  for s in range(1, args.steps + 1):
+    if cursor + batch > len(order):  # A new epoch: full global batches only, as every side.
+      order, cursor = rng.permutation(len(x)), 0
+    mine = order[cursor + pid * local:cursor + (pid + 1) * local]
+    cursor += batch
+    state, loss = step_fn(state, put(x[mine]), put(y[mine]))
+    if pid == 0 and (s == 1 or s % args.log_every == 0 or s == args.steps):
+      value = float(np.asarray(loss.addressable_data(0)))  # Waits for the step: its loss is on the host.
+      print(json.dumps({"step": s, "time": time.time(), "loss": value}), flush=True)
+  metrics = {} if pid else evaluate(model, jax.tree.map(lambda a: a.addressable_data(0), state[:2]), arrays["x_test"],
+                                    arrays["y_test"], config.eval_batch_size or batch)
+  if n > 1:  # Now, not at exit: process 0's exit waits for its peers, whose exit would wait here for it.
+    jax.distributed.shutdown()
+  return metrics
+
+
+def evaluate(model, variables, x: np.ndarray, y: np.ndarray, batch: int) -> dict[str, float]:
+  """Mean cross-entropy and accuracy over every target of the split, on this process's device."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+
+  @jax.jit
+  def sums(params, model_state, inputs, labels):
+    logits = model.apply(params, model_state, inputs, train=False)[0].astype(jnp.float32)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return loss.sum(), (jnp.argmax(logits, -1) == labels).sum()
+
+  loss, hits = 0.0, 0
+  for i in range(0, len(x), batch):
+    a, b = sums(*variables, x[i:i + batch], y[i:i + batch])
+    loss, hits = loss + float(a), hits + int(b)
+  return {"eval/loss": loss / y.size, "eval/accuracy": hits / y.size}
+
+
+def main(argv: list[str]) -> int:
+  args = parse(argv)
+  peers = []
+  if args.num_processes > 1 and not args.coordinator:
+    args.coordinator, peers = start_peers(argv, args.num_processes)
+  try:
+    metrics = train(args)
+  except BaseException:
+    for peer in peers:  # Without this process (the coordinator) they would wait for its heartbeat.
+      peer.kill()
+    raise
+  if args.process_id == 0:
+    print(json.dumps({"step": args.steps, **metrics}), flush=True)
+  for i, peer in enumerate(peers, 1):
+    if peer.wait(timeout=120):
+      raise SystemExit(f"error: process {i} exited with status {peer.returncode}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
