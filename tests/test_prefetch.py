@@ -154,6 +154,7 @@ def test_put_batch_places_the_same_arrays_as_one_call_per_array(name, devices):
     if name == "mesh":
       one = jax.make_array_from_process_local_data(backend.sharded, v)
     else:
-      one = jax.device_put(v.reshape(devices, 16 // devices, *v.shape[1:]), jax.sharding.NamedSharding(backend._local_mesh, jax.sharding.PartitionSpec("data")))
+      local = jax.sharding.NamedSharding(backend._local_mesh, jax.sharding.PartitionSpec("data"))
+      one = jax.device_put(v.reshape(devices, 16 // devices, *v.shape[1:]), local)
     assert placed[k].sharding == one.sharding and placed[k].dtype == one.dtype
     np.testing.assert_array_equal(np.asarray(placed[k]), np.asarray(one))

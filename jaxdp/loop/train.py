@@ -156,7 +156,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
                skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
-      with clock.span("input"):
+      with clock.span("input"):  # Waiting for the prefetch thread: only when the input is behind the steps.
         batch = next(batches)
       profiler.before(step)
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
