@@ -285,6 +285,7 @@ class Prefetcher(Iterator[PyTree]):
     self._drain()  # The batch it put on its way out.
 
   def _drain(self) -> None:
+    """Drops whatever the queue holds, without waiting."""
     while True:
       try:
         self._queue.get_nowait()
