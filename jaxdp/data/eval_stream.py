@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import REAL, example_decodes, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import REAL, example_check, no_autograph, probe_row, read_steps, to_numpy
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
@@ -58,11 +58,13 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
+  check = example_check(ds, per_example)
+
   def decodes(step: int, row: int, index: int) -> bool:
     def one() -> dict[str, np.ndarray]:
       return {**source.read(np.array([index], np.int64)), REAL: np.ones([1], bool)}
 
-    return example_decodes(ds, one, step, lo + row, per_example)
+    return check(one, step, lo + row)
 
   on_host = host_batches.applies(ds) and not _tf_data
   return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=n, start=0,

@@ -63,25 +63,30 @@ def probe_row(read: Callable[[np.ndarray], dict[str, np.ndarray]], n: int) -> di
   raise AssertionError("unreachable")
 
 
-def example_decodes(ds: Dataset, read: Callable[[], dict[str, np.ndarray]], step: int, row: int,
-                    per_example: Callable[[dict], dict] | None) -> bool:
-  """Whether one example (`read()`: its row as the source returns it) decodes as row `row` of step `step`.
+def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
+                  ) -> Callable[[Callable[[], dict[str, np.ndarray]], int, int], bool]:
+  """check(read, step, row): whether one example (`read()`: its row as the source returns it) decodes as row
+  `row` of step `step`.
 
-  Decoded alone, as the stream decodes it: used only after a step failed, to find which row failed. A source
-  that knows the example does not decode says so (`UnreadableExample`: a split decoded in memory).
+  Decoded alone, as the stream decodes it: used only after a step failed, to find which row failed. The decode
+  is traced once per stream, not once per example (a replacement may try many). A source that knows the example
+  does not decode says so (`UnreadableExample`: a split decoded in memory).
   """
-  try:
-    one_row = read()
-  except UnreadableExample:
-    return False
-  example = {**{k: v[0] for k, v in one_row.items()}, "step": np.int64(step), "row": np.int64(row)}
-  one = tf.data.Dataset.from_tensors(example).map(no_autograph(_decoder(ds, per_example)))
-  try:
-    for _ in one:
-      pass
-  except tf.errors.OpError:
-    return False
-  return True
+  decode = tf.function(_decoder(ds, per_example), autograph=False, reduce_retracing=True)
+
+  def check(read: Callable[[], dict[str, np.ndarray]], step: int, row: int) -> bool:
+    try:
+      one_row = read()
+    except UnreadableExample:
+      return False
+    example = {**{k: v[0] for k, v in one_row.items()}, "step": np.int64(step), "row": np.int64(row)}
+    try:  # As tensors: numpy scalars (the encoded bytes, the step) would be traced in as constants, one trace each.
+      decode({k: tf.constant(v) for k, v in example.items()})
+    except tf.errors.OpError:
+      return False
+    return True
+
+  return check
 
 
 def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:

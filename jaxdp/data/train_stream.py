@@ -27,7 +27,7 @@ import tensorflow as tf
 from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.preprocess import HostDraws
-from jaxdp.data.reader import INDEX, example_decodes, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, example_check, no_autograph, probe_row, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
@@ -97,8 +97,10 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return to_numpy(batches, ds.options.prefetch)
 
+  check = example_check(ds, per_example)
+
   def decodes(step: int, row: int, index: int) -> bool:
-    return example_decodes(ds, lambda: with_index(np.array([index], np.int64)), step, first_row + row, per_example)
+    return check(lambda: with_index(np.array([index], np.int64)), step, first_row + row)
 
   on_host = host_batches.applies(ds) and not _tf_data
   return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=len(source),
