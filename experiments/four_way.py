@@ -12,7 +12,8 @@ warmup and cosine, clip 1.0, on experiments/gpt_text_file.py's 1.4 MB of Python 
          as dataset.name, the text file as builder_kwargs.path, digits from TFDS), prepared before the first round.
          Eval and checkpoint once, at the last step, after the timed window (as the other sides evaluate once).
   jax    experiments/four_way_jax.py: jit step with optax, numpy batches from the same arrays in memory
-         (2 processes: jax.distributed and a pmean'd shard_map step over the 2-device mesh).
+         (2 processes: jax.distributed and a shard_map step over the 2-device mesh that pmeans the gradients
+         raveled into one buffer; side `jax_tree`, for diagnosis: pmean of the tree, one gloo call per leaf).
   torch  experiments/four_way_torch.py: an eager loop (1 process) or, through torchrun, a DDP script
          (DistributedSampler + DataLoader over in-memory tensors).
 Every round runs every side of a cell in turn (A B C A B C ...); cells run in the order of --workloads, --procs.
@@ -27,11 +28,12 @@ progress, clocks), so the gap to the plain-JAX step splits into input, step call
 goodput.json seconds (compile, setup...). Eval loss and accuracy after the same steps on every side.
 Writes --out (markdown) and the same path with .json (every run's figures).
 
-Machine time (2-core AVX2 EPYC, estimates from the smoke runs and the issue's figures, 3 rounds x 3 sides, fresh
-processes each: ~10-20 s of start-up and compilation per run): mlp 2 procs 300 steps ~7 min, mlp 1 proc ~6 min,
-gpt 1 proc 400 steps ~6 min, gpt 2 procs ~7 min, cnn 600 steps ~4 min per procs, resnet 24 steps ~8 min per
-procs. The acceptance set (`--workloads mlp,gpt --procs 1,2`, mlp 2 procs and gpt 1 proc first) fits in ~25 min;
-`--workloads mlp --procs 2` then `--workloads gpt --procs 1` are the two headline cells alone (~13 min).
+Machine time (2-core AVX2 EPYC, estimated from the issue's step times and smoke runs on a loaded machine, 3 rounds
+x 3 sides, a fresh command each: 10-25 s of start-up and compilation per run; preparing the data once, the 188 MB
+.npz of the mlp into jaxdp's ArrayRecord included, ~1-2 min): mlp 2 procs 300 steps ~7 min, mlp 1 proc ~6 min,
+gpt 1 proc 400 steps ~6 min, gpt 2 procs ~6 min, cnn 600 steps ~4 min per procs count, resnet 16 steps ~10 min per
+procs count (2-9 s per step of batch 32). The acceptance set (`--workloads mlp,gpt --procs 2,1`) is ~25 min;
+`--workloads mlp --procs 2` and `--workloads gpt --procs 1` run the two headline cells alone (~13 min together).
 """
 
 import argparse
@@ -55,9 +57,10 @@ from jaxdp.tools.launch import free_port  # noqa: E402
 
 HERE = e2e_compare.HERE
 REPO = e2e_compare.REPO
-SIDES = ("jaxdp", "jax", "torch")
+SIDES = ("jaxdp", "jax", "torch", "jax_tree")  # jax_tree (diagnosis): plain JAX pmean'ing the tree leaf by leaf.
+DEFAULT_SIDES = SIDES[:3]
 # Per workload: (steps, warm-up steps left out of the window, log every): long enough for a steady window.
-DEFAULTS = {"mlp": (300, 100, 25), "cnn": (600, 200, 50), "resnet": (24, 8, 4), "gpt": (400, 100, 25)}
+DEFAULTS = {"mlp": (300, 100, 25), "cnn": (600, 200, 50), "resnet": (16, 6, 2), "gpt": (400, 100, 25)}
 EXAMPLES = {"mlp": 60_000, "resnet": 5_000}  # Synthetic train examples; test: 1/10 as many.
 SHAPES = {"mlp": (28, 28, 1), "resnet": (32, 32, 3)}
 SPLIT = ("train", "test")
@@ -144,8 +147,9 @@ def command(side: str, workload: str, procs: int, steps: int, log_every: int, np
       return [sys.executable, "-m", "jaxdp.train", *train]
     return [sys.executable, "-m", "jaxdp.launch", "--num_processes", str(procs), "--", *train]
   worker = ["--workload", workload, "--data", npz, "--steps", str(steps), "--log_every", str(log_every)]
-  if side == "jax":
-    return [sys.executable, os.path.join(HERE, "four_way_jax.py"), *worker, "--num_processes", str(procs)]
+  if side in ("jax", "jax_tree"):
+    return [sys.executable, os.path.join(HERE, "four_way_jax.py"), *worker, "--num_processes", str(procs),
+            "--allreduce", "tree" if side == "jax_tree" else "flat"]
   script = os.path.join(HERE, "four_way_torch.py")
   if procs == 1:
     return [sys.executable, script, *worker]
@@ -297,7 +301,8 @@ def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[
     lines.append(f"| {side} | {abrun.fmt_rate([r['samples_per_s'] for r in runs])} "
                  f"| {median(runs, 'ms_per_step'):.1f} | {median(runs, 'samples_per_s_driver'):,.0f} "
                  f"| {median(runs, 'eval/loss'):.4f} | {median(runs, 'eval/accuracy'):.4f} | `{runs[0]['cmd']}` |")
-  pairs = [(a, b) for a, b in (("jaxdp", "jax"), ("jaxdp", "torch"), ("jax", "torch")) if ratio(cell, a, b)]
+  candidates = (("jaxdp", "jax"), ("jaxdp", "torch"), ("jax", "torch"), ("jax_tree", "jax"))
+  pairs = [(a, b) for a, b in candidates if ratio(cell, a, b)]
   if pairs:
     lines += ["", "Ratios of samples/s, per round: " + "; ".join(
         f"{a}/{b} {', '.join(f'{x:.3f}' for x in ratio(cell, a, b))} (median {abrun.fmt(ratio(cell, a, b))})"
@@ -373,7 +378,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workloads", type=csv(four_way_configs.NAMES), default=["mlp", "gpt"])
   parser.add_argument("--procs", type=csv((1, 2)), default=[1, 2], help="Process counts, e.g. 1,2.")
-  parser.add_argument("--sides", type=csv(SIDES), default=list(SIDES))
+  parser.add_argument("--sides", type=csv(SIDES), default=list(DEFAULT_SIDES))
   parser.add_argument("--rounds", type=int, default=3, help="Rounds of every side in turn, per cell.")
   parser.add_argument("--steps", default="", help="Steps: N, or per workload 'mlp=300,gpt=400' (defaults: "
                       + ", ".join(f"{w} {d[0]}" for w, d in DEFAULTS.items()) + ").")

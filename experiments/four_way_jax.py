@@ -9,8 +9,9 @@ jaxdp trains: experiments/four_way_configs.py), the config's optimizer written o
 (one shuffled order per epoch, full global batches), no prefetch but JAX's asynchronous dispatch, the loss read
 on the host at log steps only. With --num_processes N this process starts N - 1 peers of itself, each joins
 with `jax.distributed.initialize` (one CPU device each, gloo), and the step is a shard_map over the 2-device
-mesh whose gradients, loss and BatchNorm statistics are pmean'd; each process gathers its own rows of the global
-batch. XLA's and JAX's defaults otherwise (threads, flags).
+mesh whose gradients, loss and BatchNorm statistics are pmean'd, raveled into one buffer (--allreduce flat: one
+gloo call; `tree`: one all-reduce per leaf, 54 for the GPT, which XLA:CPU does not combine); each process gathers
+its own rows of the global batch. XLA's and JAX's defaults otherwise (threads, flags).
 
 Process 0 prints experiments/e2e_torch.py's JSON lines ({"step", "time", "loss"}) and at the end
 {"step", "eval/loss", "eval/accuracy"} over the whole test split, evaluated locally on its own device.
@@ -38,6 +39,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--num_processes", type=int, default=1, help="Processes (this one starts the others).")
   parser.add_argument("--process_id", type=int, default=0, help="Set on the peers this process starts.")
   parser.add_argument("--coordinator", default="", help="host:port of process 0 (set on the peers).")
+  parser.add_argument("--allreduce", choices=("flat", "tree"), default="flat",
+                      help="Several processes: pmean one raveled buffer (flat) or the tree, leaf by leaf.")
   return parser.parse_args(argv)
 
 
@@ -80,6 +83,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   import jax.numpy as jnp
   import optax
   from jax import lax
+  from jax.flatten_util import ravel_pytree
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
@@ -108,7 +112,12 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     params, model_state, opt_state = state
     (loss, model_state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, model_state, inputs, labels)
     if axis:  # Every replica applies the mean gradient; per-replica BatchNorm statistics averaged, as jaxdp.
-      grads, loss, model_state = lax.pmean((grads, loss, model_state), axis)
+      reduced = (grads, loss, model_state)
+      if args.allreduce == "flat":  # One buffer, one collective (what jaxdp's flat all-reduce does on CPU).
+        flat, unravel = ravel_pytree(reduced)
+        grads, loss, model_state = unravel(lax.pmean(flat, axis))
+      else:  # One all-reduce per leaf: XLA:CPU does not combine them, and each is a gloo round trip.
+        grads, loss, model_state = lax.pmean(reduced, axis)
     updates, opt_state = tx.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), model_state, opt_state), loss
 
