@@ -1,0 +1,127 @@
+"""XLA:CPU's flags chosen from what the machine is, put in XLA_FLAGS before JAX starts its CPU backend.
+
+`config.xla_cpu_flags`: "auto" (the choice below), "" (XLA's own defaults) or explicit flags. A flag the
+user's XLA_FLAGS already sets is left as the user set it. The choices and the measurements behind them:
+experiments/xla_cpu_defaults.md; a machine unlike those measured keeps XLA's defaults.
+"""
+
+import dataclasses
+import os
+import platform
+
+import ml_collections
+
+from jaxdp.config import ConfigError
+
+ENV = "XLA_FLAGS"
+AUTO = "auto"
+KEY = "xla_cpu_flags"
+MEASURED = "experiments/xla_cpu_defaults.md"
+# XLA's own convolutions, YNNPACK's dots (XLA's default list: individual_dot, individual_convolution): on AVX2
+# the convolution-heavy steps ran faster and the others compile to the same program. All YNNPACK fusions off
+# was slower for the matmul and the MLPs on the same machine, so it is not the choice.
+NO_YNN_CONVOLUTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
+MAX_MEASURED_CORES = 2  # The most cores of a machine the choices were measured on.
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+  """The facts the choice depends on."""
+  arch: str  # platform.machine(): x86_64, aarch64, ...
+  isa: frozenset[str]  # The CPU's flags in /proc/cpuinfo (avx2, avx512f, ...); empty where unknown.
+  cores: int  # Cores this process may run on.
+  # jaxdp processes sharing those cores (jaxdp.launch's --num_processes), else 1. No choice depends on it yet:
+  # one Eigen thread per process under jaxdp.launch measured no faster than XLA's threading.
+  processes_per_host: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The flags for a machine and why, as the start summary says it."""
+  flags: tuple[str, ...]
+  why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+  """What `apply` did: the choice, the flags it added to XLA_FLAGS, those the user's XLA_FLAGS set first."""
+  choice: Choice
+  added: tuple[str, ...] = ()
+  users: tuple[str, ...] = ()
+  too_late: bool = False  # JAX's CPU backend had started: XLA_FLAGS is read only then.
+
+
+_outcome: Outcome | None = None  # This process's, once `apply` ran.
+
+
+def choose(machine: Machine, setting: str = AUTO) -> Choice:
+  """The flags for `machine` under `config.xla_cpu_flags = setting`; a pure function of its arguments."""
+  if setting != AUTO:
+    flags = tuple(setting.split())
+    if bad := [f for f in flags if not f.startswith("--xla_")]:
+      raise ConfigError(f"config.{KEY} must be {AUTO!r}, '' or XLA flags (--xla_...), got {' '.join(bad)!r}")
+    return Choice(flags, f"{KEY}={setting!r}" if flags else f"XLA's defaults ({KEY}='')")
+  if machine.arch not in ("x86_64", "AMD64") or "avx2" not in machine.isa:
+    return Choice((), f"XLA's defaults (not measured on {machine.arch} without AVX2)")
+  if "avx512f" in machine.isa:
+    return Choice((), "XLA's defaults (not measured with AVX-512)")
+  if machine.cores > MAX_MEASURED_CORES:
+    return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
+  return Choice((NO_YNN_CONVOLUTIONS,),
+                f"XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, {machine.cores} cores; measured: {MEASURED})")
+
+
+def this_machine() -> Machine:
+  """This process's machine: /proc/cpuinfo's flags, the cores it may run on, its launcher's process count."""
+  from jaxdp.runtime import distributed  # Its names only; JAX loads with it, and has not started a backend.
+  isa: frozenset[str] = frozenset()
+  try:
+    with open("/proc/cpuinfo") as f:
+      isa = frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
+  except OSError:  # Not Linux: no flags known, so XLA's defaults.
+    pass
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  local = os.environ.get(distributed.ENV_LAUNCHER_PID) and os.environ.get(distributed.ENV_NUM_PROCESSES, "")
+  return Machine(platform.machine(), isa, cores, int(local) if local and local.isdigit() else 1)
+
+
+def merge(xla_flags: str, flags: tuple[str, ...]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+  """(XLA_FLAGS with `flags` added, the flags added, the flags left out because `xla_flags` sets them)."""
+  users = {f.split("=", 1)[0] for f in xla_flags.split()}
+  added = tuple(f for f in flags if f.split("=", 1)[0] not in users)
+  left = tuple(f for f in flags if f not in added)
+  return " ".join([*xla_flags.split(), *added]), added, left
+
+
+def apply(config: ml_collections.ConfigDict, machine: Machine | None = None) -> Outcome:
+  """Adds the flags `config.xla_cpu_flags` asks for to XLA_FLAGS, unless JAX's backends already started."""
+  global _outcome
+  choice = choose(machine or this_machine(), config[KEY])
+  if _backends_started():
+    if _outcome is None or _outcome.choice != choice:  # A second run in the process keeps the first's flags.
+      _outcome = Outcome(choice, too_late=True)
+    return _outcome
+  environ, added, users = merge(os.environ.get(ENV, ""), choice.flags)
+  if environ or ENV in os.environ:
+    os.environ[ENV] = environ
+  _outcome = Outcome(choice, added, users)
+  return _outcome
+
+
+def describe(outcome: Outcome | None = None) -> str:
+  """The start summary's line: what XLA:CPU runs with and why, and how to change it."""
+  outcome = outcome or _outcome
+  if outcome is None:
+    return f"XLA's defaults or the user's XLA_FLAGS (jaxdp set none: its process start-up did not run)"
+  text = outcome.choice.why
+  if outcome.too_late and outcome.choice.flags:
+    text += (f"; not applied: JAX had started before jaxdp (set XLA_FLAGS='{' '.join(outcome.choice.flags)}' "
+             "before JAX starts)")
+  if outcome.users:
+    text += f"; XLA_FLAGS sets {', '.join(f.split('=', 1)[0] for f in outcome.users)} (kept)"
+  return text + f"; set {KEY} to override"
+
+
+def _backends_started() -> bool:
+  from jax._src import xla_bridge  # No public way to ask; XLA reads XLA_FLAGS when the first backend starts.
+  return xla_bridge.backends_are_initialized()

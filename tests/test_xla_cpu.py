@@ -1,0 +1,118 @@
+"""XLA:CPU's flags: the choice on made-up machines, the user's XLA_FLAGS winning, the override key, and the
+flags reaching XLA in a `python -m jaxdp.train` process."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from jaxdp.config import ConfigError
+from jaxdp.runtime import xla_cpu
+
+AVX2 = frozenset({"sse4_2", "fma", "avx2"})
+EPYC = xla_cpu.Machine("x86_64", AVX2, 2, 1)  # The kind the choice was measured on.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(setting: str = xla_cpu.AUTO) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({xla_cpu.KEY: setting})
+
+
+def test_avx2_without_avx512_on_few_cores_takes_xlas_convolutions():
+  assert xla_cpu.choose(EPYC).flags == (xla_cpu.NO_YNN_CONVOLUTIONS,)
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 1, 2)).flags == (xla_cpu.NO_YNN_CONVOLUTIONS,)
+  assert xla_cpu.MEASURED in xla_cpu.choose(EPYC).why
+
+
+@pytest.mark.parametrize("machine", [
+    xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, 1),  # AVX-512: not measured.
+    xla_cpu.Machine("aarch64", frozenset({"asimd", "sve"}), 2, 1),  # ARM: not measured.
+    xla_cpu.Machine("x86_64", AVX2, 64, 1),  # Many cores: not measured.
+    xla_cpu.Machine("x86_64", frozenset({"sse4_2"}), 2, 1),  # No AVX2.
+    xla_cpu.Machine("x86_64", frozenset(), 2, 1),  # Flags unknown (not Linux).
+], ids=["avx512", "arm", "64_cores", "no_avx2", "unknown"])
+def test_an_unmeasured_machine_keeps_xlas_defaults(machine):
+  choice = xla_cpu.choose(machine)
+  assert choice.flags == () and "XLA's defaults" in choice.why
+
+
+def test_the_config_key_overrides_the_choice():
+  assert xla_cpu.choose(EPYC, "").flags == ()
+  assert xla_cpu.choose(EPYC, "--xla_cpu_multi_thread_eigen=false --xla_cpu_enable_fast_math=false").flags == (
+      "--xla_cpu_multi_thread_eigen=false", "--xla_cpu_enable_fast_math=false")
+  with pytest.raises(ConfigError, match="xla_cpu_flags.*'fast'"):
+    xla_cpu.choose(EPYC, "fast")
+
+
+def test_the_default_config_asks_for_the_automatic_choice():
+  from jaxdp import config as config_lib
+  assert config_lib.with_defaults(ml_collections.ConfigDict())[xla_cpu.KEY] == xla_cpu.AUTO
+
+
+def test_a_flag_the_users_xla_flags_set_is_kept():
+  flags, added, kept = xla_cpu.merge("--xla_cpu_experimental_ynn_fusion_type= --xla_dump_to=/tmp/d",
+                                     (xla_cpu.NO_YNN_CONVOLUTIONS, "--xla_cpu_multi_thread_eigen=false"))
+  assert flags == ("--xla_cpu_experimental_ynn_fusion_type= --xla_dump_to=/tmp/d "
+                   "--xla_cpu_multi_thread_eigen=false")
+  assert added == ("--xla_cpu_multi_thread_eigen=false",) and kept == (xla_cpu.NO_YNN_CONVOLUTIONS,)
+  assert xla_cpu.merge("", (xla_cpu.NO_YNN_CONVOLUTIONS,)) == (xla_cpu.NO_YNN_CONVOLUTIONS, (xla_cpu.NO_YNN_CONVOLUTIONS,), ())
+
+
+def test_apply_sets_xla_flags_before_jax_starts(monkeypatch):
+  monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+  monkeypatch.setattr(xla_cpu, "_outcome", None)
+  monkeypatch.setenv(xla_cpu.ENV, "--xla_dump_to=/tmp/d --xla_cpu_experimental_ynn_fusion_type=dot")
+  outcome = xla_cpu.apply(_config("--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_multi_thread_eigen=false"))
+  assert os.environ[xla_cpu.ENV] == ("--xla_dump_to=/tmp/d --xla_cpu_experimental_ynn_fusion_type=dot "
+                                     "--xla_cpu_multi_thread_eigen=false")
+  assert "XLA_FLAGS sets --xla_cpu_experimental_ynn_fusion_type (kept)" in xla_cpu.describe(outcome)
+  monkeypatch.delenv(xla_cpu.ENV)
+  xla_cpu.apply(_config(""))  # XLA's defaults: nothing to add, and no empty XLA_FLAGS made up.
+  assert xla_cpu.ENV not in os.environ
+  xla_cpu.apply(_config(), EPYC)
+  assert os.environ[xla_cpu.ENV] == xla_cpu.NO_YNN_CONVOLUTIONS
+  assert xla_cpu.describe().startswith("XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, 2 cores; measured: ")
+
+
+def test_after_jax_started_the_summary_says_the_flags_were_not_applied(monkeypatch):
+  monkeypatch.setattr(xla_cpu, "_outcome", None)
+  monkeypatch.delenv(xla_cpu.ENV, raising=False)
+  outcome = xla_cpu.apply(_config(), EPYC)  # conftest.py's devices: JAX has started.
+  assert outcome.too_late and xla_cpu.ENV not in os.environ
+  assert f"not applied: JAX had started before jaxdp (set XLA_FLAGS='{xla_cpu.NO_YNN_CONVOLUTIONS}'" in xla_cpu.describe()
+
+
+def _ynn_convolutions(tmp_path, name: str, *overrides: str) -> bool:
+  """Whether XLA ran a convolution in YNNPACK in a one-step `python -m jaxdp.train` of the default config (a CNN)."""
+  dump = tmp_path / name
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAXDP_CPU_DEVICES")}
+  env.update({"XLA_FLAGS": f"--xla_dump_to={dump}", "JAX_PLATFORMS": "cpu"})  # A cache hit would dump nothing.
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.train", "--config", "jaxdp/configs/default.py",
+                         "--workdir", str(tmp_path / f"{name}_run"), "--config.num_train_steps=1",
+                         "--config.checkpoint_every_steps=0", "--config.compilation_cache_dir=", *overrides],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  texts = glob.glob(str(dump / "*train_step*after_optimizations.txt"))  # What experiments/xla_cpu_defaults measured.
+  assert texts, f"no HLO dumped in {dump}"
+  return any(_convolution_in_ynn(open(p).read()) for p in texts)
+
+
+def _convolution_in_ynn(hlo: str) -> bool:
+  """Whether a YNNPACK fusion calls a computation that holds a convolution (XLA's own stand outside one)."""
+  called = re.findall(r'calls=%([\w.-]+).*"kind":"__ynn_fusion"', hlo)
+  blocks = {b.split(" ", 1)[0].lstrip("%"): b for b in map(str.strip, hlo.split("\n\n")) if b.startswith("%")}
+  return any(" convolution(" in blocks.get(name, "") for name in called)
+
+
+def test_the_flags_reach_xla_in_a_train_process(tmp_path):
+  """The automatic choice (on this machine) and the override reach XLA: YNNPACK's convolutions in the compiled HLO."""
+  machine = xla_cpu.this_machine()
+  if not (machine.arch == "x86_64" and "avx2" in machine.isa):
+    pytest.skip("YNNPACK fuses on x86 with AVX2; elsewhere XLA's defaults may fuse nothing into it")
+  assert _ynn_convolutions(tmp_path, "defaults", f"--config.{xla_cpu.KEY}=")
+  assert _ynn_convolutions(tmp_path, "auto") == (xla_cpu.NO_YNN_CONVOLUTIONS not in xla_cpu.choose(machine).flags)
+  assert not _ynn_convolutions(tmp_path, "explicit", f"--config.{xla_cpu.KEY}=--xla_cpu_experimental_ynn_fusion_type=")
