@@ -40,6 +40,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
+  # XLA:CPU's flags, added to XLA_FLAGS before JAX starts (flags set in XLA_FLAGS win): "auto" picks them from the
+  # machine (ISA, cores; jaxdp.runtime.xla_cpu, measured in experiments/xla_cpu_defaults.md) | "": XLA's defaults |
+  # explicit flags, e.g. "--xla_cpu_multi_thread_eigen=false". Applied by the CLI, and by train_and_evaluate when
+  # JAX has not started yet (the start summary says when it could not be).
+  config.xla_cpu_flags = "auto"
 
   # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
   # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.
