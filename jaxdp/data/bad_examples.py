@@ -76,7 +76,7 @@ class Guarded(Iterator[Batch]):
 
   def skipped_through(self, step: int) -> int:
     """Bad examples replaced in this process's rows of the steps up to `step` (reading runs ahead)."""
-    return sum(n for s, n in self.skipped.items() if s <= step)
+    return sum(n for s, n in self.skipped.copy().items() if s <= step)  # A copy: the prefetch thread may add a step.
 
   def _repair(self, step: int, error: Failure) -> Batch:
     """The failed step read again with its bad rows replaced; raises BadExampleError when not skipping."""
