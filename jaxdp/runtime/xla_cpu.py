@@ -68,7 +68,8 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
   if machine.cores > MAX_MEASURED_CORES:
     return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
   return Choice((NO_YNN_CONVOLUTIONS,),
-                f"XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, {machine.cores} cores; measured: {MEASURED})")
+                f"XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, {machine.cores} cores; "
+                f"measured: {MEASURED})")
 
 
 def this_machine() -> Machine:
@@ -112,7 +113,7 @@ def describe(outcome: Outcome | None = None) -> str:
   """The start summary's line: what XLA:CPU runs with and why, and how to change it."""
   outcome = outcome or _outcome
   if outcome is None:
-    return f"XLA's defaults or the user's XLA_FLAGS (jaxdp set none: its process start-up did not run)"
+    return "XLA's defaults or the user's XLA_FLAGS (jaxdp set none: its process start-up did not run)"
   text = outcome.choice.why
   if outcome.too_late and outcome.choice.flags:
     text += (f"; not applied: JAX had started before jaxdp (set XLA_FLAGS='{' '.join(outcome.choice.flags)}' "
