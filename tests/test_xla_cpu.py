@@ -79,6 +79,20 @@ def test_apply_sets_xla_flags_before_jax_starts(monkeypatch):
   assert xla_cpu.describe().startswith("XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, 2 cores; measured: ")
 
 
+def test_flags_jaxdp_added_before_are_not_taken_for_the_users(monkeypatch):
+  """A second apply (the CLI's start-up, then train_and_evaluate's; or a child process) sees its own flags."""
+  monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+  monkeypatch.setattr(xla_cpu, "_outcome", None)
+  monkeypatch.setenv(xla_cpu.ENV, "--xla_dump_to=/tmp/d")
+  monkeypatch.delenv(xla_cpu.ENV_ADDED, raising=False)
+  xla_cpu.apply(_config(), EPYC)
+  outcome = xla_cpu.apply(_config(), EPYC)
+  assert os.environ[xla_cpu.ENV] == f"--xla_dump_to=/tmp/d {xla_cpu.NO_YNN_CONVOLUTIONS}"
+  assert outcome.users == () and "(kept)" not in xla_cpu.describe(outcome)
+  xla_cpu.apply(_config(""), EPYC)  # A later choice of XLA's defaults takes jaxdp's own flag back out.
+  assert os.environ[xla_cpu.ENV] == "--xla_dump_to=/tmp/d"
+
+
 def test_after_jax_started_the_summary_says_the_flags_were_not_applied(monkeypatch):
   monkeypatch.setattr(xla_cpu, "_outcome", None)
   monkeypatch.delenv(xla_cpu.ENV, raising=False)

@@ -28,7 +28,7 @@ from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
-from jaxdp.runtime import exits, process
+from jaxdp.runtime import exits, process, xla_cpu
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
@@ -110,6 +110,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
+    summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.

@@ -14,6 +14,7 @@ import ml_collections
 from jaxdp.config import ConfigError
 
 ENV = "XLA_FLAGS"
+ENV_ADDED = "JAXDP_XLA_CPU_ADDED"  # The flags jaxdp added to XLA_FLAGS (inherited by child processes).
 AUTO = "auto"
 KEY = "xla_cpu_flags"
 MEASURED = "experiments/xla_cpu_defaults.md"
@@ -102,9 +103,13 @@ def apply(config: ml_collections.ConfigDict, machine: Machine | None = None) -> 
     if _outcome is None or _outcome.choice != choice:  # A second run in the process keeps the first's flags.
       _outcome = Outcome(choice, too_late=True)
     return _outcome
-  environ, added, users = merge(os.environ.get(ENV, ""), choice.flags)
+  # Flags an earlier apply added (this process's, or its parent's: a test, a launcher) are not the user's.
+  ours = set(os.environ.get(ENV_ADDED, "").split())
+  users_own = " ".join(f for f in os.environ.get(ENV, "").split() if f not in ours)
+  environ, added, users = merge(users_own, choice.flags)
   if environ or ENV in os.environ:
     os.environ[ENV] = environ
+  os.environ[ENV_ADDED] = " ".join(added)
   _outcome = Outcome(choice, added, users)
   return _outcome
 
