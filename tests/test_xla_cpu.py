@@ -22,10 +22,11 @@ def _config(setting: str = xla_cpu.AUTO) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({xla_cpu.KEY: setting})
 
 
-def test_avx2_without_avx512_on_few_cores_takes_xlas_convolutions():
-  assert xla_cpu.choose(EPYC).flags == (xla_cpu.NO_YNN_CONVOLUTIONS,)
-  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 1, 2)).flags == (xla_cpu.NO_YNN_CONVOLUTIONS,)
-  assert xla_cpu.MEASURED in xla_cpu.choose(EPYC).why
+def test_avx2_without_avx512_on_few_cores_keeps_xlas_defaults_as_measured():
+  """No flag set was faster for every workload there (experiments/xla_cpu_defaults.md): the summary says so."""
+  assert xla_cpu.choose(EPYC).flags == ()
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 1, 2)).flags == ()
+  assert xla_cpu.MEASURED in xla_cpu.choose(EPYC).why and "measured on AVX2" in xla_cpu.choose(EPYC).why
 
 
 @pytest.mark.parametrize("machine", [
@@ -74,9 +75,9 @@ def test_apply_sets_xla_flags_before_jax_starts(monkeypatch):
   monkeypatch.delenv(xla_cpu.ENV)
   xla_cpu.apply(_config(""))  # XLA's defaults: nothing to add, and no empty XLA_FLAGS made up.
   assert xla_cpu.ENV not in os.environ
-  xla_cpu.apply(_config(), EPYC)
+  xla_cpu.apply(_config(xla_cpu.NO_YNN_CONVOLUTIONS), EPYC)
   assert os.environ[xla_cpu.ENV] == xla_cpu.NO_YNN_CONVOLUTIONS
-  assert xla_cpu.describe().startswith("XLA's convolutions, not YNNPACK's (AVX2 without AVX-512, 2 cores; measured: ")
+  assert xla_cpu.describe().startswith(f"xla_cpu_flags='{xla_cpu.NO_YNN_CONVOLUTIONS}'")
 
 
 def test_flags_jaxdp_added_before_are_not_taken_for_the_users(monkeypatch):
@@ -85,8 +86,8 @@ def test_flags_jaxdp_added_before_are_not_taken_for_the_users(monkeypatch):
   monkeypatch.setattr(xla_cpu, "_outcome", None)
   monkeypatch.setenv(xla_cpu.ENV, "--xla_dump_to=/tmp/d")
   monkeypatch.delenv(xla_cpu.ENV_ADDED, raising=False)
-  xla_cpu.apply(_config(), EPYC)
-  outcome = xla_cpu.apply(_config(), EPYC)
+  xla_cpu.apply(_config(xla_cpu.NO_YNN_CONVOLUTIONS), EPYC)
+  outcome = xla_cpu.apply(_config(xla_cpu.NO_YNN_CONVOLUTIONS), EPYC)
   assert os.environ[xla_cpu.ENV] == f"--xla_dump_to=/tmp/d {xla_cpu.NO_YNN_CONVOLUTIONS}"
   assert outcome.users == () and "(kept)" not in xla_cpu.describe(outcome)
   xla_cpu.apply(_config(""), EPYC)  # A later choice of XLA's defaults takes jaxdp's own flag back out.
@@ -96,7 +97,7 @@ def test_flags_jaxdp_added_before_are_not_taken_for_the_users(monkeypatch):
 def test_after_jax_started_the_summary_says_the_flags_were_not_applied(monkeypatch):
   monkeypatch.setattr(xla_cpu, "_outcome", None)
   monkeypatch.delenv(xla_cpu.ENV, raising=False)
-  outcome = xla_cpu.apply(_config(), EPYC)  # conftest.py's devices: JAX has started.
+  outcome = xla_cpu.apply(_config(xla_cpu.NO_YNN_CONVOLUTIONS), EPYC)  # conftest.py's devices: JAX has started.
   assert outcome.too_late and xla_cpu.ENV not in os.environ
   expected = f"not applied: JAX had started before jaxdp (set XLA_FLAGS='{xla_cpu.NO_YNN_CONVOLUTIONS}'"
   assert expected in xla_cpu.describe()
@@ -132,3 +133,4 @@ def test_the_flags_reach_xla_in_a_train_process(tmp_path):
   assert _ynn_convolutions(tmp_path, "defaults", f"--config.{xla_cpu.KEY}=")
   assert _ynn_convolutions(tmp_path, "auto") == (xla_cpu.NO_YNN_CONVOLUTIONS not in xla_cpu.choose(machine).flags)
   assert not _ynn_convolutions(tmp_path, "explicit", f"--config.{xla_cpu.KEY}=--xla_cpu_experimental_ynn_fusion_type=")
+  assert not _ynn_convolutions(tmp_path, "opt_in", f"--config.{xla_cpu.KEY}={xla_cpu.NO_YNN_CONVOLUTIONS}")
