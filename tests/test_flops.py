@@ -34,6 +34,22 @@ def test_shard_map_and_pmap_count_per_device():
   assert flops.step_flops(mapped, a.reshape(n, M // n, K), b) == MATMUL_FLOPS / n
 
 
+def test_the_lowered_count_is_per_device_and_compiles_nothing(caplog):
+  """flops.lowered_flops (the accumulation's loop-free step): the same counts as the compiled ones, no compile."""
+  a, b = _operands()
+  n = jax.device_count()
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  sharded = jax.jit(jax.shard_map(lambda a, b: a @ b, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data")))
+  mapped = jax.pmap(lambda a, b: a @ b, in_axes=(0, None))
+  a_sharded, a_mapped = jax.device_put(a, NamedSharding(mesh, P("data"))), a.reshape(n, M // n, K)
+  with caplog.at_level(logging.WARNING), jax.log_compiles(True):
+    # Before optimization XLA's count of a dot is 2MKN less a few (the first product of each sum is no add).
+    assert flops.lowered_flops(jax.jit(lambda a, b: a @ b), a, b) == pytest.approx(MATMUL_FLOPS, rel=1e-4)
+    assert flops.lowered_flops(sharded, a_sharded, b) == pytest.approx(MATMUL_FLOPS / n, rel=1e-4)
+    assert flops.lowered_flops(mapped, a_mapped, b) == pytest.approx(MATMUL_FLOPS / n, rel=1e-4)
+  assert not [r for r in caplog.records if "Finished XLA compilation" in r.getMessage()], caplog.text
+
+
 def test_counting_does_not_compile_twice(caplog):
   a, b = _operands()
   f = jax.jit(lambda a: jnp.tanh(a) @ b)

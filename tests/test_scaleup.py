@@ -129,5 +129,7 @@ def test_flops_per_step_count_every_micro_batch(ten_steps):
   whole = flops.step_flops(plain.flops_step, state, batch)
   per_step = flops.step_flops(accumulated.flops_step, state, batch)
   assert per_step == pytest.approx(whole, rel=0.02)
+  # What the loop reports with accumulation: the loop-free step's lowered count, without compiling it.
+  assert flops.lowered_flops(accumulated.flops_step, state, batch) == pytest.approx(per_step, rel=0.05)
   assert flops.step_flops(accumulated.train_step, state, batch) < 0.5 * per_step  # What XLA reports for the loop.
 

@@ -297,13 +297,17 @@ def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterat
   """The step's FLOPs per device (XLA cost analysis of the compiled step on the first batch), printed.
 
   Returns the FLOPs and `batches` with the first batch put back. With no accumulation loop the compile
-  done here is the one the first real step reuses (JAX caches the executable).
+  done here is the one the first real step reuses (JAX caches the executable); with one, the loop-free step
+  is counted from its lowered program (`flops.lowered_flops`), not compiled.
   """
   step_flops = None
   if will_train:
     first = next(batches)
     batches = itertools.chain([first], batches)
-    step_flops = flops_lib.step_flops(parts.flops_step or parts.train_step, state, first)
+    if parts.flops_step is None or parts.flops_step is parts.train_step:  # Compiled here, reused by the first step.
+      step_flops = flops_lib.step_flops(parts.train_step, state, first)
+    else:  # Accumulation: a loop-free step only to count; not compiled, it would cost a second compile of the step.
+      step_flops = flops_lib.lowered_flops(parts.flops_step, state, first)
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches

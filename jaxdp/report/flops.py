@@ -52,6 +52,22 @@ def step_flops(jitted: Any, *args: Any) -> float | None:
   return compiled_flops(compiled)
 
 
+def lowered_flops(jitted: Any, *args: Any) -> float | None:
+  """FLOPs per device of one call of `jitted(*args)`, from the cost analysis of the program before XLA optimizes it.
+
+  Nothing is compiled: for a program that is only counted, never run (`build.Parts.flops_step`), where a compile
+  would cost as much as the train step's own. Within a few % of the compiled count (XLA's fusions and
+  simplifications change it slightly); per device for `jax.jit` of a shard_map and for `jax.pmap` alike.
+  """
+  try:
+    analysis = jitted.lower(*args).cost_analysis()
+  except (NotImplementedError, RuntimeError):
+    return None
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) and analysis else analysis
+  flops = (analysis or {}).get("flops")
+  return float(flops) if flops and flops > 0 else None
+
+
 def compiled_flops(compiled: Any) -> float | None:
   """FLOPs per device of one run of an already compiled program (XLA's cost analysis); None if unknown."""
   flops = cost_analysis(compiled).get("flops")
