@@ -14,6 +14,8 @@ Each starts from jaxdp's own config file:
           AdamW 1e-3 (warmup 50, cosine), clip 1.0, on the 1.4 MB text of experiments/gpt_text_file.py.
 """
 
+import argparse
+
 import ml_collections
 
 from jaxdp.configs import cifar10_resnet18, default, gpt_text_file, mlp_digits
@@ -43,3 +45,14 @@ def get_config(name: str) -> ml_collections.ConfigDict:
   else:
     raise ValueError(f"unknown workload {name!r} (choose from {', '.join(NAMES)})")
   return config
+
+
+def worker_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+  """The flags every worker (four_way_jax.py, four_way_torch.py) takes from the driver."""
+  parser = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+  parser.add_argument("--workload", required=True, choices=NAMES)
+  parser.add_argument("--data", required=True, help="The study's .npz: x_train, y_train, x_test, y_test.")
+  parser.add_argument("--steps", type=int, required=True, help="Optimizer steps (the schedule's num_train_steps).")
+  parser.add_argument("--log_every", type=int, default=50,
+                      help="Process (rank) 0 prints a timed line every this many steps.")
+  return parser

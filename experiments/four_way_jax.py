@@ -31,11 +31,7 @@ import four_way_configs  # noqa: E402
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="four_way_jax.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--workload", required=True, choices=four_way_configs.NAMES)
-  parser.add_argument("--data", required=True, help="The study's .npz: x_train, y_train, x_test, y_test.")
-  parser.add_argument("--steps", type=int, required=True, help="Optimizer steps (the schedule's num_train_steps).")
-  parser.add_argument("--log_every", type=int, default=50, help="Process 0 prints a timed line every this many steps.")
+  parser = four_way_configs.worker_parser("four_way_jax.py", __doc__)
   parser.add_argument("--num_processes", type=int, default=1, help="Processes (this one starts the others).")
   parser.add_argument("--process_id", type=int, default=0, help="Set on the peers this process starts.")
   parser.add_argument("--coordinator", default="", help="host:port of process 0 (set on the peers).")

@@ -231,11 +231,7 @@ def same_function(workload: str = "gpt") -> dict[str, float]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="four_way_torch.py", description=__doc__.splitlines()[0])
-  parser.add_argument("--workload", required=True, choices=four_way_configs.NAMES)
-  parser.add_argument("--data", required=True, help="The study's .npz: x_train, y_train, x_test, y_test.")
-  parser.add_argument("--steps", type=int, required=True, help="Optimizer steps (the schedule's num_train_steps).")
-  parser.add_argument("--log_every", type=int, default=50, help="Rank 0 prints a timed line every this many steps.")
+  parser = four_way_configs.worker_parser("four_way_torch.py", __doc__)
   parser.add_argument("--num_classes", type=int, default=0, help="0: the largest train label + 1.")
   return parser.parse_args(argv)
 
