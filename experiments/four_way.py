@@ -137,16 +137,18 @@ def config_arg(workload: str) -> str:
 
 
 def command(side: str, workload: str, procs: int, steps: int, log_every: int, npz: str, data_flags: list[str],
-            workdir: str) -> list[str]:
-  """The command line of one run."""
+            workdir: str, seed: int | None = None) -> list[str]:
+  """The command line of one run (`seed`: the run's seed of init and data order; None: the config's)."""
   if side == "jaxdp":
     train = ["--config", config_arg(workload), "--workdir", workdir, f"--config.num_train_steps={steps}",
              f"--config.log_every_steps={log_every}", f"--config.eval_every_steps={steps}",
              f"--config.checkpoint_every_steps={steps}", *data_flags]
+    train += [] if seed is None else [f"--config.seed={seed}"]
     if procs == 1:
       return [sys.executable, "-m", "jaxdp.train", *train]
     return [sys.executable, "-m", "jaxdp.launch", "--num_processes", str(procs), "--", *train]
   worker = ["--workload", workload, "--data", npz, "--steps", str(steps), "--log_every", str(log_every)]
+  worker += [] if seed is None else ["--seed", str(seed)]
   if side in ("jax", "jax_tree"):
     return [sys.executable, os.path.join(HERE, "four_way_jax.py"), *worker, "--num_processes", str(procs),
             "--allreduce", "tree" if side == "jax_tree" else "flat"]
@@ -183,7 +185,8 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   batch = four_way_configs.get_config(workload).batch_size
   name = f"{workload}_{procs}p_{side}_{index}"
   workdir = os.path.join(ctx["tmp"], name)
-  cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir)
+  seed = ctx["seeds"][index % len(ctx["seeds"])] if ctx["seeds"] else None
+  cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir, seed)
   load = abrun.load()
   for attempt in range(2):  # One retry: a shared machine's port clash must not end the study.
     lines, wall, status = e2e_compare.run(cmd, os.path.join(ctx["tmp"], name + ".log"), ctx["tree"],
@@ -198,7 +201,7 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   stamps = e2e_compare.log_steps(framework, lines)
   first, last = e2e_compare.window(stamps, warmup)
   own = e2e_compare.self_reported(framework, lines, workdir, first, last, batch)
-  out = {"side": side, "workload": workload, "procs": procs, "round": index, "attempts": attempt + 1,
+  out = {"side": side, "workload": workload, "procs": procs, "round": index, "seed": seed, "attempts": attempt + 1,
          "cmd": shlex.join(f"{k}={v}" for k, v in ctx["env"].get(side, {}).items()) + " " * bool(ctx["env"].get(side))
          + e2e_compare.shown(cmd).replace(ctx["tmp"], "TMP"), "load_before": load, "load_after": abrun.load(),
          "wall_s": wall, "window": [first, last], "global_batch": batch, "samples_per_s": own,
@@ -224,7 +227,7 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
   with tempfile.TemporaryDirectory(prefix="four_way_") as tmp:
     tree, revision = e2e_compare.snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
     print(f"jaxdp: {revision}", flush=True)
-    ctx = {"tmp": tmp, "tree": tree, "plan": args.plan, "data": {}, "env": args.env}
+    ctx = {"tmp": tmp, "tree": tree, "plan": args.plan, "data": {}, "env": args.env, "seeds": args.seeds}
     for workload in args.workloads:
       ctx["data"][workload] = prepare(workload, tmp, args.examples, tree, "jaxdp" in args.sides)
       print(f"prepared {workload}", flush=True)
@@ -301,6 +304,9 @@ def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[
     lines.append(f"| {side} | {abrun.fmt_rate([r['samples_per_s'] for r in runs])} "
                  f"| {median(runs, 'ms_per_step'):.1f} | {median(runs, 'samples_per_s_driver'):,.0f} "
                  f"| {median(runs, 'eval/loss'):.4f} | {median(runs, 'eval/accuracy'):.4f} | `{runs[0]['cmd']}` |")
+  lines += ["", "Eval loss per round (seed): " + "; ".join(
+      f"{side} " + ", ".join(f"{r.get('eval/loss', float('nan')):.4f} ({r.get('seed', 'config')})" for r in runs)
+      for side, runs in cell.items()) + "."]
   candidates = (("jaxdp", "jax"), ("jaxdp", "torch"), ("jax", "torch"), ("jax_tree", "jax"))
   pairs = [(a, b) for a, b in candidates if ratio(cell, a, b)]
   if pairs:
@@ -380,6 +386,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--procs", type=csv((1, 2)), default=[1, 2], help="Process counts, e.g. 1,2.")
   parser.add_argument("--sides", type=csv(SIDES), default=list(DEFAULT_SIDES))
   parser.add_argument("--rounds", type=int, default=3, help="Rounds of every side in turn, per cell.")
+  parser.add_argument("--seeds", type=lambda text: [int(v) for v in text.split(",") if v], default=[],
+                      help="Round r runs every side with seed seeds[r %% len] (init, data order), e.g. 0,1,2: the "
+                           "eval losses then compare over seeds; default: every run with the config's seed.")
   parser.add_argument("--steps", default="", help="Steps: N, or per workload 'mlp=300,gpt=400' (defaults: "
                       + ", ".join(f"{w} {d[0]}" for w, d in DEFAULTS.items()) + ").")
   parser.add_argument("--warmup", default="", help="Steps left out of the window, as --steps (defaults: "

@@ -55,4 +55,13 @@ def worker_parser(prog: str, doc: str) -> argparse.ArgumentParser:
   parser.add_argument("--steps", type=int, required=True, help="Optimizer steps (the schedule's num_train_steps).")
   parser.add_argument("--log_every", type=int, default=50,
                       help="Process (rank) 0 prints a timed line every this many steps.")
+  parser.add_argument("--seed", type=int, default=None, help="Seeds init and data order (default: the config's).")
   return parser
+
+
+def worker_config(args: argparse.Namespace) -> ml_collections.ConfigDict:
+  """The workload's config as a worker runs it: get_config, with --seed when given."""
+  config = get_config(args.workload)
+  if args.seed is not None:
+    config.seed = args.seed
+  return config

@@ -88,7 +88,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   n, pid = args.num_processes, args.process_id
   if n > 1:
     jax.distributed.initialize(args.coordinator, n, pid)
-  config = four_way_configs.get_config(args.workload)
+  config = four_way_configs.worker_config(args)
   config.num_train_steps = args.steps
   with np.load(args.data) as f:
     arrays = {k: f[k] for k in f.files}

@@ -238,7 +238,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def train(args: argparse.Namespace, rank: int, world: int) -> dict[str, float]:
   """Trains args.steps steps; returns rank 0's eval metrics (the other ranks: {})."""
-  config = four_way_configs.get_config(args.workload)
+  config = four_way_configs.worker_config(args)
   config.num_train_steps = args.steps
   arrays = np.load(args.data)
   images = args.workload in ("cnn", "resnet")
