@@ -43,6 +43,11 @@ SETS = {
     "eigen1": "--xla_cpu_multi_thread_eigen=false",
     "ynn_off_eigen1": f"{YNN}= --xla_cpu_multi_thread_eigen=false",
     "concurrency_off": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+  # oneDNN's matmuls for every dot (its pass runs before YNNPACK's, so YNNPACK keeps the convolutions): YNNPACK
+  # takes no dot whose lhs contracts its dimension 0 (the weight gradients X^T dY), which XLA's Eigen dots run
+  # at half the speed (experiments/dense_parts.md).
+  "onednn": "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=individual_dot",
+  "onednn_dot": "--xla_cpu_use_onednn=true --xla_cpu_experimental_onednn_fusion_type=dot",  # Elementwise fused in.
 }
 WORKLOADS = ("matmul", "mlp1024", "mlp512", "cnn128", "cnn16", "gpt", "resnet18")
 STEP_SECONDS = 1.0  # Timed seconds per workload per process (at least MIN_STEPS steps).
@@ -188,11 +193,12 @@ def machine() -> str:
   return f"{abrun.cpu_model()} ({platform.machine()}), {os.cpu_count()} cores, ISA flags: {' '.join(isa) or 'none'}"
 
 
-def interleaved(mode: str, sets: list[str], workloads: list[str], rounds: int) -> list[dict]:
-  """Runs `interleaved_worker` in one fresh process (1proc_interleaved) or two at once (2proc_interleaved)."""
+def interleaved(mode: str, sets: list[str], workloads: list[str], rounds: int, cores: int = 0) -> list[dict]:
+  """Runs `interleaved_worker` in one fresh process (1proc_interleaved) or two at once (2proc_interleaved), each
+  on its last `cores` cores (0: unpinned)."""
   env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_PLATFORMS": "cpu"}
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", ",".join(workloads), "--interleave", ",".join(sets),
-         "--rounds", str(rounds)]
+         "--rounds", str(rounds), "--cores", str(cores)]
   return _results([subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                    for _ in range(2 if mode.startswith("2proc") else 1)], "interleaved")
 
@@ -240,7 +246,12 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--sets", default="defaults,ynn_off,ynn_noconv,ynn_nodot,eigen1,concurrency_off")
   parser.add_argument("--workloads", default=",".join(WORKLOADS))
   parser.add_argument("--out", default="")
+  parser.add_argument("--cores", type=int, default=0,
+                      help="1proc_interleaved: pin the process to this many cores, so XLA's pool has as many threads "
+                           "(1: each one of 2 jaxdp.launch processes on 2 cores); 0, and 2proc modes: unpinned.")
   args = parser.parse_args(argv)
+  if args.worker and args.cores and hasattr(os, "sched_setaffinity"):  # Before JAX sizes its thread pool.
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[-args.cores:])
   if args.worker and args.interleave:
     interleaved_worker(args.worker.split(","), args.interleave.split(","), args.rounds)
     return
@@ -255,7 +266,7 @@ def main(argv: list[str]) -> None:
       medians: dict[str, dict[str, list[float]]] = {s: {w: [] for w in workloads} for s in sets}
       loads = [abrun.load()]
       if "interleaved" in mode:
-        for proc in interleaved(mode, sets, workloads, args.rounds):
+        for proc in interleaved(mode, sets, workloads, args.rounds, 0 if mode.startswith("2proc") else args.cores):
           for w in workloads:
             for s in sets:
               medians[s][w] += proc["medians"][w][s]

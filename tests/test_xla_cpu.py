@@ -23,10 +23,24 @@ def _config(setting: str = xla_cpu.AUTO) -> ml_collections.ConfigDict:
 
 
 def test_avx2_without_avx512_on_few_cores_keeps_xlas_defaults_as_measured():
-  """No flag set was faster for every workload there (experiments/xla_cpu_defaults.md): the summary says so."""
+  """One process: no flag set was faster for every workload there (experiments/xla_cpu_defaults.md)."""
   assert xla_cpu.choose(EPYC).flags == ()
-  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 1, 2)).flags == ()
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 1, 1)).flags == ()
   assert xla_cpu.MEASURED in xla_cpu.choose(EPYC).why and "measured on AVX2" in xla_cpu.choose(EPYC).why
+
+
+@pytest.mark.parametrize("cores,processes", [(2, 2), (1, 2), (2, 4)])
+def test_processes_sharing_the_cores_get_onednns_dots_as_measured(cores, processes):
+  """jaxdp.launch's processes on one core each: YNNPACK leaves the weight gradients' dots to Eigen, oneDNN takes
+  them (experiments/dense_parts.md); the summary says which and why."""
+  choice = xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, cores, processes))
+  assert choice.flags == xla_cpu.ONEDNN_DOTS and "oneDNN's dots" in choice.why and xla_cpu.MEASURED in choice.why
+
+
+def test_processes_with_several_cores_each_keep_xlas_defaults():
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 2, 1)).flags == ()
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, 2)).flags == ()  # Not measured.
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 64, 64)).flags == ()  # Not measured.
 
 
 @pytest.mark.parametrize("machine", [
@@ -105,6 +119,11 @@ def test_after_jax_started_the_summary_says_the_flags_were_not_applied(monkeypat
 
 def _ynn_convolutions(tmp_path, name: str, *overrides: str) -> bool:
   """Whether XLA ran a convolution in YNNPACK in a one-step `python -m jaxdp.train` of the default config (a CNN)."""
+  return any(_convolution_in_ynn(hlo) for hlo in _train_step_hlo(tmp_path, name, *overrides))
+
+
+def _train_step_hlo(tmp_path, name: str, *overrides: str) -> list[str]:
+  """The optimised HLO of the train step of a one-step `python -m jaxdp.train` of the default config (a CNN)."""
   dump = tmp_path / name
   env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "JAXDP_CPU_DEVICES")}
   env.update({"XLA_FLAGS": f"--xla_dump_to={dump}", "JAX_PLATFORMS": "cpu"})  # A cache hit would dump nothing.
@@ -115,7 +134,7 @@ def _ynn_convolutions(tmp_path, name: str, *overrides: str) -> bool:
   assert proc.returncode == 0, proc.stderr[-3000:]
   texts = glob.glob(str(dump / "*train_step*after_optimizations.txt"))  # What experiments/xla_cpu_defaults measured.
   assert texts, f"no HLO dumped in {dump}"
-  return any(_convolution_in_ynn(open(p).read()) for p in texts)
+  return [open(p).read() for p in texts]
 
 
 def _convolution_in_ynn(hlo: str) -> bool:
@@ -134,3 +153,5 @@ def test_the_flags_reach_xla_in_a_train_process(tmp_path):
   assert _ynn_convolutions(tmp_path, "auto") == (xla_cpu.NO_YNN_CONVOLUTIONS not in xla_cpu.choose(machine).flags)
   assert not _ynn_convolutions(tmp_path, "explicit", f"--config.{xla_cpu.KEY}=--xla_cpu_experimental_ynn_fusion_type=")
   assert not _ynn_convolutions(tmp_path, "opt_in", f"--config.{xla_cpu.KEY}={xla_cpu.NO_YNN_CONVOLUTIONS}")
+  onednn = _train_step_hlo(tmp_path, "onednn", f"--config.{xla_cpu.KEY}={' '.join(xla_cpu.ONEDNN_DOTS)}")
+  assert any('"kind":"__onednn_fusion"' in hlo for hlo in onednn)  # Both flags, this jaxlib's names: dots in oneDNN.

@@ -21,8 +21,14 @@ MEASURED = "experiments/xla_cpu_defaults.md"
 # XLA's own convolutions, YNNPACK's dots (XLA's default list: individual_dot, individual_convolution): faster for
 # ResNet-18 and the CNN at 128 rows a device on AVX2, but the default run (the CNN at 16 rows on each of 8
 # devices) slower end to end, so an opt-in (config.xla_cpu_flags), not the choice. All YNNPACK fusions off was
-# slower for the matmul and the MLPs. No flag set was faster everywhere measured: XLA's defaults stay.
+# slower for the matmul and the MLPs.
 NO_YNN_CONVOLUTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
+# oneDNN's matmuls for every dot (its pass claims dots before YNNPACK's; YNNPACK keeps the convolutions). YNNPACK
+# takes no dot that contracts its lhs's dimension 0, the weight gradients X^T dY of every dense layer, so XLA runs
+# those in Eigen, at half YNNPACK's and oneDNN's speed on one thread: the choice where several processes share
+# the cores, one core each (one process, the default run's 8 devices included, keeps XLA's defaults: not measured
+# faster there).
+ONEDNN_DOTS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_fusion_type=individual_dot")
 MAX_MEASURED_CORES = 2  # The most cores of a machine the choices were measured on.
 
 
@@ -32,8 +38,8 @@ class Machine:
   arch: str  # platform.machine(): x86_64, aarch64, ...
   isa: frozenset[str]  # The CPU's flags in /proc/cpuinfo (avx2, avx512f, ...); empty where unknown.
   cores: int  # Cores this process may run on.
-  # jaxdp processes sharing those cores (jaxdp.launch's --num_processes), else 1. No choice depends on it yet:
-  # one Eigen thread per process under jaxdp.launch measured no faster than XLA's threading.
+  # jaxdp processes sharing those cores (jaxdp.launch's --num_processes), else 1: with as many as cores, each
+  # runs on about one core.
   processes_per_host: int
 
 
@@ -69,8 +75,12 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
     return Choice((), "XLA's defaults (not measured with AVX-512)")
   if machine.cores > MAX_MEASURED_CORES:
     return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
-  return Choice((), f"XLA's defaults (measured on AVX2 without AVX-512, {machine.cores} cores: no flag set was "
-                    f"faster for every workload; {MEASURED})")
+  if 1 < machine.processes_per_host >= machine.cores:  # Measured: 2 jaxdp.launch processes on 2 cores.
+    return Choice(ONEDNN_DOTS, f"oneDNN's dots (measured on AVX2 without AVX-512, {machine.processes_per_host} "
+                               f"processes on {machine.cores} cores: the weight gradients' dots 2x faster than "
+                               f"XLA's; {MEASURED})")
+  return Choice((), f"XLA's defaults (measured on AVX2 without AVX-512, {machine.cores} cores, one process: no "
+                    f"flag set was faster for every workload; {MEASURED})")
 
 
 def this_machine() -> Machine:
