@@ -96,6 +96,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
+  gc_every = config.gc_every_steps
+  if isinstance(gc_every, bool) or not isinstance(gc_every, int) or gc_every < 0:
+    raise ConfigError(f"gc_every_steps must be an integer >= 0 (0: Python's automatic collection), got {gc_every!r}")
   clip = config.max_grad_norm
   if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
     raise ConfigError(f"max_grad_norm must be a number >= 0 (0: no clipping), got {clip!r}")

@@ -38,6 +38,9 @@ def get_config() -> ml_collections.ConfigDict:
   # With the service (JAX's default) the processes agree at the service's sync point; this key does nothing.
   config.preemption_sync_every_steps = 1
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
+  # Python's garbage collector runs (young generations) every this many steps, on every process at once, instead
+  # of wherever an allocation triggers it mid-step; 0: Python's automatic collection (jaxdp.loop.collector).
+  config.gc_every_steps = 50
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
   # XLA:CPU's flags, added to XLA_FLAGS before JAX starts (flags set in XLA_FLAGS win): "auto" picks them from the

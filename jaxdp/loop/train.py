@@ -24,7 +24,7 @@ from jaxdp import build, checkpoint, data, models, parallel, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
-from jaxdp.loop import audit, evaluate, goodput, preemption, profiling, replicas
+from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
@@ -153,6 +153,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   tracker = StepMetrics(backend, steps_in_flight(config, backend), config.max_consecutive_nonfinite)
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
+  garbage = stack.enter_context(collector.Collector(config.gc_every_steps))
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():
@@ -163,6 +164,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
         state, step_metrics = parts.train_step(state, batch)
         tracker.push(step, step_metrics)
+      garbage.after(step)  # While the devices run the step just dispatched.
       loop.completed = (step, state)
       run.recorder.record(step)
       reporter.on_step(step)
