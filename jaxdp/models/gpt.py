@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxdp.config import ConfigError
@@ -20,9 +21,29 @@ def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
   t, dim = x.shape[1], x.shape[-1]
   freqs = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
   angles = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs[None, :]   # [T, dim/2]
-  cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
-  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  # Halves [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] as x * [cos, cos] + flip(x) * [-sin, sin] over an axis
+  # of 2 halves: a flip is an index map that fuses into the elementwise loop, where a split + concatenate made
+  # XLA:CPU copy (experiments/gpt_step_parts.md); the same products and sums, so the same numbers.
+  c = jnp.stack([cos, cos], axis=1)[None, :, None]   # [1, T, 1, 2, dim/2]: broadcast over batch and heads.
+  s = jnp.stack([-sin, sin], axis=1)[None, :, None]
+  halves = x.astype(jnp.float32).reshape(*x.shape[:-1], 2, dim // 2)
+  return (halves * c + jnp.flip(halves, axis=-2) * s).reshape(x.shape).astype(x.dtype)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """jax.nn.dot_product_attention(q, k, v, is_causal=True) of [B, T, heads, head_dim]: its XLA path, written out.
+
+  The same einsums, scale, mask value and softmax; without the grouped-query vmap and the mask built per call
+  that the library wraps them in, which cost XLA:CPU a broadcast and copies per layer (gpt_step_parts.md). On
+  GPU and TPU the library's default (implementation=None) is this same XLA path, so nothing is lost there.
+  """
+  t, s, dim = q.shape[1], k.shape[1], q.shape[-1]
+  dtype = jnp.promote_types(q.dtype, jnp.float32)
+  logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=dtype) * jnp.array(1.0 / np.sqrt(dim), dtype)
+  logits = jnp.where(jnp.tril(jnp.ones((t, s), bool)), logits, jnp.array(-0.7 * jnp.finfo(dtype).max, dtype))
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(v.dtype)
+  return jnp.einsum("BNTS,BSNH->BTNH", probs, v)
 
 
 class CausalSelfAttention(nnx.Module):
@@ -37,10 +58,12 @@ class CausalSelfAttention(nnx.Module):
 
   def __call__(self, x: jax.Array) -> jax.Array:
     b, t, d = x.shape
-    q, k, v = jnp.split(self.qkv(x).reshape(b, t, 3 * self.num_heads, d // self.num_heads), 3, axis=2)
-    if self.use_rotary:
-      q, k = rotary(q), rotary(k)
-    y = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    h = self.num_heads
+    qkv = self.qkv(x).reshape(b, t, 3 * h, d // h)
+    qk, v = qkv[:, :, :2 * h], qkv[:, :, 2 * h:]
+    if self.use_rotary:  # q's and k's heads in one call: rotary acts on each head alike.
+      qk = rotary(qk)
+    y = causal_attention(qk[:, :, :h], qk[:, :, h:], v)
     return self.out(y.reshape(b, t, d))
 
 
