@@ -26,6 +26,13 @@ for _name, _value in _CACHE.items():
   jax.config.update(_name, type(_value)(os.environ[_name.upper()]))
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+  """Accepts pyproject's xdist options when xdist is off (`-p no:xdist`) or not installed: one process runs all."""
+  if not pluginmanager.has_plugin("xdist"):
+    parser.addoption("--numprocesses", default=None, help="ignored: pytest-xdist is not loaded")
+    parser.addoption("--dist", default="no", help="ignored: pytest-xdist is not loaded")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _eight_devices() -> None:
   assert jax.device_count() == NUM_DEVICES, "a JAX device was used before conftest.py set the device count"
