@@ -25,9 +25,9 @@ MEASURED = "experiments/xla_cpu_defaults.md"
 NO_YNN_CONVOLUTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
 # oneDNN's matmuls for every dot (its pass claims dots before YNNPACK's; YNNPACK keeps the convolutions). YNNPACK
 # takes no dot that contracts its lhs's dimension 0, the weight gradients X^T dY of every dense layer, so XLA runs
-# those in Eigen, at half YNNPACK's and oneDNN's speed on one thread: the choice where several processes share
-# the cores, one core each (one process, the default run's 8 devices included, keeps XLA's defaults: not measured
-# faster there).
+# those in Eigen, at half YNNPACK's and oneDNN's speed on one thread. An opt-in: faster for the MLP under
+# jaxdp.launch, not for the default run (one process, 8 devices), and a choice by process count would make the
+# same run's numbers differ between process counts (`choose`).
 ONEDNN_DOTS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_fusion_type=individual_dot")
 MAX_MEASURED_CORES = 2  # The most cores of a machine the choices were measured on.
 
@@ -75,10 +75,14 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
     return Choice((), "XLA's defaults (not measured with AVX-512)")
   if machine.cores > MAX_MEASURED_CORES:
     return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
-  if 1 < machine.processes_per_host >= machine.cores:  # Measured: 2 jaxdp.launch processes on 2 cores.
-    return Choice(ONEDNN_DOTS, f"oneDNN's dots (measured on AVX2 without AVX-512, {machine.processes_per_host} "
-                               f"processes on {machine.cores} cores: the weight gradients' dots 2x faster than "
-                               f"XLA's; {MEASURED})")
+  if 1 < machine.processes_per_host >= machine.cores:
+    # oneDNN's dots are faster here (dense_parts.md), but the flags must not depend on the process count: a run
+    # on 2 processes then differs from the same run on 1 in the last bits, and resuming a run on another process
+    # count, or without a lost rank, is bitwise only with the same kernels everywhere (tests/test_restarts.py).
+    return Choice((), f"XLA's defaults (measured on AVX2 without AVX-512, {machine.processes_per_host} processes on "
+                      f"{machine.cores} cores: oneDNN's dots are faster for dense layers but, chosen by process "
+                      f"count, would break bitwise resume on another count; opt in with {KEY}="
+                      f"'{' '.join(ONEDNN_DOTS)}'; {MEASURED})")
   return Choice((), f"XLA's defaults (measured on AVX2 without AVX-512, {machine.cores} cores, one process: no "
                     f"flag set was faster for every workload; {MEASURED})")
 
