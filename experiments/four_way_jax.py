@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,6 +74,17 @@ def start_peers(argv: list[str], count: int) -> tuple[str, list[subprocess.Popen
   return address, peers
 
 
+def loss_of(model) -> Callable:
+  """`loss_fn(params, model_state, inputs, labels) -> (mean cross-entropy, model_state)`: the study's train loss."""
+  import jax.numpy as jnp
+  import optax
+
+  def loss_fn(params, model_state, inputs, labels):
+    logits, model_state = model.apply(params, model_state, inputs, train=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean(), model_state
+  return loss_fn
+
+
 def train(args: argparse.Namespace) -> dict[str, float]:
   """Trains args.steps steps; returns process 0's eval metrics (the others: {})."""
   import jax
@@ -100,9 +112,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   tx = tx_of(config)
   axis = "data" if n > 1 else None
 
-  def loss_fn(params, model_state, inputs, labels):
-    logits, model_state = model.apply(params, model_state, inputs, train=True)
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean(), model_state
+  loss_fn = loss_of(model)
 
   def step(state, inputs, labels):
     params, model_state, opt_state = state

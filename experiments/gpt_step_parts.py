@@ -222,9 +222,7 @@ def jax_step(cls: type) -> tuple[Callable[[], object], Callable]:
   model, config = _jax_model(cls)
   tx = four_way_jax.tx_of(config)
 
-  def loss_fn(params, model_state, inputs, labels):
-    logits, model_state = model.apply(params, model_state, inputs, train=True)
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean(), model_state
+  loss_fn = four_way_jax.loss_of(model)
 
   def step(state, inputs, labels):
     params, model_state, opt_state = state
