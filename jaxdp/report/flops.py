@@ -60,22 +60,20 @@ def lowered_flops(jitted: Any, *args: Any) -> float | None:
   simplifications change it slightly); per device for `jax.jit` of a shard_map and for `jax.pmap` alike.
   """
   try:
-    analysis = jitted.lower(*args).cost_analysis()
+    lowered = jitted.lower(*args)
   except (NotImplementedError, RuntimeError):
     return None
-  analysis = analysis[0] if isinstance(analysis, (list, tuple)) and analysis else analysis
-  flops = (analysis or {}).get("flops")
-  return float(flops) if flops and flops > 0 else None
+  return compiled_flops(lowered)  # A lowered program has the same cost_analysis() as a compiled one.
 
 
 def compiled_flops(compiled: Any) -> float | None:
-  """FLOPs per device of one run of an already compiled program (XLA's cost analysis); None if unknown."""
+  """FLOPs per device of one run of a compiled (or lowered) program (XLA's cost analysis); None if unknown."""
   flops = cost_analysis(compiled).get("flops")
   return float(flops) if flops and flops > 0 else None
 
 
 def cost_analysis(compiled: Any) -> dict[str, float]:
-  """XLA's cost analysis of a compiled program ("flops", "bytes accessed", ...); {} where the backend has none."""
+  """XLA's cost analysis of a compiled or lowered program ("flops", "bytes accessed", ...); {} where there is none."""
   try:
     analysis = compiled.cost_analysis()
   except (NotImplementedError, RuntimeError):
