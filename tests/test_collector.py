@@ -51,6 +51,17 @@ def test_it_is_restored_on_an_error_and_leaves_a_disabled_collector_disabled():
     gc.enable()
 
 
+def test_a_caller_s_frozen_objects_stay_frozen():
+  gc.freeze()
+  try:
+    frozen = gc.get_freeze_count()
+    with Collector(5):
+      pass
+    assert gc.get_freeze_count() >= frozen > 0
+  finally:
+    gc.unfreeze()
+
+
 def test_zero_leaves_python_s_automatic_collection_alone(collections):
   with Collector(0) as garbage:
     assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -20,11 +20,11 @@ class Collector:
 
   def __init__(self, every_steps: int):
     self.every_steps = every_steps
-    self._was_enabled = gc.isenabled()
+    self._was_enabled = self._was_frozen = False  # As found on entry.
 
   def __enter__(self) -> "Collector":
     if self.every_steps > 0:
-      self._was_enabled = gc.isenabled()
+      self._was_enabled, self._was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
       gc.disable()
       gc.freeze()  # O(1): no full collection here (one would cost every run its own ~0.1-0.2 s at the start).
     return self
@@ -36,6 +36,7 @@ class Collector:
 
   def __exit__(self, kind: type | None, error: BaseException | None, trace: types.TracebackType | None) -> None:
     if self.every_steps > 0:
-      gc.unfreeze()
+      if not self._was_frozen:  # gc can only unfreeze everything: a caller's own frozen objects stay frozen.
+        gc.unfreeze()
       if self._was_enabled:
         gc.enable()
