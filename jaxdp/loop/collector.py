@@ -15,7 +15,8 @@ class Collector:
 
   `every_steps` 0: Python's automatic collection stays as it is. On entry the objects alive so far (the model,
   the compiled programs, the libraries) are frozen out of later collections, which then walk only what the
-  loop made; on exit they are unfrozen and the collector is restored as it was found.
+  loop made; on exit they are unfrozen (unless the caller had frozen objects of its own: gc unfreezes all or
+  nothing) and automatic collection is switched back on if it was on.
   """
 
   def __init__(self, every_steps: int):
