@@ -13,6 +13,12 @@ mesh whose gradients, loss and BatchNorm statistics are pmean'd, raveled into on
 gloo call; `tree`: one all-reduce per leaf, 54 for the GPT, which XLA:CPU does not combine); each process gathers
 its own rows of the global batch. XLA's and JAX's defaults otherwise (threads, flags).
 
+--init jaxdp / --order jaxdp (diagnosis, experiments/gpt_loss_gap.py): jaxdp's initial parameters
+(jaxdp.step.init_state: PRNGKey(seed) split into the init and state keys) and jaxdp's global order
+(jaxdp.data.sampler.GlobalOrder: step s - 1's rows), so a run can match jaxdp's CLI step for step. GlobalOrder
+picks row indices of jaxdp's prepared source, which TFDS writes shuffled: --order jaxdp needs --data holding the
+rows in that order (gpt_loss_gap.py writes such an .npz).
+
 Process 0 prints experiments/e2e_torch.py's JSON lines ({"step", "time", "loss"}) and at the end
 {"step", "eval/loss", "eval/accuracy"} over the whole test split, evaluated locally on its own device.
 """
@@ -38,6 +44,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--coordinator", default="", help="host:port of process 0 (set on the peers).")
   parser.add_argument("--allreduce", choices=("flat", "tree"), default="flat",
                       help="Several processes: pmean one raveled buffer (flat) or the tree, leaf by leaf.")
+  parser.add_argument("--init", choices=("plain", "jaxdp"), default="plain",
+                      help="Parameters from model.init(PRNGKey(seed)) (plain) or as jaxdp.step.init_state makes them.")
+  parser.add_argument("--order", choices=("plain", "jaxdp"), default="plain",
+                      help="Batches from numpy's permutation per epoch (plain) or jaxdp's GlobalOrder of the seed.")
   return parser.parse_args(argv)
 
 
@@ -128,6 +138,10 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     return (optax.apply_updates(params, updates), model_state, opt_state), loss
 
   def init(key):
+    if args.init == "jaxdp":  # The split and model init of jaxdp's fresh state, taken from jaxdp itself.
+      from jaxdp import step as step_lib
+      fresh = step_lib.init_state(key, model=model, tx=tx)
+      return fresh.params, fresh.model_state, tx.init(fresh.params)
     params, model_state = model.init(key)
     return params, model_state, tx.init(params)
 
@@ -142,12 +156,9 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   else:
     state, step_fn, put = jax.jit(init)(key), jax.jit(step, donate_argnums=0), jax.device_put
   batch, local = config.batch_size, config.batch_size // n
-  rng, order, cursor = np.random.default_rng(config.seed), np.zeros(0, np.int64), 0
+  rows = rows_of(args.order, len(x), batch, config.seed)
   for s in range(1, args.steps + 1):
-    if cursor + batch > len(order):  # A new epoch: full global batches only, as every side.
-      order, cursor = rng.permutation(len(x)), 0
-    mine = order[cursor + pid * local:cursor + (pid + 1) * local]
-    cursor += batch
+    mine = rows(s - 1, pid * local, (pid + 1) * local)
     state, loss = step_fn(state, put(x[mine]), put(y[mine]))
     if pid == 0 and (s == 1 or s % args.log_every == 0 or s == args.steps):
       value = float(np.asarray(loss.addressable_data(0)))  # Waits for the step: its loss is on the host.
@@ -157,6 +168,27 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   if n > 1:  # Now, not at exit: process 0's exit waits for its peers, whose exit would wait here for it.
     jax.distributed.shutdown()
   return metrics
+
+
+def rows_of(kind: str, n: int, batch: int, seed: int) -> Callable[[int, int, int], np.ndarray]:
+  """`rows(step, lo, hi)`: the example indices of rows [lo, hi) of global batch `step` (0-based), in order `kind`.
+
+  plain: numpy's permutation per epoch from default_rng(seed), full global batches only, as every side;
+  jaxdp: jaxdp.data.sampler.GlobalOrder of the seed (TensorFlow's stateless shuffle per epoch).
+  """
+  if kind == "jaxdp":
+    from jaxdp.data import sampler
+    return sampler.GlobalOrder(n, batch, seed, "train").rows
+  rng, per_epoch, held = np.random.default_rng(seed), n // batch, [-1, np.zeros(0, np.int64)]  # [epoch, its order]
+
+  def rows(step: int, lo: int, hi: int) -> np.ndarray:
+    epoch, k = divmod(step, per_epoch)
+    if epoch < held[0]:
+      raise ValueError(f"the plain order is read in step order: step {step} is in epoch {epoch} < {held[0]}")
+    while held[0] < epoch:  # One permutation per epoch reached, drawn in turn: the loop's order.
+      held[:] = [held[0] + 1, rng.permutation(n)]
+    return held[1][k * batch + lo:k * batch + hi]
+  return rows
 
 
 def evaluate(model, variables, x: np.ndarray, y: np.ndarray, batch: int) -> dict[str, float]:
