@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from jaxdp import checkpoint, data, models, optim, parallel, strategies, tasks
+from jaxdp import blocks, checkpoint, data, models, optim, parallel, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.report import metrics
@@ -36,6 +36,11 @@ class Parts:
   flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
   task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
   task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
+  # Steps per host-to-device transfer (`jaxdp.blocks`); above 1 the loop trains with the block steps, which
+  # take a device block (`backend.put_block`) in place of a batch. Compiled only when first called.
+  steps_per_block: int = 1
+  train_block_step: Callable | None = None
+  flops_block_step: Callable | None = None
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
@@ -69,11 +74,19 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   backend.bind_state(abstract, strategy.state_specs(abstract))
   learn = {"model": net, "task": task_info.task, "cast_inputs": not ds.integer_inputs}
   checkpoint.check_best(config, eval_metrics(ds, **learn))
-  train_step = backend.map_train(functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn))
+  replica_step = functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn)
+  train_step = backend.map_train(replica_step)
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
-  flops_step = _flops_step(backend, tx, strategy, learn) if strategy.options.accum_steps > 1 else train_step
-  return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
-               task_info.task, task_info)
+  accumulates = strategy.options.accum_steps > 1
+  flops_step = backend.map_train(_loop_free(replica_step, strategy)) if accumulates else train_step
+  parts = Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
+                task_info.task, task_info)
+  parts.steps_per_block = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
+  if parts.steps_per_block > 1:
+    parts.train_block_step = backend.map_train(blocks.select(replica_step), block=True)
+    parts.flops_block_step = (backend.map_train(blocks.select(_loop_free(replica_step, strategy)), block=True)
+                              if accumulates else parts.train_block_step)
+  return parts
 
 
 def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:
@@ -91,8 +104,7 @@ def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cas
   return list(metrics.summarize_eval(ones, task))
 
 
-def _flops_step(backend: parallel.Backend, tx: optax.GradientTransformation, strategy: strategies.Strategy,
-                learn: dict[str, Any]) -> Callable:
+def _loop_free(replica_step: functools.partial, strategy: strategies.Strategy) -> Callable:
   """The same step with one micro-batch of the whole slice: the same FLOPs, with no loop for XLA to count once."""
   whole = type(strategy)(dataclasses.replace(strategy.options, accum_steps=1))
-  return backend.map_train(functools.partial(step_lib.train_step, tx=tx, strategy=whole, **learn))
+  return functools.partial(replica_step, strategy=whole)

@@ -108,6 +108,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   flat = config.parallel.flat_allreduce
   if str(flat).lower() not in ("auto", "true", "false"):
     raise ConfigError(f"parallel.flat_allreduce must be auto, true or false, got {flat!r}")
+  block_mb = config.parallel.block_mb
+  if isinstance(block_mb, bool) or not isinstance(block_mb, (int, float)) or block_mb < 0:
+    raise ConfigError(f"parallel.block_mb must be a number >= 0 (0: one transfer per step), got {block_mb!r}")
   bucket = config.parallel.bucket_bytes
   if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
     raise ConfigError(f"parallel.bucket_bytes must be a positive integer, got {bucket!r}")

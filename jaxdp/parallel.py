@@ -55,8 +55,15 @@ class Backend(abc.ABC):
     """This process's host batch -> the step's device batch (the one host-to-device seam)."""
 
   @abc.abstractmethod
-  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    """The compiled, device-mapped `step(state, batch) -> (state, metrics)`; the state is donated."""
+  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
+    """This process's (batches stacked [steps, rows, ...], first step) -> a device block (`jaxdp.blocks`)."""
+
+  @abc.abstractmethod
+  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
+    """The compiled, device-mapped `step(state, batch) -> (state, metrics)`; the state is donated.
+
+    `block`: the step takes a device block (`put_block`) in place of a batch (`jaxdp.blocks.select`).
+    """
 
   @abc.abstractmethod
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,7 +126,18 @@ class PmapBackend(Backend):
     # One call for the whole batch: cheaper than one per array (experiments/loop_overhead.md).
     return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, sharding)
 
-  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
+    batches, first = block
+    sharding = NamedSharding(self._local_mesh, P(AXIS))
+    n = len(self.local_devices)
+
+    def per_device(v: np.ndarray) -> np.ndarray:  # [steps, rows, ...] -> [devices, steps, rows / devices, ...]
+      return np.ascontiguousarray(np.swapaxes(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 0, 1))
+
+    return jax.device_put(({k: per_device(v) for k, v in batches.items()}, np.full(n, first)), sharding)
+
+  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
+    # A block's leaves carry the device axis first, as a batch's do: pmap maps both alike.
     return self._pmap(functools.partial(step, axis=self.axis), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -186,12 +204,18 @@ class MeshBackend(Backend):
     # (experiments/loop_overhead.md); with several, JAX places each array as before.
     return jax.make_array_from_process_local_data(self.sharded, batch)
 
-  def _shard_map(self, step: Callable[..., Any], out_specs: Any) -> Callable[..., Any]:
-    return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
-                         in_specs=(self.state_specs, P(AXIS)), out_specs=out_specs, check_vma=self.checked)
+  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
+    # Rows sharded as a batch's, along the block's second axis; the first step on every device.
+    shardings = (NamedSharding(self.mesh, P(None, AXIS)), NamedSharding(self.mesh, P()))
+    return jax.make_array_from_process_local_data(shardings, block)
 
-  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    return jax.jit(self._shard_map(step, (self.state_specs, P())), donate_argnums=0)
+  def _shard_map(self, step: Callable[..., Any], out_specs: Any, batch_specs: Any = P(AXIS)) -> Callable[..., Any]:
+    return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
+                         in_specs=(self.state_specs, batch_specs), out_specs=out_specs, check_vma=self.checked)
+
+  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
+    batch_specs = (P(None, AXIS), P()) if block else P(AXIS)
+    return jax.jit(self._shard_map(step, (self.state_specs, P()), batch_specs), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(self._shard_map(step, P()))
@@ -233,14 +257,17 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
   return PmapBackend(devices)
 
 
-def prefetch(backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int) -> Iterator[PyTree]:
+def prefetch(backend: Backend, batches: Iterator[Any], size: int,
+             put: Callable[[Any], PyTree] | None = None) -> Iterator[PyTree]:
   """The device batches of `batches`, in order; `size` > 0: read and placed ahead by one thread, `size` deep.
 
-  `size` 0: each batch is read and placed when asked for, in the caller's thread.
+  `size` 0: each batch is read and placed when asked for, in the caller's thread. `put`: how a host batch is
+  placed (default `backend.put_batch`; `backend.put_block` for blocks of steps).
   """
+  put = put or backend.put_batch
   if size <= 0:
-    return (backend.put_batch(batch) for batch in batches)
-  return Prefetcher(backend, batches, size)
+    return (put(batch) for batch in batches)
+  return Prefetcher(backend, batches, size, put)
 
 
 class Prefetcher(Iterator[PyTree]):
@@ -253,10 +280,12 @@ class Prefetcher(Iterator[PyTree]):
   """
   JOIN_S = 30.0  # How long `close` waits for the thread to finish the batch it is reading.
 
-  def __init__(self, backend: Backend, batches: Iterator[dict[str, np.ndarray]], size: int):
+  def __init__(self, backend: Backend, batches: Iterator[Any], size: int,
+               put: Callable[[Any], PyTree] | None = None):
     self._queue: queue.Queue = queue.Queue(maxsize=size)
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=_produce, args=(backend, iter(batches), self._queue, self._stop),
+    put = put or backend.put_batch
+    self._thread = threading.Thread(target=_produce, args=(put, iter(batches), self._queue, self._stop),
                                     name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
     self._done = False
     self._thread.start()
@@ -301,12 +330,11 @@ _END = object()  # The stream's end, as the thread queues it.
 _PUT_POLL_S = 0.1  # How often a thread waiting for room checks for `close`.
 
 
-def _produce(backend: Backend, batches: Iterator[dict[str, np.ndarray]], out: queue.Queue,
-             stop: threading.Event) -> None:
+def _produce(put: Callable[[Any], PyTree], batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:
   """The prefetch thread: (device batch, None) per batch, then (_END, None), or (None, error) on a failure."""
   try:
     for batch in batches:
-      if not _put(out, (backend.put_batch(batch), None), stop) or stop.is_set():
+      if not _put(out, (put(batch), None), stop) or stop.is_set():
         return  # Stopped: not one more read.
     _put(out, (_END, None), stop)
   except BaseException as e:  # Anything, to be raised in the loop's thread.

@@ -155,8 +155,10 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
   placed = []
   real_prefetch = parallel.prefetch
 
-  def prefetch(backend, batches, size):  # What goes to the devices, hence to the step.
-    return real_prefetch(backend, (placed.append(sorted(b)) or b for b in batches), size)
+  def prefetch(backend, batches, size, put=None):  # What goes to the devices, hence to the step.
+    def keys(b):  # A batch, or a block of steps' batches with its real count (jaxdp.blocks).
+      return sorted(b[0][0] if isinstance(b, tuple) else b)
+    return real_prefetch(backend, (placed.append(keys(b)) or b for b in batches), size, put)
 
   monkeypatch.setattr(parallel, "prefetch", prefetch)
   read = []

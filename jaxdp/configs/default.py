@@ -69,7 +69,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
   config.parallel.max_steps_in_flight = 2  # CPU: unfinished steps before the host waits (fake devices deadlock unbounded); 0: none.
-  config.parallel.prefetch = 2       # Host batches placed on devices ahead of the step.
+  config.parallel.prefetch = 2       # Host batches (or blocks of them) placed on devices ahead of the step.
+  # Splits with nothing to decode (cached, token file, in memory): small batches go to the devices up to this
+  # many MiB (at most 64 steps) per transfer, not one transfer a step (jaxdp.blocks); 0: one per step.
+  config.parallel.block_mb = 4.0
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float

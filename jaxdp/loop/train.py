@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxdp import build, checkpoint, data, models, parallel, tasks
+from jaxdp import blocks, build, checkpoint, data, models, parallel, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -111,6 +111,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
     summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
+    summary.report({"input": blocks.describe(parts.ds, parts.layout.process_batch, config.parallel.block_mb,
+                                             config.parallel.prefetch)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
@@ -138,10 +140,9 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
         with_ids=run.recorder.recording)
     # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
-    batches = parallel.prefetch(backend, run.recorder.take_ids(stream), config.parallel.prefetch)
-    stack.callback(batches.close)  # The prefetch thread stops however the loop ends.
+    batches, train_step, flops_step = _device_batches(parts, run.recorder.take_ids(stream), start, stack)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
-    step_flops, batches = _count_flops(parts, state, batches, start < total)
+    step_flops, batches = _count_flops(parts, train_step, flops_step, state, batches, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
     writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
@@ -162,7 +163,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         batch = next(batches)
       profiler.before(step)
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
-        state, step_metrics = parts.train_step(state, batch)
+        state, step_metrics = train_step(state, batch)
         tracker.push(step, step_metrics)
       garbage.after(step)  # While the devices run the step just dispatched.
       loop.completed = (step, state)
@@ -294,8 +295,24 @@ class _Loop:
     self.reporter.note(self.run.clock.line())
 
 
-def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterator,
-                 will_train: bool) -> tuple[float | None, Iterator]:
+def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], start: int,
+                    stack: contextlib.ExitStack) -> tuple[Iterator, Any, Any]:
+  """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
+  train step and FLOPs step that take them."""
+  backend, size, steps = parts.backend, parts.config.parallel.prefetch, parts.steps_per_block
+  if steps == 1:
+    placed = parallel.prefetch(backend, host, size)
+    batches, train_step, flops_step = placed, parts.train_step, parts.flops_step
+  else:  # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
+    placed = parallel.prefetch(backend, blocks.stack(host, steps, start), size,
+                               put=lambda item: (backend.put_block(item[0]), item[1]))
+    batches, train_step, flops_step = blocks.repeat(placed), parts.train_block_step, parts.flops_block_step
+  stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
+  return batches, train_step, flops_step
+
+
+def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: step_lib.TrainState,
+                 batches: Iterator, will_train: bool) -> tuple[float | None, Iterator]:
   """The step's FLOPs per device (XLA cost analysis of the compiled step on the first batch), printed.
 
   Returns the FLOPs and `batches` with the first batch put back. With no accumulation loop the compile
@@ -306,10 +323,10 @@ def _count_flops(parts: build.Parts, state: step_lib.TrainState, batches: Iterat
   if will_train:
     first = next(batches)
     batches = itertools.chain([first], batches)
-    if parts.flops_step is None or parts.flops_step is parts.train_step:  # Compiled here, reused by the first step.
-      step_flops = flops_lib.step_flops(parts.train_step, state, first)
+    if flops_step is None or flops_step is train_step:  # Compiled here, reused by the first step.
+      step_flops = flops_lib.step_flops(train_step, state, first)
     else:  # Accumulation: a loop-free step only to count; not compiled, it would cost a second compile of the step.
-      step_flops = flops_lib.lowered_flops(parts.flops_step, state, first)
+      step_flops = flops_lib.lowered_flops(flops_step, state, first)
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches
