@@ -1,4 +1,4 @@
-"""Real multi-process runs on 127.0.0.1 (jax.distributed, gloo): 2 processes x 4 devices vs 1 x 8."""
+"""Real multi-process runs on 127.0.0.1 (jax.distributed, gloo): 2 processes x 4 devices vs 1 x 8, 2 x 1 to stop."""
 
 import os
 import shutil
@@ -26,6 +26,9 @@ def _overrides(data_dir, **more):
 
 
 def _launch(workdir, overrides, processes=2, devices=4, **popen):
+  """The launcher on `processes` x `devices`, its output captured."""
+  # 2 x 4 is what the 1 x 8 reference is compared with; the tests that only stop or kill a group take 2 x 1: the
+  # count is not their point, and each device of a process adds to its compile and steps.
   args = ["--num_processes", str(processes), "--devices_per_process", str(devices), "--",
           *runs.flags(overrides), "--workdir", str(workdir)]
   return subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
@@ -112,7 +115,7 @@ def _pid_of_rank(workdir, rank):
 
 
 def test_killing_one_process_stops_the_launcher_naming_it(data_dir, tmp_path):
-  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0), devices=1)
   runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
   os.kill(_pid_of_rank(tmp_path, 1), signal.SIGKILL)
   killed = time.time()
@@ -125,7 +128,7 @@ def test_killing_one_process_stops_the_launcher_naming_it(data_dir, tmp_path):
 
 
 def test_the_trainers_die_with_a_launcher_killed_hard(data_dir, tmp_path):
-  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0), devices=1)
   try:
     runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
     trainers = [_pid_of_rank(tmp_path, r) for r in range(2)]
@@ -158,7 +161,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(data_di
 
 
 def test_sigterm_to_the_launcher_stops_its_processes_with_a_checkpoint(data_dir, tmp_path):
-  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0))
+  proc = _launch(tmp_path, _overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0), devices=1)
   runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
   proc.send_signal(signal.SIGTERM)  # As a scheduler stops a job: like Ctrl-C, not like a kill.
   out = _finish(proc, timeout=90)
@@ -171,7 +174,7 @@ def test_a_hung_process_is_declared_lost_without_the_launcher(data_dir, tmp_path
   args = [*runs.flags(_overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0,
                                  **{"distributed.heartbeat_timeout_s": 5})), "--workdir", str(tmp_path)]
   env = {"JAXDP_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAXDP_NUM_PROCESSES": "2"}
-  procs = [runs.start("jaxdp.train", args, devices=4, JAXDP_PROCESS_ID=str(r), **env) for r in range(2)]
+  procs = [runs.start("jaxdp.train", args, devices=1, JAXDP_PROCESS_ID=str(r), **env) for r in range(2)]
   try:
     runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
     procs[1].send_signal(signal.SIGSTOP)  # Alive but silent: no heartbeats.
