@@ -1,11 +1,14 @@
 """The MLP's dense kernels on XLA:CPU, one flag set against another and against torch, on one thread.
 
-    python experiments/dense_parts.py [--rounds 10] [--sets defaults,ynn_off,...] [--parts nn_h_w2,...]
+    python experiments/dense_parts.py [--rounds 10] [--sets defaults,defaults+lax,ynn_off,...] [--parts nn_h_w2,...]
         [--cores 1] [--batch 512] [--no-torch] [--hlo SET] [--out experiments/dense_parts.md]
 
 The MLP 784-1024-1024-10 (jaxdp's model) at one process's rows of jaxdp.launch's 2-process run (global batch
 1024: 512 rows). Parts: each dot of the forward and backward at its real shapes and layouts (NN: x @ W; NT:
-dY @ W^T, the input gradients; TN: X^T @ dY, the weight gradients), the whole forward + backward, the Adam
+dY @ W^T, the input gradients; TN: X^T @ dY, the weight gradients; NNC: the same weight gradients as
+jaxdp.models.dense_dot's backward computes them, X^T copied into its own array, then an NN dot), the whole
+forward + backward (jaxdp's MLP, its Linears on dense_dot; a set named SET+lax: on lax.dot_general, as before
+dense_dot, under SET's flags), the Adam
 update alone, and the whole step (grad + Adam). XLA's flag sets are per-executable compiler options, so every
 set runs in this one process and the sets alternate within each round (A B C ..., then reversed): a load that
 changes lands on every set alike. Torch runs the same parts (its own layout for the whole model: nn.Linear
@@ -16,13 +19,14 @@ exits. Results: experiments/dense_parts.md.
 """
 
 import argparse
+import contextlib
 import os
 import platform
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -69,7 +73,11 @@ DOTS = {
   "tn_h_g3": ("bwd dW3 = h2^T @ dlogits", ("B", H), ("B", OUT), 0, 0),
   "tn_h_g": ("bwd dW2 = h1^T @ dh2", ("B", H), ("B", H), 0, 0),
   "tn_x_g": ("bwd dW1 = x^T @ dh1", ("B", IN), ("B", H), 0, 0),
+  "nnc_h_g": ("bwd dW2 as dense_dot's: copy h1^T, then NN", ("B", H), ("B", H), 0, 0),
+  "nnc_x_g": ("bwd dW1 as dense_dot's: copy x^T, then NN", ("B", IN), ("B", H), 0, 0),
 }
+COPY_FIRST = ("nnc_h_g", "nnc_x_g")  # JAX: the lhs transposed behind a barrier, as dense_dot's backward does.
+LAX = "+lax"  # A set name's suffix: the MLP's Linears on lax.dot_general (the model before dense_dot).
 WHOLE = {"fwd_bwd": "loss and grads (jax.value_and_grad; torch: forward + backward)",
          "adam": "Adam update of every parameter (optax.adam + apply_updates; torch.optim.Adam.step)",
          "step": "the whole train step: grads + Adam"}
@@ -95,8 +103,34 @@ def _flops(part: str, batch: int) -> float:
   return 2.0 * lhs[0] * lhs[1] * rhs[1 - rc]
 
 
-def jax_parts(options: dict[str, object], batch: int, parts: list[str]) -> dict[str, Callable[[], None]]:
-  """Each part compiled with `options` as a call that runs it once and waits."""
+def options_of(name: str) -> dict[str, object]:
+  """The compiler options of set `name` (SET or SET+lax)."""
+  return SETS[name.removesuffix(LAX)]
+
+
+def jax_parts(options: dict[str, object], batch: int, parts: list[str],
+              lax_dot: bool = False) -> dict[str, Callable[[], None]]:
+  """Each part compiled with `options` as a call that runs it once and waits (`lax_dot`: the MLP without dense_dot)."""
+  with _mlp_dot(lax_dot):
+    return _jax_parts(options, batch, parts)
+
+
+@contextlib.contextmanager
+def _mlp_dot(lax_dot: bool) -> Iterator[None]:
+  """With `lax_dot`, jaxdp's MLP builds its Linears on lax.dot_general (as before dense_dot) inside the block."""
+  import jax
+  from jaxdp.models import mlp
+  if not lax_dot:
+    yield
+    return
+  saved, mlp.dense_dot = mlp.dense_dot, jax.lax.dot_general
+  try:
+    yield
+  finally:
+    mlp.dense_dot = saved
+
+
+def _jax_parts(options: dict[str, object], batch: int, parts: list[str]) -> dict[str, Callable[[], None]]:
   import jax
   import ml_collections
   import numpy as np
@@ -111,8 +145,11 @@ def jax_parts(options: dict[str, object], batch: int, parts: list[str]) -> dict[
     a = jax.device_put(rng.standard_normal(_shape(lhs, batch), dtype=np.float32))
     b = jax.device_put(rng.standard_normal(_shape(rhs, batch), dtype=np.float32))
     dims = (((lc,), (rc,)), ((), ()))
-    f = jax.jit(lambda a, b, dims=dims: jax.lax.dot_general(a, b, dims)).lower(a, b).compile(
-        compiler_options=options)
+    if part in COPY_FIRST:
+      fn = lambda a, b: jax.lax.optimization_barrier(a.T) @ b  # noqa: E731
+    else:
+      fn = lambda a, b, dims=dims: jax.lax.dot_general(a, b, dims)  # noqa: E731
+    f = jax.jit(fn).lower(a, b).compile(compiler_options=options)
     out[part] = lambda f=f, a=a, b=b: f(a, b).block_until_ready()
   if not set(parts) & set(WHOLE):
     return out
@@ -189,9 +226,14 @@ def torch_parts(batch: int, parts: list[str], threads: int) -> dict[str, Callabl
   return {p: out[p] for p in parts if p in out}
 
 
-def hlo_summary(options: dict[str, object], batch: int) -> str:
+def hlo_summary(options: dict[str, object], batch: int, lax_dot: bool = False) -> str:
   """The optimised HLO of the fwd+bwd: each dot or library fusion with its operands, and the copies and
   transposes around them."""
+  with _mlp_dot(lax_dot):
+    return _hlo_summary(options, batch)
+
+
+def _hlo_summary(options: dict[str, object], batch: int) -> str:
   import jax
   import ml_collections
   import numpy as np
@@ -225,11 +267,11 @@ def main() -> None:
   if hasattr(os, "sched_setaffinity"):  # Before JAX starts: XLA sizes its thread pool from the affinity.
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[-args.cores:])
   if args.hlo:
-    print(hlo_summary(SETS[args.hlo], args.batch))
+    print(hlo_summary(options_of(args.hlo), args.batch, args.hlo.endswith(LAX)))
     return
   sets, parts = args.sets.split(","), args.parts.split(",")
   start, load0 = time.time(), abrun.load()
-  calls = {s: jax_parts(SETS[s], args.batch, parts) for s in sets}
+  calls = {s: jax_parts(options_of(s), args.batch, parts, s.endswith(LAX)) for s in sets}
   if args.torch:
     calls["torch"] = torch_parts(args.batch, parts, args.cores)
   names = list(calls)
@@ -287,7 +329,8 @@ def render(args: argparse.Namespace, names: list[str], parts: list[str], times: 
       cells.append(cell)
     what = DOTS[p][0] if p in DOTS else WHOLE[p]
     lines.append(f"| {p}: {what} | " + " | ".join(cells) + " |")
-  lines += ["", "Sets: " + "; ".join(f"{n} `{FLAGS_TEXT[n]}`" for n in names if n in FLAGS_TEXT), ""]
+  lines += ["", "Sets: " + "; ".join(f"{n} `{FLAGS_TEXT[n.removesuffix(LAX)]}`" + (" (lax.dot_general)" if n.endswith(LAX)
+                                     else "") for n in names if n.removesuffix(LAX) in FLAGS_TEXT), ""]
   return "\n".join(lines)
 
 
