@@ -28,6 +28,8 @@ NO_YNN_CONVOLUTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convol
 # those in Eigen, at half YNNPACK's and oneDNN's speed on one thread. An opt-in: faster for the MLP under
 # jaxdp.launch, not for the default run (one process, 8 devices), and a choice by process count would make the
 # same run's numbers differ between process counts (`choose`).
+# jaxdp.models.dense_dot already runs the built-in dense layers' weight gradients as NN dots in YNNPACK, at
+# oneDNN's speed, with neither flag (experiments/dense_parts.md).
 ONEDNN_DOTS = ("--xla_cpu_use_onednn=true", "--xla_cpu_experimental_onednn_fusion_type=individual_dot")
 MAX_MEASURED_CORES = 2  # The most cores of a machine the choices were measured on.
 
