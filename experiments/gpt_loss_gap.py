@@ -2,6 +2,7 @@
 
     python experiments/gpt_loss_gap.py match [--seeds 0] [--steps 400] [--data_dir DIR]
     python experiments/gpt_loss_gap.py seeds [--seeds 0,1,2,3,4,5] [--sides jaxdp,jax,jax_jaxdp] [--steps 400]
+    python experiments/gpt_loss_gap.py report --runs A.json,B.json   # seeds' table over several --json files
 
 Sides (experiments/four_way.py's gpt workload, one process, each run a fresh command):
   jaxdp      `python -m jaxdp.train --config experiments/four_way_config_gpt.py`, its defaults (four_way.command);
@@ -142,7 +143,7 @@ def seeds_report(runs: list[dict], sides: list[str]) -> list[str]:
 
 def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("mode", choices=("match", "seeds"))
+  parser.add_argument("mode", choices=("match", "seeds", "report"))
   parser.add_argument("--seeds", type=lambda text: [int(v) for v in text.split(",") if v], default=None,
                       help="Seeds (default: match 0; seeds 0,1,2,3,4,5).")
   parser.add_argument("--sides", type=four_way.csv(SIDES), default=["jaxdp", "jax", "jax_jaxdp"],
@@ -151,6 +152,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--log_every", type=int, default=0, help="Default: match 1, seeds 25.")
   parser.add_argument("--data_dir", default="", help="Where the data is prepared (kept); default: a temporary one.")
   parser.add_argument("--json", default="", help="Write every run's figures here.")
+  parser.add_argument("--runs", type=lambda text: [v for v in text.split(",") if v], default=[],
+                      help="report: the --json files of earlier seeds runs, reported as one.")
   args = parser.parse_args(argv)
   args.seeds = args.seeds if args.seeds is not None else ([0] if args.mode == "match" else list(range(6)))
   args.log_every = args.log_every or (1 if args.mode == "match" else 25)
@@ -159,6 +162,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> list[dict]:
   args = parse(argv)
+  if args.mode == "report":
+    runs = [r for path in args.runs for r in json.load(open(path))["runs"]]
+    print("\n".join(seeds_report(runs, list(dict.fromkeys(r["side"] for r in runs)))))
+    return runs
   lines = abrun.header(f"gpt_loss_gap {args.mode}", abrun.load(), f"1 CPU device, one process; ISA {four_way.isa()}")
   runs = []
   with tempfile.TemporaryDirectory(prefix="gpt_loss_gap_") as tmp:
