@@ -70,6 +70,8 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
     batch = jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, k, 0, keepdims=False), batches)
     return step(state, batch, **kwargs)
 
+  # The program keeps the step's name (jit_train_step): XLA dumps and profiles are found by it.
+  block_step.__name__ = block_step.__qualname__ = getattr(getattr(step, "func", step), "__name__", "step")
   return block_step
 
 
