@@ -76,10 +76,10 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 
-def describe(ds: Dataset, rows: int, block_mb: float, prefetch: int) -> str:
-  """The start summary's `input` line: how host batches reach the devices, and why."""
+def describe(ds: Dataset, steps: int, block_mb: float, prefetch: int) -> str:
+  """The start summary's `input` line: how host batches reach the devices (`steps` per transfer, as
+  `steps_per_block` chose for `ds`), and why."""
   ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
-  steps = steps_per_block(ds, rows, block_mb)
   if steps > 1:
     return (f"{steps} steps' batches per transfer (nothing to decode; parallel.block_mb={block_mb:g}), "
             f"{ahead}; the step takes its batch from the block on the devices")

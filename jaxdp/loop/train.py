@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -111,7 +111,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
     summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
-    summary.report({"input": blocks.describe(parts.ds, parts.layout.process_batch, config.parallel.block_mb,
+    summary.report({"input": blocks.describe(parts.ds, parts.steps_per_block, config.parallel.block_mb,
                                              config.parallel.prefetch)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
@@ -296,7 +296,7 @@ class _Loop:
 
 
 def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], start: int,
-                    stack: contextlib.ExitStack) -> tuple[Iterator, Any, Any]:
+                    stack: contextlib.ExitStack) -> tuple[Iterator, Callable, Callable]:
   """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
   train step and FLOPs step that take them."""
   backend, size, steps = parts.backend, parts.config.parallel.prefetch, parts.steps_per_block
