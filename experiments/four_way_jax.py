@@ -148,11 +148,11 @@ def train(args: argparse.Namespace) -> dict[str, float]:
   key = jax.random.PRNGKey(config.seed)
   if n > 1:
     mesh = Mesh(np.array(jax.devices()), ("data",))
-    replicated, rows = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    replicated, by_row = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     state = jax.jit(init, out_shardings=replicated)(key)
     step_fn = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P())),
                       donate_argnums=0)
-    put = lambda a: jax.make_array_from_process_local_data(rows, a)  # noqa: E731
+    put = lambda a: jax.make_array_from_process_local_data(by_row, a)  # noqa: E731
   else:
     state, step_fn, put = jax.jit(init)(key), jax.jit(step, donate_argnums=0), jax.device_put
   batch, local = config.batch_size, config.batch_size // n
