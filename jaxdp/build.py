@@ -20,6 +20,15 @@ from jaxdp import step as step_lib
 from jaxdp.report import metrics
 from jaxdp.tasks import base as task_lib
 
+
+@dataclasses.dataclass(frozen=True)
+class Feed:
+  """How the training loop feeds its steps: a device batch each, or a device block of several (`jaxdp.blocks`)."""
+  steps: int  # Steps per host-to-device transfer; above 1 a block (`backend.put_block`), which each step indexes.
+  train_step: Callable  # (state, what is placed) -> (state, metrics): Parts.train_step, or its block form.
+  flops_step: Callable  # The same without an accumulation loop, only for counting FLOPs. Both compile when called.
+
+
 @dataclasses.dataclass
 class Parts:
   """Everything a run is made of, before any state exists on devices."""
@@ -36,11 +45,7 @@ class Parts:
   flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
   task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
   task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
-  # Steps per host-to-device transfer (`jaxdp.blocks`); above 1 the loop trains with the block steps, which
-  # take a device block (`backend.put_block`) in place of a batch. Compiled only when first called.
-  steps_per_block: int = 1
-  train_block_step: Callable | None = None
-  flops_block_step: Callable | None = None
+  feed: Feed | None = None  # How the training loop's steps take their batches.
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
@@ -79,14 +84,16 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
   accumulates = strategy.options.accum_steps > 1
   flops_step = backend.map_train(_loop_free(replica_step, strategy)) if accumulates else train_step
-  parts = Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
-                task_info.task, task_info)
-  parts.steps_per_block = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
-  if parts.steps_per_block > 1:
-    parts.train_block_step = backend.map_train(blocks.select(replica_step), block=True)
-    parts.flops_block_step = (backend.map_train(blocks.select(_loop_free(replica_step, strategy)), block=True)
-                              if accumulates else parts.train_block_step)
-  return parts
+  steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
+  feed = Feed(1, train_step, flops_step)
+  if steps > 1:
+    block_step = backend.map_train(blocks.select(replica_step), block=True)
+    block_flops = block_step
+    if accumulates:
+      block_flops = backend.map_train(blocks.select(_loop_free(replica_step, strategy)), block=True)
+    feed = Feed(steps, block_step, block_flops)
+  return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
+               task_info.task, task_info, feed)
 
 
 def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:

@@ -56,7 +56,7 @@ def test_steps_per_block_fits_the_budget(config):
   assert blocks.steps_per_block(ds, 32, 5 * 32 * ROW_BYTES / 2**20) == 5
   assert blocks.steps_per_block(ds, 32, 1e6) == blocks.MAX_STEPS
   assert blocks.steps_per_block(ds, 32, 0.5 * 32 * ROW_BYTES / 2**20) == 1  # Under one batch: one per step.
-  assert build.build(config).steps_per_block == blocks.MAX_STEPS  # The default budget holds 64 small batches.
+  assert build.build(config).feed.steps == blocks.MAX_STEPS  # The default budget holds 64 small batches.
 
 
 def _trained(config, workdir, block_steps: int, stop_at: tuple[int, ...] = ()):

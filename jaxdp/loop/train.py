@@ -111,7 +111,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
     summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
-    summary.report({"input": blocks.describe(parts.ds, parts.steps_per_block, config.parallel.block_mb,
+    summary.report({"input": blocks.describe(parts.ds, parts.feed.steps, config.parallel.block_mb,
                                              config.parallel.prefetch)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
@@ -299,16 +299,15 @@ def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], s
                     stack: contextlib.ExitStack) -> tuple[Iterator, Callable, Callable]:
   """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
   train step and FLOPs step that take them."""
-  backend, size, steps = parts.backend, parts.config.parallel.prefetch, parts.steps_per_block
-  if steps == 1:
-    placed = parallel.prefetch(backend, host, size)
-    batches, train_step, flops_step = placed, parts.train_step, parts.flops_step
+  backend, size, feed = parts.backend, parts.config.parallel.prefetch, parts.feed
+  if feed.steps == 1:
+    batches = placed = parallel.prefetch(backend, host, size)
   else:  # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
-    placed = parallel.prefetch(backend, blocks.stack(host, steps, start), size,
+    placed = parallel.prefetch(backend, blocks.stack(host, feed.steps, start), size,
                                put=lambda item: (backend.put_block(item[0]), item[1]))
-    batches, train_step, flops_step = blocks.repeat(placed), parts.train_block_step, parts.flops_block_step
+    batches = blocks.repeat(placed)
   stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
-  return batches, train_step, flops_step
+  return batches, feed.train_step, feed.flops_step
 
 
 def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: step_lib.TrainState,
