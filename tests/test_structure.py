@@ -5,6 +5,8 @@ Read from the source with `ast`, so an import inside a function (a lazy one) is 
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +120,38 @@ def test_the_checks_catch_a_cycle_and_a_tool_import(tmp_path, edit, expected):
   else:
     assert "jaxdp.tools.cli" in edges["jaxdp.loop.goodput"]
     assert _under("jaxdp.loop.goodput", NOT_TOOLS)
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+  """`code` run by a fresh interpreter (nothing imported yet), its output captured."""
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_importing_the_trainer_and_the_pipeline_loads_no_tensorflow():
+  """TensorFlow feeds the input pipeline only and takes seconds to import: it loads at its first use, never with
+  the package, the trainer, the tools or `jaxdp.data` (every CLI and launched process imports them)."""
+  result = _run("import sys\n"
+                "import jaxdp, jaxdp.train, jaxdp.evaluate, jaxdp.sample, jaxdp.datasets, jaxdp.loop.train\n"
+                "from jaxdp import data\n"
+                "from jaxdp.data import cache, convert, host_batches, images, reader, sampler, streamed\n"
+                "print(sorted(m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')))")
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("first", ["jaxdp.data", "a look-up", "tensorflow"])
+def test_tensorflow_never_sees_an_accelerator_whichever_loads_first(first):
+  """The one `set_visible_devices([], "GPU")` runs whether TensorFlow loads after `jaxdp.data` (at its first use),
+  after a look-up that loads nothing (etils' paths, TFDS's, call `find_spec("tensorflow")`), or before `jaxdp.data`
+  (a user's notebook); and quiet's own hook (Keras hidden while TensorFlow loads) is not lost to the look-up."""
+  steps = {"jaxdp.data": "import jaxdp.data\nimport tensorflow\n",
+           "a look-up": "import jaxdp.data, importlib.util\nimportlib.util.find_spec('tensorflow')\n"
+                        "import tensorflow\n",
+           "tensorflow": "import tensorflow\nimport jaxdp.data\n"}[first]
+  result = _run(f"import sys\n{steps}"
+                "from tensorflow.python.eager import context\n"
+                "print(context.context()._visible_device_list, 'keras' in sys.modules)")  # Empty until set.
+  assert result.returncode == 0, result.stderr
+  assert "CPU" in result.stdout and "GPU" not in result.stdout
+  if first != "tensorflow":
+    assert result.stdout.split()[-1] == "False", "Keras was imported with TensorFlow"

@@ -18,9 +18,14 @@ The modules, in the order the data flows through them:
   `eval_stream`: `eval_batches`, every example once, padded and masked; `streamed`: both for a dataset
   prepared as TFRecord only, under `dataset.shard_by_process`.
 - `resume`: `stream_spec`, saved with every checkpoint, and `check_resume`, which compares it on restore.
+
+TensorFlow is imported where it is used, at its first use (its import takes seconds, and a process that never
+decodes nor shuffles never pays it); whoever imports it first, it never takes accelerator memory (`tf_setup`).
 """
 
-import tensorflow as tf
+from jaxdp.data import tf_setup
+
+tf_setup.install()  # Before anything loads TensorFlow.
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
 from jaxdp.data.bad_examples import BadExampleError, skipped_through
@@ -29,9 +34,6 @@ from jaxdp.data.eval_stream import eval_batches, num_eval_steps
 from jaxdp.data.kinds import load
 from jaxdp.data.resume import check_resume, stream_spec
 from jaxdp.data.train_stream import train_batches
-
-# TensorFlow only feeds the input pipeline: it must never take accelerator memory.
-tf.config.set_visible_devices([], "GPU")
 
 __all__ = ["BadExampleError", "Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps",
            "skipped_through", "stream_spec", "train_batches"]

@@ -13,20 +13,26 @@ count, the prefetch depth, or what an earlier run met. So two runs, a resumed ru
 read the same examples.
 """
 
+from __future__ import annotations
+
 import logging
 import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
-import tensorflow as tf
 
 from jaxdp.config import ConfigError
 from jaxdp.data.dataset import Batch
 from jaxdp.data.source import UnreadableExample
 
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
+
 log = logging.getLogger("jaxdp")
 
-Failure = tf.errors.OpError | UnreadableExample  # How a step whose examples do not all decode fails.
+Failure = Union["tf.errors.OpError", UnreadableExample]  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
 SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
@@ -38,6 +44,12 @@ _TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|Error in user-defined funct
 
 class BadExampleError(ConfigError):
   """An example of the data cannot be decoded: bad input, so a one-line error and exit status 2."""
+
+
+def is_op_error(error: BaseException) -> bool:
+  """Whether `error` is a TensorFlow `OpError` (none can be before TensorFlow is loaded: it is not imported here)."""
+  tf = sys.modules.get("tensorflow")
+  return tf is not None and isinstance(error, tf.errors.OpError)
 
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
@@ -69,7 +81,11 @@ class Guarded(Iterator[Batch]):
   def __next__(self) -> Batch:
     try:
       batch = next(self._batches)
-    except (tf.errors.OpError, UnreadableExample) as e:
+    except UnreadableExample as e:
+      batch = self._repair(self._step, e)
+    except Exception as e:
+      if not is_op_error(e):
+        raise
       batch = self._repair(self._step, e)
     self._step += 1
     return batch

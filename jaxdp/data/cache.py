@@ -15,7 +15,6 @@ names it, or replaces it exactly as it would when reading by index (`dataset.ski
 from collections.abc import Callable
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
@@ -69,6 +68,7 @@ def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> 
 def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
   """Every feature of every row of the split, decoded in parallel, in index order; and the examples that do
   not decode ({index: why}: their rows are zeros)."""
+  import tensorflow as tf
   try:
     return _decoded(source, decode), {}
   except tf.errors.OpError:  # Some example does not decode (or the read failed): find which, one chunk at a time.
@@ -77,6 +77,7 @@ def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, di
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   """Every row of the split, decoded in parallel, in index order."""
+  import tensorflow as tf
   indices = np.arange(len(source))
   read = tf_read(source.read(indices[:1]), source.read)
   rows = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(read).unbatch()
@@ -87,6 +88,7 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
 
 def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
+  import tensorflow as tf
   n, one = len(source), decode
   good, parts = [], []
   for lo in range(0, n, _READ_CHUNK):
@@ -107,6 +109,7 @@ def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Ro
 
 def _why(source: Source, decode: Callable[[dict], dict], index: int) -> str:
   """TensorFlow's first line on example `index` decoding alone."""
+  import tensorflow as tf
   try:
     for _ in tf.data.Dataset.from_tensor_slices(source.read(np.array([index]))).map(decode):
       pass

@@ -14,7 +14,6 @@ import json
 import os
 import sys
 
-import tensorflow as tf
 from array_record.python import array_record_module
 
 ARRAY_RECORD = "array_record"
@@ -22,6 +21,7 @@ ARRAY_RECORD = "array_record"
 
 def convert(version_dir: str) -> list[str]:
   """Writes an ArrayRecord copy of every TFRecord shard in `version_dir`; returns the shards written."""
+  import tensorflow as tf
   info_path = os.path.join(version_dir, "dataset_info.json")
   if not os.path.isfile(info_path):
     raise FileNotFoundError(f"{version_dir!r} is not a prepared TFDS dataset version (no dataset_info.json)")

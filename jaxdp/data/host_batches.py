@@ -11,14 +11,19 @@ any other error as a `tf.errors.OpError` holding its Python traceback, so that t
 (`jaxdp.runtime.exits.input_failure`) and the guard re-reads the step, exactly as for the tf.data path.
 """
 
+from __future__ import annotations
+
 import itertools
 import traceback
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
-
+from jaxdp.data.bad_examples import is_op_error
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.source import UnreadableExample
+
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 
 def applies(ds: Dataset) -> bool:
@@ -31,14 +36,17 @@ def batches(make: Callable[[int], Batch], first: int, stop: int | None) -> Itera
   for step in itertools.count(first) if stop is None else range(first, stop):
     try:
       batch = make(step)
-    except (UnreadableExample, tf.errors.OpError):
+    except UnreadableExample:
       raise
     except Exception as e:  # The source's own failure: reported as a failed tf.data worker (see the module doc).
+      if is_op_error(e):
+        raise
       raise _as_op_error(e) from e
     yield batch
 
 
 def _as_op_error(error: Exception) -> tf.errors.OpError:
   """`error` as tf.data's `numpy_function` reports a Python exception: its type, message and traceback."""
+  import tensorflow as tf  # Loaded here only when a source failed.
   text = "".join(traceback.format_exception(error))
   return tf.errors.UnknownError(None, None, f"{type(error).__name__}: {error}\n{text}")

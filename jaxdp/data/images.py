@@ -7,9 +7,14 @@ central square of side crop_ratio * min(height, width), resized. JPEGs decode on
 stateless seed of (seed, step, row): its global position, never the process or device that reads it.
 """
 
-import tensorflow as tf
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from jaxdp.data.preprocess import AUGMENT, seed_for
+
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 AREA = (0.08, 1.0)
 ASPECT = (3 / 4, 4 / 3)
@@ -19,11 +24,13 @@ RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic
 
 def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
   """A stateless seed [2] for the example at row `row` of global batch `step`."""
+  import tensorflow as tf
   return tf.random.experimental.stateless_fold_in(seed_for(seed, AUGMENT, step), tf.cast(row, tf.int64))
 
 
 def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
   """Random-resized crop (and random flip) of one encoded image -> uint8 [image_size, image_size, channels]."""
+  import tensorflow as tf
   crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
   shape = _shape(encoded, channels)
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
@@ -37,6 +44,7 @@ def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: in
 
 def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
   """Central square of side crop_ratio * min(height, width), resized -> uint8 [image_size, image_size, channels]."""
+  import tensorflow as tf
   shape = _shape(encoded, channels)
   side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
   top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
@@ -45,6 +53,7 @@ def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: 
 
 def _shape(encoded: tf.Tensor, channels: int) -> tf.Tensor:
   """[height, width, channels] of an encoded image, reading only a JPEG's header."""
+  import tensorflow as tf
   return tf.cond(tf.io.is_jpeg(encoded), lambda: tf.io.extract_jpeg_shape(encoded),
                  lambda: tf.shape(tf.io.decode_image(encoded, channels, expand_animations=False)))
 
@@ -52,6 +61,7 @@ def _shape(encoded: tf.Tensor, channels: int) -> tf.Tensor:
 def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
                    channels: int) -> tf.Tensor:
   """The window of an encoded image, uint8 [height, width, channels]; JPEGs decode only that window."""
+  import tensorflow as tf
   def jpeg() -> tf.Tensor:
     return tf.io.decode_and_crop_jpeg(encoded, tf.stack([top, left, height, width]), channels=channels)
 
@@ -64,5 +74,6 @@ def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
   """Bicubic resize to a square, back to uint8 (a quarter of float32's bytes on the way to the device)."""
+  import tensorflow as tf
   resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
   return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)

@@ -9,13 +9,19 @@ the example at global position `id = step * global_batch + row` takes row `row`.
 flip therefore depend on the seed and its position only, never on which process or device gets it.
 """
 
+from __future__ import annotations
+
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
-import tensorflow as tf
 
 from jaxdp.config import ConfigError
+
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
@@ -26,12 +32,14 @@ DRAW_BLOCK = 64
 
 def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
   """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
+  import tensorflow as tf
   base = tf.constant([seed, stream], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
 
 
 def augment_draws(seed: int, global_batch: int, step: tf.Tensor) -> tf.Tensor:
   """The augmentation draws [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
+  import tensorflow as tf
   return tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
 
 
@@ -40,13 +48,18 @@ class HostDraws:
   from one thread at a time."""
 
   def __init__(self, seed: int, global_batch: int):
+    self.seed, self.global_batch = seed, global_batch
     self._block, self._draws = -1, np.zeros([0])
-    self._make = tf.function(lambda steps: tf.map_fn(lambda step: augment_draws(seed, global_batch, step), steps,
-                                                      fn_output_signature=tf.float32), autograph=False)
+    self._make: Callable[[tf.Tensor], tf.Tensor] | None = None  # Traced at the first call (no augmentation: never).
 
   def __call__(self, step: int) -> np.ndarray:
     """Global batch `step`'s draws [global_batch, 3]."""
+    import tensorflow as tf
     block, k = divmod(int(step), DRAW_BLOCK)
+    if self._make is None:
+      seed, global_batch = self.seed, self.global_batch
+      self._make = tf.function(lambda steps: tf.map_fn(lambda step: augment_draws(seed, global_batch, step), steps,
+                                                        fn_output_signature=tf.float32), autograph=False)
     if block != self._block:
       self._draws = self._make(tf.range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK, dtype=tf.int64)).numpy()
       self._block = block
@@ -115,6 +128,7 @@ class Preprocess:
 
   def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
     """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
+    import tensorflow as tf
     if INPUTS not in batch:  # A dataset without supervised keys: nothing to augment (its options say so).
       return self.finish(batch)
     x = batch[INPUTS]
@@ -129,6 +143,7 @@ class Preprocess:
     One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
     (top + i, left + width - 1 - j) when the row is flipped.
     """
+    import tensorflow as tf
     rows, height, width, channels = (tf.shape(images)[0], *images.shape[1:])
     pad = self.crop_padding
     top = tf.cast(draws[:, 0] * (2 * pad + 1), tf.int32)
@@ -143,6 +158,7 @@ class Preprocess:
 
   def finish(self, batch: dict) -> dict:
     """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; every other feature to its `batch_dtype`."""
+    import tensorflow as tf
     out = {k: v if k.startswith("_") or v.dtype == tf.string else tf.cast(v, batch_dtype(k, v.dtype.as_numpy_dtype))
            for k, v in batch.items()}  # jaxdp's own keys ("_index", "_real") stay as they are.
     if INPUTS not in batch:

@@ -1,17 +1,21 @@
 """step -> this process's rows of that batch, read by index and decoded in parallel tf.data workers (in order);
 shared by the train and eval streams, as is the last hop: prefetch, then numpy."""
 
+from __future__ import annotations
+
+import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.batch import INDEX, REAL  # noqa: F401  (re-exported: the stream modules import them from here)
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.source import UnreadableExample, tf_read
 
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 
 def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
@@ -22,6 +26,7 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   `probe`: one row as `read` returns it (its keys, dtypes and shapes). Each element carries "step" and
   "row" (its row in the global batch) for keyed augmentation.
   """
+  import tensorflow as tf
   read_tf = tf_read(probe, read)
 
   def read_step(step: tf.Tensor) -> dict:
@@ -72,16 +77,20 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
   is traced once per stream, not once per example (a replacement may try many). A source that knows the example
   does not decode says so (`UnreadableExample`: a split decoded in memory).
   """
-  decode = tf.function(_decoder(ds, per_example), autograph=False, reduce_retracing=True)
+  @functools.cache
+  def traced() -> Callable[[dict], dict]:  # At the first check: a stream that never fails never loads TensorFlow.
+    import tensorflow as tf
+    return tf.function(_decoder(ds, per_example), autograph=False, reduce_retracing=True)
 
   def check(read: Callable[[], dict[str, np.ndarray]], step: int, row: int) -> bool:
     try:
       one_row = read()
     except UnreadableExample:
       return False
+    import tensorflow as tf
     example = {**{k: v[0] for k, v in one_row.items()}, "step": np.int64(step), "row": np.int64(row)}
     try:  # As tensors: numpy scalars (the encoded bytes, the step) would be traced in as constants, one trace each.
-      decode({k: tf.constant(v) for k, v in example.items()})
+      traced()({k: tf.constant(v) for k, v in example.items()})
     except tf.errors.OpError:
       return False
     return True
@@ -91,6 +100,7 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
 
 def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:
   """The type of one decoded row, found by tracing `decode` on the probe's row."""
+  import tensorflow as tf
   one = {k: tf.constant(v[0], tf.string if v.dtype == object else None) for k, v in probe.items()}
   one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
   outputs = tf.function(decode).get_concrete_function(one).structured_outputs
@@ -104,6 +114,7 @@ def to_numpy(batches: tf.data.Dataset, prefetch: int) -> Iterator[Batch]:
 
 def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
   """`batches`, `prefetch` deep, autotuned only when `prefetch` is -1."""
+  import tensorflow as tf
   if prefetch:
     batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
   # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread (seconds), so it is
@@ -115,4 +126,5 @@ def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
 
 def no_autograph(fn: Callable[..., Any]) -> Callable[..., Any]:
   """`fn` traced as written: it has no Python control flow on tensors, so autograph would only cost time."""
+  import tensorflow as tf
   return tf.autograph.experimental.do_not_convert(fn)

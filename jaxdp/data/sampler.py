@@ -11,7 +11,6 @@ import collections
 import threading
 
 import numpy as np
-import tensorflow as tf
 
 from jaxdp.config import ConfigError
 from jaxdp.data.preprocess import SHUFFLE, seed_for
@@ -41,6 +40,7 @@ class GlobalOrder:
 
   def permutation(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s permutation of range(n): the same array for any caller, thread or order of calls."""
+    import tensorflow as tf
     with self._lock:
       order = self._epochs.get(epoch)
     if order is None:  # Computed outside the lock: a TF op must not wait on a Python lock in a tf.data worker.

@@ -21,17 +21,21 @@ A kind of dataset (`jaxdp.data.kinds`) opens a corpus: `tfds_dataset` a `TfdsCor
     ArrayCorpus(facts, {"train": TokenWindows(...), "test": TokenWindows(...)})   # decode = None
 """
 
+from __future__ import annotations
+
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
 from jaxdp.data import offline
+
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 log = logging.getLogger("jaxdp")
 
@@ -123,6 +127,7 @@ class FeatureNames:
   and features of varying shape other than the input (rows of different shapes do not stack)."""
 
   def __init__(self, info: tfds.core.DatasetInfo):
+    import tensorflow as tf
     keys = info.supervised_keys or ()
     supervised = len(keys) >= 2 and all(isinstance(k, str) for k in keys[:2])
     self.input_key, self.label_key = keys[:2] if supervised else (None, None)
@@ -212,6 +217,7 @@ def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Ten
 
   A read that raises `UnreadableExample` fails as a TF op (its message, no Python traceback logged by the worker).
   """
+  import tensorflow as tf
   keys = sorted(probe)
   dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
 

@@ -7,14 +7,15 @@ the file and the record in it; the same position as reads by index after `jaxdp.
 split in file order, padded, each process keeping its rows.
 """
 
+from __future__ import annotations
+
 import itertools
 import math
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
@@ -23,6 +24,9 @@ from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import INDEX, REAL, no_autograph, to_numpy
 from jaxdp.data.source import INPUTS, FeatureNames
 
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
+
 CONVERT = "python -m jaxdp.data.convert DIR"  # Adds ArrayRecord files to a TFRecord-prepared dataset.
 
 
@@ -30,6 +34,7 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
                   process_count: int, stop_step: int | None = None, with_ids: bool = False) -> Iterator[Batch]:
   """This process's own file shards streamed through a shuffle buffer, shuffled per epoch, up to `stop_step`
   (None: forever); depends on the process count."""
+  import tensorflow as tf
   rows = global_batch // process_count
   first_row = process_index * rows
   shard = tfds.split_for_jax_process(split, process_index=process_index, process_count=process_count,
@@ -73,6 +78,7 @@ class _Named(Iterator[Batch]):
     self._batches, self._bad, self.split = batches, bad, split
 
   def __next__(self) -> Batch:
+    import tensorflow as tf
     try:
       return next(self._batches)
     except tf.errors.OpError as e:
@@ -89,6 +95,7 @@ class _Named(Iterator[Batch]):
 def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
   """The positions in `split` of the examples of `part` (`split` or this process's shard of it) whose input does
   not decode, each decoded alone."""
+  import tensorflow as tf
   x = builder.info.supervised_keys[0]
   raw = builder.as_dataset(split=part, shuffle_files=False, decoders={x: tfds.decode.SkipDecoding()},
                            read_config=tfds.ReadConfig(add_tfds_id=True))
@@ -104,6 +111,7 @@ def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
 def _with_position(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[dict], dict]:
   """A decoded example with its `tfds_id` -> its features (`FeatureNames`) and INDEX: its position in `split` (in
   file order)."""
+  import tensorflow as tf
   files = builder.info.splits[split].file_instructions  # `split` may be a slice such as "train[10%:]".
   names = [os.path.basename(f.filename) for f in files]
   starts = np.cumsum([0, *(f.take for f in files[:-1])]) - [f.skip for f in files]  # Position of record 0 of a file.

@@ -22,7 +22,6 @@ as it was read, which the audit records; strip it before the step (`jaxdp.loop.a
 from collections.abc import Iterator
 
 import numpy as np
-import tensorflow as tf
 
 from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
 from jaxdp.data.dataset import Batch, Dataset
@@ -63,6 +62,10 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   def ids(step: int) -> np.ndarray:
     return order.rows(step, first_row, first_row + rows)
 
+  # The first epoch's order now, in the caller's thread: TensorFlow (which shuffles) loads here, never first in
+  # the thread that reads ahead (an import there could meet the main thread's imports).
+  ids(start_step)
+
   def with_index(ids: np.ndarray) -> dict[str, np.ndarray]:
     return {**source.read(ids), INDEX: np.array(ids)} if with_ids else source.read(ids)
 
@@ -90,6 +93,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return host_batches.batches(make, first, stop_step)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
+    import tensorflow as tf
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
     batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
                          first_row, per_example)
