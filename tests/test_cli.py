@@ -178,7 +178,7 @@ def test_the_small_tools_print_help_and_one_error_line(module, capsys):
 
 def test_tensorflow_loads_without_keras_and_keras_still_imports_after():
   """jaxdp's input imports TensorFlow without its eager Keras import (1.2 s of every start); Keras stays usable."""
-  code = ("import sys, jaxdp.data; print('keras' in sys.modules); import keras, tensorflow as tf; "
+  code = ("import sys, jaxdp.data, tensorflow; print('keras' in sys.modules); import keras, tensorflow as tf; "
           "print(tf.keras.layers.Dense.__module__.split('.')[0])")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
