@@ -16,6 +16,13 @@ and the last, after the loss is on the host), then {"step", "eval/loss", "eval/a
 split (every target once, in eval_batch_size batches).
 
     python experiments/four_way_torch.py --check   # jaxdp's GPT parameters in this GPT: the same logits?
+
+--init jaxdp / --order jaxdp (the gpt workload only; experiments/gpt_loss_gap.py's paired mode): jaxdp's initial
+parameters (jaxdp.step.init_state of PRNGKey(seed), as four_way_jax.py --init jaxdp) loaded with `from_jaxdp`,
+and jaxdp's global order (four_way_jax.rows_of('jaxdp'): GlobalOrder's rows of step s - 1, which index jaxdp's
+prepared source: --data must hold the windows in that order, gpt_loss_gap.py's gpt_jaxdp_rows.npz). With --init
+jaxdp rank 0 first prints {"step": 0, "max_abs_logit_difference", "max_abs_logit"}: both GPTs on the loaded
+parameters and the first batch, so every paired run shows that it starts from jaxdp's function.
 """
 
 import argparse
@@ -35,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ddp_torch_worker  # noqa: E402
 import e2e_torch  # noqa: E402
 import four_way_configs  # noqa: E402
+import four_way_jax  # noqa: E402
 from ml_collections import ConfigDict  # noqa: E402
 
 STD = 0.02  # jaxdp's GPT: normal(0.02) kernels and embeddings, zero biases (flax's default bias init).
@@ -233,7 +241,48 @@ def same_function(workload: str = "gpt") -> dict[str, float]:
 def parse(argv: list[str]) -> argparse.Namespace:
   parser = four_way_configs.worker_parser("four_way_torch.py", __doc__)
   parser.add_argument("--num_classes", type=int, default=0, help="0: the largest train label + 1.")
-  return parser.parse_args(argv)
+  parser.add_argument("--init", choices=("plain", "jaxdp"), default="plain",
+                      help="gpt: torch's init seeded by the seed (plain) or jaxdp.step.init_state's parameters.")
+  parser.add_argument("--order", choices=("plain", "jaxdp"), default="plain",
+                      help="gpt: DistributedSampler's order (plain) or jaxdp's GlobalOrder of the seed.")
+  args = parser.parse_args(argv)
+  if args.workload != "gpt" and "jaxdp" in (args.init, args.order):
+    parser.error("--init jaxdp and --order jaxdp are for the gpt workload only (from_jaxdp loads GPT parameters; "
+                 "gpt_loss_gap.py writes the GPT's windows in jaxdp's row order)")
+  return args
+
+
+def jaxdp_params(config: ConfigDict, seq_len: int, vocab: int) -> tuple[object, dict, dict]:
+  """(jaxdp's GPT model, its initial parameters and model state): jaxdp.step.init_state of PRNGKey(seed), jitted."""
+  import jax
+  from jaxdp import models
+  from jaxdp import step as step_lib
+  model = models.get_model(config.model, (seq_len,), vocab)
+  tx = four_way_jax.tx_of(config)  # init_state lays out the optimizer state too; only the parameters are kept.
+  fresh = jax.jit(lambda key: step_lib.init_state(key, model=model, tx=tx))(jax.random.PRNGKey(config.seed))
+  return model, fresh.params, fresh.model_state
+
+
+def jaxdp_order(n: int, batch: int, seed: int, steps: int, lo: int, hi: int) -> np.ndarray:
+  """Rows [lo, hi) of jaxdp's global batches 0..steps-1 [steps, hi - lo], from four_way_jax.rows_of('jaxdp')."""
+  rows = four_way_jax.rows_of("jaxdp", n, batch, seed)
+  return np.stack([rows(s, lo, hi) for s in range(steps)])
+
+
+def jaxdp_order_apart(*args: int) -> np.ndarray:
+  """jaxdp_order in a child process: with GlobalOrder's TensorFlow in this one, torch's steps took 0.05 to 2 s."""
+  import multiprocessing
+  with multiprocessing.get_context("spawn").Pool(1) as pool:
+    return pool.apply(jaxdp_order, args)
+
+
+def logit_check(model, variables: tuple[dict, dict], net: nn.Module, tokens: torch.Tensor) -> dict[str, float]:
+  """jaxdp's GPT on (params, model_state) and `net` on the same tokens: the largest logit difference, and scale."""
+  expected = np.asarray(model.apply(*variables, tokens.numpy().astype(np.int32), train=False)[0])
+  with torch.no_grad():
+    got = net(tokens).numpy()
+  return {"max_abs_logit_difference": float(np.abs(got - expected).max()),
+          "max_abs_logit": float(np.abs(expected).max())}
 
 
 def train(args: argparse.Namespace, rank: int, world: int) -> dict[str, float]:
@@ -248,13 +297,28 @@ def train(args: argparse.Namespace, rank: int, world: int) -> dict[str, float]:
   num_classes = args.num_classes or (256 if args.workload == "gpt" else int(y.max()) + 1)
   torch.manual_seed(config.seed)
   model = make_model(args.workload, config, arrays["x_train"].shape[1:], num_classes)
+  local = config.batch_size // world
+  if args.order == "jaxdp":  # This rank's rows of every step, before training: the loop only slices tensors.
+    order = torch.from_numpy(jaxdp_order_apart(len(x), config.batch_size, config.seed, args.steps, rank * local,
+                                               (rank + 1) * local))
+  else:
+    order = torch.from_numpy(np.random.default_rng(config.seed).permutation(len(x))[:local])[None]  # Check's only.
+  if args.init == "jaxdp":
+    jax_model, params, model_state = jaxdp_params(config, x.shape[1], num_classes)
+    from_jaxdp(model, params)
+    if rank == 0:  # On the first batch (with --order jaxdp: the one trained first).
+      e2e_torch.log({"step": 0, **logit_check(jax_model, (params, model_state), model, x[order[0]])})
   if world > 1:
     model = nn.parallel.DistributedDataParallel(model)
   opt, schedule = optimizer(config, model)
-  sampler, loader = e2e_torch.batches(TensorDataset(x, y), config.batch_size, rank, world, config.seed)
+  if args.order == "jaxdp":
+    loader, sampler = [(x[m], y[m]) for m in order], None
+  else:
+    sampler, loader = e2e_torch.batches(TensorDataset(x, y), config.batch_size, rank, world, config.seed)
   step, epoch, clip = 0, 0, config.max_grad_norm
   while step < args.steps:
-    sampler.set_epoch(epoch)
+    if sampler is not None:
+      sampler.set_epoch(epoch)
     for inputs, labels in loader:
       opt.zero_grad(set_to_none=True)
       logits = model(inputs)

@@ -1,7 +1,8 @@
-"""The small GPT's eval loss, jaxdp's CLI against the plain-JAX loop: the same init and order step by step, then seeds.
+"""The small GPT's eval loss, jaxdp's CLI against the plain-JAX loop and torch: same init and order, then seeds.
 
     python experiments/gpt_loss_gap.py match [--seeds 0] [--steps 400] [--data_dir DIR]
     python experiments/gpt_loss_gap.py seeds [--seeds 0,1,2,3,4,5] [--sides jaxdp,jax,jax_jaxdp] [--steps 400]
+    python experiments/gpt_loss_gap.py paired [--seeds 0,...,7] [--steps 400]   # jaxdp's draw in plain JAX and torch
     python experiments/gpt_loss_gap.py report --runs A.json,B.json   # seeds' table over several --json files
 
 Sides (experiments/four_way.py's gpt workload, one process, each run a fresh command):
@@ -10,11 +11,16 @@ Sides (experiments/four_way.py's gpt workload, one process, each run a fresh com
   jax_jaxdp  four_way_jax.py --init jaxdp --order jaxdp over the windows in the order jaxdp's prepared source holds
              them (TFDS writes a split's examples shuffled, so jaxdp's row i is not four_way's window i): jaxdp's
              initial parameters and jaxdp's batches, in the plain loop;
-  jax_init   --init jaxdp only; jax_order  --order jaxdp only (each factor alone).
+  jax_init   --init jaxdp only; jax_order  --order jaxdp only (each factor alone);
+  torch_jaxdp  four_way_torch.py --init jaxdp --order jaxdp over the same windows: jaxdp's initial parameters
+             loaded into the torch GPT, jaxdp's batches, in the eager torch loop.
 `match` runs jaxdp and jax_jaxdp per seed with every step logged and compares their train losses step by step
 (jaxdp's metrics.jsonl train/loss with log_every_steps=1 is that step's loss) and the final eval loss. `seeds`
 runs the sides in turn per seed (A B C A B C) and prints each side's eval losses, mean and spread, and Welch's
-t-test of jaxdp against each other side. Prints a markdown section; --json writes every run's figures.
+t-test of jaxdp against each other side. `paired` runs jax_jaxdp and torch_jaxdp in turn per seed (jax_jaxdp
+stands for jaxdp's CLI: `match` showed them equal to float rounding, and it is the cheaper run) and compares them
+per seed: the same init and batches, so the difference is free of the init/order draw (paired t-test, sign test).
+Prints a markdown section; --json writes every run's figures.
 Findings: experiments/gpt_loss_gap.md.
 """
 
@@ -32,9 +38,10 @@ import abrun  # noqa: E402
 import e2e_compare  # noqa: E402
 import four_way  # noqa: E402
 
-SIDES = ("jaxdp", "jax", "jax_jaxdp", "jax_init", "jax_order")
+SIDES = ("jaxdp", "jax", "jax_jaxdp", "jax_init", "jax_order", "torch_jaxdp")
 WORKER_FLAGS = {"jax": [], "jax_jaxdp": ["--init", "jaxdp", "--order", "jaxdp"], "jax_init": ["--init", "jaxdp"],
-                "jax_order": ["--order", "jaxdp"]}
+                "jax_order": ["--order", "jaxdp"], "torch_jaxdp": ["--init", "jaxdp", "--order", "jaxdp"]}
+PAIRED = ("jax_jaxdp", "torch_jaxdp")  # `paired`: jaxdp's draw in the plain-JAX loop (= jaxdp's CLI) and in torch.
 JAXDP_ROWS = "gpt_jaxdp_rows.npz"  # The windows in jaxdp's source order (the --order jaxdp sides read it).
 
 
@@ -69,7 +76,8 @@ def command(side: str, seed: int, steps: int, log_every: int, data_dir: str, dat
   if side == "jaxdp":
     return four_way.command("jaxdp", "gpt", 1, steps, log_every, *data, workdir, seed)
   npz = os.path.join(data_dir, JAXDP_ROWS) if "--order" in WORKER_FLAGS[side] else data[0]
-  return [*four_way.command("jax", "gpt", 1, steps, log_every, npz, data[1], workdir, seed), *WORKER_FLAGS[side]]
+  worker = "torch" if side.startswith("torch") else "jax"
+  return [*four_way.command(worker, "gpt", 1, steps, log_every, npz, data[1], workdir, seed), *WORKER_FLAGS[side]]
 
 
 def run(side: str, seed: int, steps: int, log_every: int, data_dir: str, data: tuple[str, list[str]],
@@ -90,8 +98,10 @@ def run(side: str, seed: int, steps: int, log_every: int, data_dir: str, data: t
     records = [json.loads(line) for _, line in lines if line.startswith("{")]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
   evals = [r for r in records if "eval/loss" in r][-1]
+  check = next((r for r in records if "max_abs_logit_difference" in r), {})  # torch --init jaxdp's logit check.
   return {"side": side, "seed": seed, "steps": steps, "log_every": log_every, "losses": losses,
           "eval/loss": evals["eval/loss"], "eval/accuracy": evals["eval/accuracy"], "wall_s": wall,
+          "max_abs_logit_difference": check.get("max_abs_logit_difference"),
           "load_before": load, "load_after": abrun.load(), "cmd": e2e_compare.shown(cmd).replace(tmp, "TMP")}
 
 
@@ -141,11 +151,43 @@ def seeds_report(runs: list[dict], sides: list[str]) -> list[str]:
   return lines
 
 
+def paired_report(runs: list[dict]) -> list[str]:
+  """Per seed: both sides' step-1 train loss and eval loss, their difference; paired t-test and sign test."""
+  from scipy import stats
+  by = {(r["side"], r["seed"]): r for r in runs}
+  a_side, b_side = PAIRED
+  seeds = sorted({r["seed"] for r in runs if (a_side, r["seed"]) in by and (b_side, r["seed"]) in by})
+  lines = [f"| seed | torch initial logits vs jaxdp's (max abs difference) | step-1 train loss {a_side} / {b_side} "
+           f"(relative difference) | eval loss {a_side} | eval loss {b_side} | {a_side} - {b_side} |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  diffs = []
+  for s in seeds:
+    a, b = by[(a_side, s)], by[(b_side, s)]
+    la, lb = (r["losses"].get(1, r["losses"].get("1")) for r in (a, b))  # int keys; str once read from --json.
+    diffs.append(a["eval/loss"] - b["eval/loss"])
+    lines.append(f"| {s} | {b['max_abs_logit_difference']:.1e} | {la:.6f} / {lb:.6f} ({abs(la - lb) / lb:.1e}) "
+                 f"| {a['eval/loss']:.5f} | {b['eval/loss']:.5f} | {diffs[-1]:+.1e} |")
+  lines.append("")
+  ea, eb = [by[(a_side, s)]["eval/loss"] for s in seeds], [by[(b_side, s)]["eval/loss"] for s in seeds]
+  mean, sd = statistics.mean(diffs), statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+  positive = sum(d > 0 for d in diffs)
+  summary = (f"- {len(seeds)} seeds: mean eval loss {a_side} {statistics.mean(ea):.4f}, {b_side} "
+             f"{statistics.mean(eb):.4f}; {a_side} - {b_side}: mean {mean:+.1e} "
+             f"({100 * (statistics.mean(ea) / statistics.mean(eb) - 1):+.4f}%), sd {sd:.1e}")
+  if len(diffs) > 1:
+    t, p = stats.ttest_rel(ea, eb)
+    half = stats.t.ppf(0.975, len(diffs) - 1) * sd / len(diffs) ** 0.5
+    sign = stats.binomtest(positive, len(diffs)).pvalue
+    summary += (f", 95% interval {mean - half:+.1e}..{mean + half:+.1e}; paired t {t:+.2f}, p {p:.2f}; "
+                f"{positive} of {len(diffs)} seeds positive ({a_side} worse), two-sided sign test p {sign:.2f}")
+  return lines + [summary]
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("mode", choices=("match", "seeds", "report"))
+  parser.add_argument("mode", choices=("match", "seeds", "paired", "report"))
   parser.add_argument("--seeds", type=lambda text: [int(v) for v in text.split(",") if v], default=None,
-                      help="Seeds (default: match 0; seeds 0,1,2,3,4,5).")
+                      help="Seeds (default: match 0; seeds, paired 0,1,2,3,4,5).")
   parser.add_argument("--sides", type=four_way.csv(SIDES), default=["jaxdp", "jax", "jax_jaxdp"],
                       help="seeds: the sides, run in turn per seed.")
   parser.add_argument("--steps", type=int, default=400)
@@ -164,7 +206,8 @@ def main(argv: list[str]) -> list[dict]:
   args = parse(argv)
   if args.mode == "report":
     runs = [r for path in args.runs for r in json.load(open(path))["runs"]]
-    print("\n".join(seeds_report(runs, list(dict.fromkeys(r["side"] for r in runs)))))
+    sides = list(dict.fromkeys(r["side"] for r in runs))
+    print("\n".join(paired_report(runs) if sides == list(PAIRED) else seeds_report(runs, sides)))
     return runs
   lines = abrun.header(f"gpt_loss_gap {args.mode}", abrun.load(), f"1 CPU device, one process; ISA {four_way.isa()}")
   runs = []
@@ -172,7 +215,7 @@ def main(argv: list[str]) -> list[dict]:
     data_dir = args.data_dir or tmp
     os.makedirs(data_dir, exist_ok=True)
     data = prepare(data_dir, e2e_compare.REPO)
-    sides = ["jaxdp", "jax_jaxdp"] if args.mode == "match" else args.sides
+    sides = {"match": ["jaxdp", "jax_jaxdp"], "paired": list(PAIRED)}.get(args.mode, args.sides)
     for seed in args.seeds:
       for side in sides:
         runs.append(run(side, seed, args.steps, args.log_every, data_dir, data, tmp))
@@ -182,6 +225,8 @@ def main(argv: list[str]) -> list[dict]:
         lines += match_report(*runs[-2:])
   if args.mode == "seeds":
     lines += seeds_report(runs, sides)
+  if args.mode == "paired":
+    lines += paired_report(runs)
   lines += ["", "Commands: " + "; ".join(f"`{r['cmd']}`" for r in runs[:len(sides)])]
   print("\n".join(lines))
   if args.json:
