@@ -46,10 +46,11 @@ class BadExampleError(ConfigError):
   """An example of the data cannot be decoded: bad input, so a one-line error and exit status 2."""
 
 
-def is_op_error(error: BaseException) -> bool:
-  """Whether `error` is a TensorFlow `OpError` (none can be before TensorFlow is loaded: it is not imported here)."""
+def is_failure(error: BaseException) -> bool:
+  """Whether `error` is a `Failure`: a TensorFlow `OpError` (none before TensorFlow is loaded: it is not imported
+  here) or an `UnreadableExample`."""
   tf = sys.modules.get("tensorflow")
-  return tf is not None and isinstance(error, tf.errors.OpError)
+  return isinstance(error, UnreadableExample) or tf is not None and isinstance(error, tf.errors.OpError)
 
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
@@ -81,10 +82,8 @@ class Guarded(Iterator[Batch]):
   def __next__(self) -> Batch:
     try:
       batch = next(self._batches)
-    except UnreadableExample as e:
-      batch = self._repair(self._step, e)
     except Exception as e:
-      if not is_op_error(e):
+      if not is_failure(e):
         raise
       batch = self._repair(self._step, e)
     self._step += 1

@@ -18,9 +18,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from jaxdp.data.bad_examples import is_op_error
+from jaxdp.data.bad_examples import is_failure
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.source import UnreadableExample
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -36,12 +35,10 @@ def batches(make: Callable[[int], Batch], first: int, stop: int | None) -> Itera
   for step in itertools.count(first) if stop is None else range(first, stop):
     try:
       batch = make(step)
-    except UnreadableExample:
-      raise
-    except Exception as e:  # The source's own failure: reported as a failed tf.data worker (see the module doc).
-      if is_op_error(e):
+    except Exception as e:
+      if is_failure(e):  # Already what the guard repairs.
         raise
-      raise _as_op_error(e) from e
+      raise _as_op_error(e) from e  # The source's own failure: reported as a failed tf.data worker (module doc).
     yield batch
 
 
