@@ -80,7 +80,7 @@ def test_a_flag_the_users_xla_flags_set_is_kept():
 
 
 def test_apply_sets_xla_flags_before_jax_starts(monkeypatch):
-  monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+  monkeypatch.setattr(xla_cpu, "backends_started", lambda: False)
   monkeypatch.setattr(xla_cpu, "_outcome", None)
   monkeypatch.setenv(xla_cpu.ENV, "--xla_dump_to=/tmp/d --xla_cpu_experimental_ynn_fusion_type=dot")
   outcome = xla_cpu.apply(_config("--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_multi_thread_eigen=false"))
@@ -97,7 +97,7 @@ def test_apply_sets_xla_flags_before_jax_starts(monkeypatch):
 
 def test_flags_jaxdp_added_before_are_not_taken_for_the_users(monkeypatch):
   """A second apply (the CLI's start-up, then train_and_evaluate's; or a child process) sees its own flags."""
-  monkeypatch.setattr(xla_cpu, "_backends_started", lambda: False)
+  monkeypatch.setattr(xla_cpu, "backends_started", lambda: False)
   monkeypatch.setattr(xla_cpu, "_outcome", None)
   monkeypatch.setenv(xla_cpu.ENV, "--xla_dump_to=/tmp/d")
   monkeypatch.delenv(xla_cpu.ENV_ADDED, raising=False)

@@ -48,6 +48,11 @@ def get_config() -> ml_collections.ConfigDict:
   # explicit flags, e.g. "--xla_cpu_multi_thread_eigen=false". Applied by the CLI, and by train_and_evaluate when
   # JAX has not started yet (the start summary says when it could not be).
   config.xla_cpu_flags = "auto"
+  # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches
+  # divide, since XLA's threads leave cores idle on a small model's ops (jaxdp.runtime.cpu_devices; measured in
+  # experiments/cpu_devices_ab.md) | "N". --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take
+  # jaxdp.launch's --devices_per_process.
+  config.cpu_devices = "auto"
 
   # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
   # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.

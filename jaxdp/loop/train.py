@@ -28,7 +28,7 @@ from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profilin
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
-from jaxdp.runtime import exits, process, xla_cpu
+from jaxdp.runtime import cpu_devices, exits, process, xla_cpu
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
@@ -111,6 +111,8 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
     summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
+    if parts.backend.devices[0].platform == "cpu" and jax.process_count() == 1:
+      summary.report({"cpu_devs": cpu_devices.describe()}, title=None)
     summary.report({"input": blocks.describe(parts.ds, parts.feed.steps, config.parallel.block_mb,
                                              config.parallel.prefetch)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,

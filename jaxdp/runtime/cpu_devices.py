@@ -1,11 +1,38 @@
-"""Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES=N), set through JAX's own config option."""
+"""CPU devices: simulated ones (`--cpu_devices N` or JAXDP_CPU_DEVICES=N), else `config.cpu_devices` ("auto":
+one per core on a single process), set through JAX's own config option before JAX starts its backends.
 
+One CPU device runs each op of a step on XLA's intra-op threads, and many ops of a small model's step are too
+small to split, so cores idle; one device per core runs the batch's slices side by side and averages the
+gradients in memory. Measured end to end in experiments/cpu_devices_ab.md: faster for the CNN, ResNet-18 and
+the GPT, slower for a dense MLP, whose config (configs/mlp_digits.py) keeps one device.
+"""
+
+import dataclasses
 import os
+from collections.abc import Callable
+
+import ml_collections
 
 from jaxdp.config import ConfigError
 
 ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
+KEY = "cpu_devices"
+AUTO = "auto"
+MEASURED = "experiments/cpu_devices_ab.md"
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"  # XLA's own way to ask (in XLA_FLAGS).
+MOST_AUTO = 8  # "auto" makes at most this many: each device holds a replica of the state.
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The device count `config.cpu_devices` gives and why, as the start summary says it."""
+  count: int
+  why: str
+
+
+_choice: Choice | None = None  # This process's, once `use` set one; else why it set none.
+_left: str = "JAX's own (jaxdp's process set-up did not run)"
 
 
 def simulate(count: int) -> None:
@@ -36,3 +63,60 @@ def count_of(text: str) -> int:
   if not text.strip().isdigit() or int(text) < 1:
     raise ConfigError(f"{FLAG} (or {ENV_VAR}) must be a positive integer, got {text!r}")
   return int(text)
+
+
+def choose(setting: object, cores: int, fits: Callable[[int], bool]) -> Choice:
+  """The count for `config.cpu_devices = setting` on `cores` cores (`fits(n)`: the config runs on n devices)."""
+  if setting != AUTO:  # A count: "N" (the key is a string, so that --config.cpu_devices=N overrides it) or N.
+    text = str(setting) if isinstance(setting, (int, str)) and not isinstance(setting, bool) else ""
+    if not text.strip().isdigit() or int(text) < 1:
+      raise ConfigError(f"config.{KEY} must be {AUTO!r} or a positive integer, got {setting!r}")
+    return Choice(int(text), f"config.{KEY}={int(text)}")
+  most = min(cores, MOST_AUTO)
+  count = next(n for n in range(most, 0, -1) if n == 1 or fits(n))
+  if most == 1:
+    return Choice(1, "one core")
+  split = "one per core" if count == cores else (
+      f"{cores} cores: the most (up to {MOST_AUTO}) that the batches divide" if count > 1 else
+      f"{cores} cores, but the batches divide over no more than one device")
+  measured = "" if cores == 2 else ", where 2 cores were measured"
+  return Choice(count, f"{split} ({AUTO}; one process; {MEASURED}{measured})")
+
+
+def use(config: ml_collections.ConfigDict) -> Choice | None:
+  """Sets `config.cpu_devices` CPU devices in a single process, unless a count was asked for elsewhere or JAX's
+  backends already started; the choice, or None where it set nothing."""
+  global _choice, _left
+  import jax
+  from jaxdp.runtime import xla_cpu
+  if (jax.config.jax_num_cpu_devices != -1 or requested([]) is not None
+      or DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", "")):
+    _left = f"asked for ({FLAG}, {ENV_VAR}, jax_num_cpu_devices or XLA_FLAGS)"
+    return None
+  if xla_cpu.backends_started() or config.parallel.num_devices:
+    _left = ("JAX's: it had started before jaxdp could choose" if xla_cpu.backends_started() else
+             "JAX's (config.parallel.num_devices is set)")
+    return None
+  choice = choose(config[KEY], xla_cpu.this_machine().cores, lambda n: fits(config, n))
+  jax.config.update("jax_num_cpu_devices", choice.count)
+  _choice = choice
+  return choice
+
+
+def fits(config: ml_collections.ConfigDict, count: int) -> bool:
+  """Whether `config` validates on `count` devices of one process (batches, accumulation, its strategy)."""
+  from jaxdp import config as config_lib, strategies
+  try:
+    strategies.select(config).validate(config, config_lib.validate(config, count, 1))
+  except ConfigError:
+    return False
+  return True
+
+
+def describe() -> str:
+  """The start summary's line: this process's CPU device count and where it came from."""
+  import jax
+  count = jax.local_device_count()
+  if _choice is not None and _choice.count == count:
+    return f"{count}: {_choice.why}; {FLAG} N or config.{KEY} to choose"
+  return f"{count}: {_left}"

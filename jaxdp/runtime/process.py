@@ -22,13 +22,15 @@ def setup_logging() -> None:
 
 
 def init(config: ml_collections.ConfigDict) -> None:
-  """Sets XLA:CPU's flags (before JAX starts a backend); joins a multi-process run when one is configured;
-  only process 0 logs progress; sets the compile cache."""
+  """Sets XLA:CPU's flags (before JAX starts a backend); joins a multi-process run when one is configured, else
+  sets the process's CPU devices; only process 0 logs progress; sets the compile cache."""
   import jax
   xla_cpu.apply(config)
   compilation_cache.use(config)
-  from jaxdp.runtime import distributed
-  if distributed.initialize(config) and jax.process_index() != 0:
+  from jaxdp.runtime import cpu_devices, distributed
+  if not distributed.initialize(config):
+    cpu_devices.use(config)  # One process: its CPU devices (config.cpu_devices), before JAX starts its backends.
+  elif jax.process_index() != 0:
     log.setLevel(logging.WARNING)
 
 

@@ -115,7 +115,7 @@ def apply(config: ml_collections.ConfigDict, machine: Machine | None = None) -> 
   """Adds the flags `config.xla_cpu_flags` asks for to XLA_FLAGS, unless JAX's backends already started."""
   global _outcome
   choice = choose(machine or this_machine(), config[KEY])
-  if _backends_started():
+  if backends_started():
     if _outcome is None or _outcome.choice != choice:  # A second run in the process keeps the first's flags.
       _outcome = Outcome(choice, too_late=True)
     return _outcome
@@ -144,6 +144,7 @@ def describe(outcome: Outcome | None = None) -> str:
   return text + f"; set {KEY} to override"
 
 
-def _backends_started() -> bool:
+def backends_started() -> bool:
+  """Whether JAX started its backends (after that, XLA_FLAGS and the CPU device count are fixed)."""
   from jax._src import xla_bridge  # No public way to ask; XLA reads XLA_FLAGS when the first backend starts.
   return xla_bridge.backends_are_initialized()
