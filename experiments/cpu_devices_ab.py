@@ -52,7 +52,7 @@ def report(runs: list[dict], counts: list[int], load_before: float) -> list[str]
   lines += [f"- ISA: {four_way.isa()}; jaxdp: {runs[0]['jaxdp']}", "",
             "| workload | global batch | " + " | ".join(f"{c} device(s): ms/step" for c in counts)
             + " | " + " | ".join(f"1 / {c} devices" for c in counts[1:]) + " | eval loss per count |",
-            "| --- " * (2 + 2 * len(counts)) + "| --- |"]
+            "| --- " * (1 + 2 * len(counts)) + "| --- |"]
   for workload in dict.fromkeys(r["workload"] for r in runs):
     by = {c: [r for r in runs if r["workload"] == workload and r["devices"] == c] for c in counts}
     ms = {c: [r["ms_per_step"] for r in rs] for c, rs in by.items()}
