@@ -31,8 +31,8 @@ class Choice:
   why: str
 
 
-_choice: Choice | None = None  # This process's, once `use` set one; else why it set none.
-_left: str = "JAX's own (jaxdp's process set-up did not run)"
+_choice: Choice | None = None  # This process's, once `use` set one.
+_left: str = "JAX's own (jaxdp's process set-up did not run)"  # Else why `use` set none.
 
 
 def simulate(count: int) -> None:
@@ -60,22 +60,27 @@ def requested(argv: list[str]) -> int | None:
 
 def count_of(text: str) -> int:
   """A positive device count from text; a ConfigError naming the text otherwise."""
-  if not text.strip().isdigit() or int(text) < 1:
+  if (count := _positive(text)) is None:
     raise ConfigError(f"{FLAG} (or {ENV_VAR}) must be a positive integer, got {text!r}")
-  return int(text)
+  return count
+
+
+def _positive(text: str) -> int | None:
+  """`text` as a positive integer (what a device count looks like, wherever it is given), else None."""
+  return int(text) if text.strip().isdigit() and int(text) >= 1 else None
 
 
 def choose(setting: object, cores: int, fits: Callable[[int], bool]) -> Choice:
   """The count for `config.cpu_devices = setting` on `cores` cores (`fits(n)`: the config runs on n devices)."""
   if setting != AUTO:  # A count: "N" (the key is a string, so that --config.cpu_devices=N overrides it) or N.
     text = str(setting) if isinstance(setting, (int, str)) and not isinstance(setting, bool) else ""
-    if not text.strip().isdigit() or int(text) < 1:
+    if (asked := _positive(text)) is None:
       raise ConfigError(f"config.{KEY} must be {AUTO!r} or a positive integer, got {setting!r}")
-    return Choice(int(text), f"config.{KEY}={int(text)}")
+    return Choice(asked, f"config.{KEY}={asked}")
   most = min(cores, MOST_AUTO)
-  count = next(n for n in range(most, 0, -1) if n == 1 or fits(n))
   if most == 1:
     return Choice(1, "one core")
+  count = next(n for n in range(most, 0, -1) if n == 1 or fits(n))
   split = "one per core" if count == cores else (
       f"{cores} cores: the most (up to {MOST_AUTO}) that the batches divide" if count > 1 else
       f"{cores} cores, but the batches divide over no more than one device")
@@ -93,9 +98,11 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
       or DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", "")):
     _left = f"asked for ({FLAG}, {ENV_VAR}, jax_num_cpu_devices or XLA_FLAGS)"
     return None
-  if xla_cpu.backends_started() or config.parallel.num_devices:
-    _left = ("JAX's: it had started before jaxdp could choose" if xla_cpu.backends_started() else
-             "JAX's (config.parallel.num_devices is set)")
+  if xla_cpu.backends_started():
+    _left = "JAX's: it had started before jaxdp could choose"
+    return None
+  if config.parallel.num_devices:
+    _left = "JAX's (config.parallel.num_devices is set)"
     return None
   choice = choose(config[KEY], xla_cpu.this_machine().cores, lambda n: fits(config, n))
   jax.config.update("jax_num_cpu_devices", choice.count)

@@ -27,7 +27,7 @@ import threading
 import time
 import typing
 
-from jaxdp.runtime import distributed
+from jaxdp.runtime import cpu_devices, distributed
 from jaxdp.loop import goodput
 
 GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint and exit before they are killed.
@@ -35,7 +35,6 @@ GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint a
 # service wait for the lost one, and the service takes SIGTERM), so waiting longer only delays the exit.
 LOST_GRACE_S = 0.5
 CONFIG_ERROR = 2  # jaxdp's exit status for a config or command-line mistake: restarting cannot help.
-DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo (XLA's CPU collectives) writes "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
 # connected peer ranks is : 3" to stdout for every communicator it sets up, with no setting to turn it off,
@@ -73,7 +72,7 @@ def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None
          joined_file: str = "", restarted: bool = False) -> dict[str, str]:
   env = dict(os.environ)
   if "XLA_FLAGS" in env:  # The user's flags reach every process; the device count is --devices_per_process.
-    env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(DEVICE_COUNT_FLAG))
+    env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(cpu_devices.DEVICE_COUNT_FLAG))
   env.update({distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
               distributed.ENV_NUM_PROCESSES: str(num_processes or args.num_processes),
               distributed.ENV_PROCESS_ID: str(rank), "JAXDP_CPU_DEVICES": str(args.devices_per_process),
