@@ -3,7 +3,7 @@
 A dense layer's kernel gradient is dW = X^T dY, a dot contracting dimension 0 of the row-major inputs
 [rows, in]. XLA:CPU's YNNPACK fusion takes no such dot (lhs_contracting_dims={0}), so every weight gradient
 falls to Eigen, at about half YNNPACK's speed on one core. `dense_dot`'s backward first copies X^T into its own
-[in, rows] array behind an optimization barrier (without it XLA folds the transpose back into the dot), making
+[in, rows] array, opaque to XLA (else it folds the transpose back into the dot: `_transposed`), making
 dW an NN dot that YNNPACK takes; the input's gradient dY W^T is NT, which it takes already
 (experiments/dense_parts.md). Use it as `nnx.Linear(..., dot_general=dense_dot)`: no parameter changes.
 """
@@ -12,6 +12,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 # What nnx.Linear asks for: inputs [..., in] contracting their last dimension with the kernel's first, no batch.
@@ -52,7 +53,7 @@ def _is_dense(lhs: jax.Array, rhs: jax.Array, dimension_numbers: DimensionNumber
 
 def _on_cpu() -> bool:
   """Whether programs traced now compile for XLA:CPU (the default backend), decided at trace time."""
-  # Only XLA:CPU needs the copy: GPU and TPU dot libraries take the TN layout as it is, and there the barrier
+  # Only XLA:CPU needs the copy: GPU and TPU dot libraries take the TN layout as it is, and there the copy
   # would only keep XLA from fusing the transpose (and the custom VJP would needlessly rule out forward-mode
   # differentiation). The default backend is where jit places an uncommitted computation, i.e. jaxdp's steps.
   return jax.default_backend() == "cpu"
@@ -77,13 +78,27 @@ def _dense_bwd(precision: Any, preferred_element_type: Any, residuals: tuple[jax
   kwargs = {"precision": precision, "preferred_element_type": preferred_element_type}
   # dx = dy [..., out] @ kernel^T: NT, the same dot as lax's own transpose rule writes.
   dx = lax.dot_general(dy, kernel, (((dy.ndim - 1,), (1,)), ((), ())), **kwargs)
-  # dkernel = x^T [in, rows] @ dy [rows, out]; the barrier keeps the transpose a copy of its own.
+  # dkernel = x^T [in, rows] @ dy [rows, out]; _transposed keeps the transpose a copy of its own.
   rows_x = x.reshape(-1, x.shape[-1])
   rows_dy = dy.reshape(-1, dy.shape[-1])
-  x_t = lax.optimization_barrier(rows_x.T)
+  x_t = _transposed(rows_x)
   dkernel = lax.dot_general(x_t, rows_dy, (((1,), (0,)), ((), ())), **kwargs)
   # As lax's rules: each cotangent in its primal's dtype (they differ when preferred_element_type is wider).
   return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
+
+
+def _transposed(x: jax.Array) -> jax.Array:
+  """x.T [in, rows] as an array of its own, which XLA neither folds back into the dot nor fuses with x's producer."""
+  # An optimization barrier around x.T keeps the transpose from folding into the dot, but XLA:CPU removes
+  # barriers before it fuses and then fuses x's producer (a bias add and ReLU) into the transpose: a loop that
+  # reads x with a stride of `in` elements, about 4 ms for [512, 1024] on one core against well under 1 ms for
+  # the plain copy of a materialized x; the MLP's step took 0.88 of the time without it
+  # (experiments/dense_parts.md, "The transpose's fusion"). A conditional's operand is materialized and its
+  # branches compile apart, so a cond whose branches are the same transpose is both: opaque to the dot and a
+  # plain copy. Its predicate reads x, so that XLA cannot fold the cond away; either branch gives x.T.
+  if not x.size:
+    return x.T
+  return lax.cond(x[0, 0] == x[0, 0], jnp.transpose, jnp.transpose, x)
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
