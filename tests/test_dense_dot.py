@@ -89,6 +89,16 @@ def test_no_cpu_dot_contracts_the_rows_in_the_mlp():
   assert not _dots(jax.grad(loss), params)
 
 
+def test_no_cpu_dot_contracts_the_rows_in_the_gpt():
+  """Every Linear of the GPT (attention's, the MLP's, the head) gives NN weight gradients too."""
+  config = ml_collections.ConfigDict({"name": "gpt", "num_layers": 2, "num_heads": 4, "embed_dim": 64})
+  model = models.get_model(config, (32,), 96)
+  params, state = model.init(jax.random.key(0))
+  tokens = jnp.ones((4, 32))
+  loss = lambda p: jnp.sum(jnp.tanh(model.apply(p, state, tokens, train=True)[0]))
+  assert not _dots(jax.grad(loss), params)
+
+
 def _fused_transposes(hlo: str) -> list[str]:
   """The fused computations of an optimised HLO that transpose a value they compute themselves."""
   bodies = re.findall(r"^%(fused_computation\S*) .*?^}", hlo, re.M | re.S)
