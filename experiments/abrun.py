@@ -8,10 +8,13 @@ many short rounds on a busy machine), and state the machine, the load and the co
 
 import contextlib
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -134,3 +137,16 @@ def write(path: str | None, lines: list[str]) -> str:
     with open(path, "w") as f:
       f.write(text)
   return text
+
+
+def module_at(rev: str, path: str, name: str):
+  """The repository's file `path` as it was at git revision `rev`, imported (from a temporary copy) as `name`."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True, text=True).stdout
+  copy = os.path.join(tempfile.mkdtemp(), f"{name}.py")
+  with open(copy, "w") as f:
+    f.write(source)
+  spec = importlib.util.spec_from_file_location(name, copy)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module

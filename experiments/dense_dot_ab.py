@@ -9,12 +9,9 @@ turn each round; reports whether their gradients are bitwise equal, ms per call 
 
 import argparse
 import functools
-import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import jax
@@ -22,20 +19,8 @@ import jax.numpy as jnp
 
 from jaxdp.models import dense
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def old_dense(rev: str):
-  """jaxdp/models/dense.py at `rev`, as a module."""
-  text = subprocess.run(["git", "-C", HERE, "show", f"{rev}:jaxdp/models/dense.py"], capture_output=True, text=True,
-                        check=True).stdout
-  path = os.path.join(tempfile.mkdtemp(), "dense_old.py")
-  with open(path, "w") as f:
-    f.write(text)
-  spec = importlib.util.spec_from_file_location("dense_old", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 
 
 def mlp_loss(dot, params, x, y):
@@ -59,7 +44,8 @@ def main(argv: list[str]) -> None:
   sizes = [784, 1024, 1024, 10]
   params = [(jax.random.normal(key, (a, b)) * 0.03, jnp.zeros(b)) for a, b in zip(sizes[:-1], sizes[1:])]
   x, y = jax.random.normal(key, (args.rows, 784)), jnp.zeros(args.rows, jnp.int32)
-  versions = {args.baseline_rev: old_dense(args.baseline_rev).dense_dot, "this": dense.dense_dot}
+  old = abrun.module_at(args.baseline_rev, "jaxdp/models/dense.py", "dense_old")
+  versions = {args.baseline_rev: old.dense_dot, "this": dense.dense_dot}
   grads = {name: jax.jit(jax.grad(functools.partial(mlp_loss, dot))) for name, dot in versions.items()}
   outs = [jax.tree.leaves(g(params, x, y)) for g in grads.values()]
   print("gradients bitwise equal:", all(bool((a == b).all()) for a, b in zip(*outs)))

@@ -20,12 +20,9 @@ part's first contender to each (> 1: faster than the first).
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -263,17 +260,8 @@ def torch_step() -> Callable[[], None]:
 
 
 def baseline_gpt(rev: str) -> type:
-  """The GPT class of jaxdp/models/gpt.py at git revision `rev`, imported from a temporary file."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  source = subprocess.run(["git", "show", f"{rev}:jaxdp/models/gpt.py"], cwd=root, check=True,
-                          capture_output=True, text=True).stdout
-  path = os.path.join(tempfile.mkdtemp(), "gpt_baseline.py")
-  with open(path, "w") as f:
-    f.write(source)
-  spec = importlib.util.spec_from_file_location("gpt_baseline", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.GPT
+  """The GPT class of jaxdp/models/gpt.py at git revision `rev`."""
+  return abrun.module_at(rev, "jaxdp/models/gpt.py", "gpt_baseline").GPT
 
 
 def measure(calls: dict[str, Callable[[], object]], rounds: int, repeats: int,
