@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -139,7 +140,7 @@ def write(path: str | None, lines: list[str]) -> str:
   return text
 
 
-def module_at(rev: str, path: str, name: str):
+def module_at(rev: str, path: str, name: str) -> types.ModuleType:
   """The repository's file `path` as it was at git revision `rev`, imported (from a temporary copy) as `name`."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True, text=True).stdout

@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
 
-def mlp_loss(dot, params, x, y):
+def mlp_loss(dot: Callable[..., jax.Array], params: list[tuple[jax.Array, jax.Array]], x: jax.Array,
+             y: jax.Array) -> jax.Array:
   """Cross-entropy of the MLP with `dot` as every layer's product."""
   h = x
   for i, (w, b) in enumerate(params):
