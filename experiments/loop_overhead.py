@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import build, data, parallel  # noqa: E402
+from jaxdp import blocks, build, data, parallel  # noqa: E402
 from jaxdp.configs import default, gpt_token_file  # noqa: E402
 from jaxdp.datasets import token_file  # noqa: E402
 from jaxdp.loop import goodput  # noqa: E402
@@ -81,22 +81,31 @@ def workload_config(name: str, shape: str, tmp: str, steps: int, devices: int) -
   return config
 
 
-def inline_prefetch(backend: parallel.Backend, batches: Iterator, size: int) -> Iterator:
-  """The prefetch before issue 25: each next() reads and places a batch in the loop's thread, `size` ahead."""
+def inline_prefetch(backend: parallel.Backend, batches: Iterator, size: int,
+                    put: Callable | None = None) -> Iterator:
+  """The prefetch before issue 25: each next() reads and places a batch (or block: `put`) in the loop's thread,
+  `size` ahead."""
+  put = put or backend.put_batch
   queue: collections.deque = collections.deque()
   for batch in batches:
-    queue.append(backend.put_batch(batch))
+    queue.append(put(batch))
     if len(queue) > size:
       yield queue.popleft()
   yield from queue
 
 
-def resident_prefetch(backend: parallel.Backend, batches: Iterator, size: int) -> Iterator:
-  """One device batch, placed once, for every step: the loop without input."""
+def resident_prefetch(backend: parallel.Backend, batches: Iterator, size: int,
+                      put: Callable | None = None) -> Iterator:
+  """One device batch (or block, with `put`), placed once, for every step: the loop without input.
+
+  A block is yielded as one step's worth (`blocks.repeat` asks a (block, real steps) pair); a step past the
+  block's steps takes its last batch (dynamic indexing clamps), which is all a step without input needs.
+  """
   del size
-  batch = backend.put_batch(next(iter(batches)))
+  first = next(iter(batches))
+  placed = put(first) if put else backend.put_batch(first)
   while True:
-    yield batch
+    yield (placed[0], 1) if put else placed
 
 
 class Patched:
@@ -148,10 +157,12 @@ def run_bare(config: ml_collections.ConfigDict) -> dict[str, float]:
   stream = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, start_step=0, process_index=0,
                               process_count=1, stop_step=1)
-  batch = backend.put_batch(next(iter(stream)))
+  feed = parts.feed  # As the loop feeds its steps: one block of steps (jaxdp.blocks) or a batch per transfer.
+  first = next(iter(blocks.stack(stream, feed.steps, 0) if feed.steps > 1 else stream))
+  batch = backend.put_block(first[0]) if feed.steps > 1 else backend.put_batch(first)
   bound, pending, times, cpu = steps_in_flight(config, backend), [], [], []
   for step in range(1, config.num_train_steps + 1):
-    state, step_metrics = parts.train_step(state, batch)
+    state, step_metrics = feed.train_step(state, batch)
     pending.append(step_metrics)
     if bound and len(pending) > bound:
       jax.block_until_ready(pending[-bound - 1]["nonfinite"])
