@@ -18,6 +18,8 @@ import numpy as np
 from jax import lax
 
 from jaxdp.data import Dataset, host_batches
+from jaxdp.data.dataset import CACHE_AUTO
+from jaxdp.data.source import TfdsCorpus
 
 PyTree = Any
 Block = tuple[dict[str, np.ndarray], np.ndarray]  # (each feature stacked [steps, rows, ...], first step: int32 [])
@@ -86,7 +88,20 @@ def describe(ds: Dataset, steps: int, block_mb: float, prefetch: int) -> str:
   if block_mb <= 0:
     why = "parallel.block_mb=0"
   elif ds.streamed or not host_batches.applies(ds):
-    why = "batches decoded by tf.data"
+    why = "batches decoded by tf.data" + _uncached(ds)
   else:
     why = f"one step's batch is over parallel.block_mb={block_mb:g} MiB"
   return f"one transfer per step ({why}), {ahead}"
+
+
+def _uncached(ds: Dataset) -> str:
+  """Why a TFDS dataset that could be held decoded in memory is not: its size against `dataset.cache_mb`."""
+  mib = ds.corpus.decoded_mib() if isinstance(ds.corpus, TfdsCorpus) and not ds.streamed else None
+  if mib is None:
+    return ""
+  setting, budget = ds.options.cache_mb, ds.options.cache_budget_mib
+  size = f"{mib:,.{0 if mib >= 10 else 1}f} MiB"
+  if not budget:
+    return f": dataset.cache_mb={setting} (its splits take {size} decoded)"
+  here = f" ({budget:,.0f} MiB here)" if setting == CACHE_AUTO else " MiB"
+  return f": its splits take {size} decoded, more than dataset.cache_mb={setting}{here} holds in memory"

@@ -223,6 +223,9 @@ def test_stream_spec_guards_resume(digits):
     ({"image_size": -1}, "dataset.image_size"),
     ({"crop_ratio": 1.5}, "dataset.crop_ratio"),
     ({"cache_mb": -1}, "dataset.cache_mb"),
+    ({"cache_mb": "lots"}, "dataset.cache_mb must be 'auto' or a number of MiB >= 0 .*got 'lots'"),
+    ({"cache_mb": True}, "dataset.cache_mb"),
+    ({"cache_mb": float("nan")}, "dataset.cache_mb"),
 ])
 def test_bad_fields_are_config_errors(data_dir, fields, message):
   with pytest.raises(ConfigError, match=message):
@@ -249,6 +252,52 @@ def test_a_small_dataset_decoded_in_memory_gives_the_same_batches(digits, data_d
                list(data.eval_batches(digits, "test", global_batch=B, process_index=0, process_count=1)))
   assert data.stream_spec(cached, "train", seed=0, global_batch=B, process_count=1) == data.stream_spec(
       digits, "train", seed=0, global_batch=B, process_count=1)
+
+
+@pytest.mark.parametrize("memory_gib, budget", [(8, 512.0), (12, 768.0), (16, 1024.0), (256, 1024.0)])
+def test_the_auto_cache_budget_is_a_share_of_the_machines_memory_up_to_a_gib(monkeypatch, memory_gib, budget):
+  """"auto": the smaller of 1 GiB and 1/16 of the memory (each process of a host holds its own copy)."""
+  monkeypatch.setattr(data.dataset, "memory_bytes", lambda: memory_gib * 2**30)
+  assert data.dataset.cache_budget_mib("auto") == budget
+  assert data.Options(cache_mb="auto").cache_budget_mib == budget
+
+
+@pytest.mark.parametrize("setting, mib", [(0, 0.0), (64, 64.0), (12.5, 12.5), ("200", 200.0), ("0.5", 0.5)])
+def test_a_cache_budget_given_as_a_number_is_that_many_mib(setting, mib):
+  """A number, or its text (an override of a stored config's "auto" arrives as text), as it is."""
+  assert data.dataset.cache_budget_mib(setting) == mib
+
+
+def test_the_machines_memory_is_its_containers_limit_when_lower(monkeypatch, tmp_path):
+  limit, unlimited = tmp_path / "memory.max", tmp_path / "unlimited"
+  limit.write_text("1073741824\n")
+  unlimited.write_text("max\n")
+  monkeypatch.setattr(data.dataset, "_CGROUP_LIMITS", (str(unlimited), str(limit)))
+  assert data.dataset.memory_bytes() == 2**30
+  monkeypatch.setattr(data.dataset, "_CGROUP_LIMITS", (str(unlimited), str(tmp_path / "absent")))
+  assert data.dataset.memory_bytes() > 2**30  # The machine's own memory (no test machine has 1 GiB or less).
+
+
+def test_a_dataset_is_held_decoded_when_its_splits_fit_the_budget(data_dir):
+  """The decision reads the dataset's decoded size: 1,797 digits, each 8x8 uint8 pixels and an int64 label."""
+  corpus = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": 0})).corpus
+  mib = corpus.decoded_mib()
+  assert mib == pytest.approx(1797 * (8 * 8 + 8) / 2**20)
+  assert isinstance(cache.maybe_cached(corpus, mib), cache.CachedCorpus)
+  assert cache.maybe_cached(corpus, 0.99 * mib) is corpus
+  assert cache.maybe_cached(corpus, 0) is corpus
+
+
+def test_the_start_summary_says_why_a_dataset_is_decoded_each_step(data_dir):
+  """The input line names the dataset's decoded size and the setting that keeps it out of memory."""
+  from jaxdp import blocks
+  small = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": 0.05}))
+  line = blocks.describe(small, 1, 4, 2)
+  assert "batches decoded by tf.data: its splits take 0.1 MiB decoded, more than dataset.cache_mb=0.05 MiB" in line
+  off = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": 0}))
+  assert "dataset.cache_mb=0 (its splits take 0.1 MiB decoded)" in blocks.describe(off, 1, 4, 2)
+  cached = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))
+  assert "cache_mb" not in blocks.describe(cached, 1, 4, 2)
 
 
 def test_a_stream_with_a_stop_step_ends_there_with_the_same_batches(digits):

@@ -103,6 +103,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.shard_by_process = False  # Each process reads only its own 1/P of the split (streams it, for TFRecord-only datasets); batches then depend on the process count.
   config.dataset.shuffle_buffer = 16_384   # Shuffle buffer (examples) of shard_by_process streaming; the default mode shuffles whole epochs.
   config.dataset.skip_bad_examples = False  # An example that does not decode: False: one error naming it (exit 2); True: replaced by the next good one (train/skipped_examples); image folders leave such files out.
-  config.dataset.cache_mb = 64       # Datasets whose splits, decoded, fit in this many MiB are decoded once and held in memory (same batches, less CPU per step); 0: never.
+  # Datasets whose splits, decoded, fit in this many MiB are decoded once and held in memory (same batches, no decoding
+  # per step); "auto": the smaller of 1024 and 1/16 of the machine's memory (data/dataset.py); 0: never. A number or "auto".
+  config.dataset.cache_mb = config_dict.FieldReference("auto", field_type=object)
   config.dataset.max_memory_gb = 16.0  # Accepted for old configs; unused: the default mode reads by index and holds no split in memory.
   return config

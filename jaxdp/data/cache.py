@@ -1,9 +1,10 @@
-"""Small datasets decoded once, in memory: every read is then a numpy gather instead of parsing and decoding.
+"""Datasets that fit in memory decoded once: every read is then a numpy gather instead of parsing and decoding.
 
 Reading by index decodes each step's rows anew (parse the record, decode the PNG): on `digits` as much CPU as
-the small CNN's step itself, spent on the same cores (experiments/data_notes.md). A dataset
-whose splits, decoded, take at most `dataset.cache_mb` MiB together is decoded once, when a split is first
-opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
+the small CNN's step itself, spent on the same cores, and for an .npz MLP set of 207 MiB, tf.data's parse took
+the cores that two processes' steps needed (experiments/data_notes.md, "A larger cache"). A dataset whose splits,
+decoded, take at most `dataset.cache_mb` MiB together ("auto": up to 1 GiB, by the machine's memory:
+`dataset.cache_budget_mib`) is decoded once, when a split is first opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
 yields the same bytes (tested), and its stream spec does not change. Images of varying size
 (`dataset.image_size`) stay encoded and are never cached: they are decoded together with their crop.
 
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import bad_examples
+from jaxdp.data import bad_examples, reader
 from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample, tf_read
 
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
@@ -56,13 +57,10 @@ class CachedCorpus:
     return self._sources[split]
 
 
-def maybe_cached(corpus: TfdsCorpus, splits: dict[str, int], max_mib: float) -> TfdsCorpus | CachedCorpus:
-  """`corpus` decoded in memory when all its `splits` (name -> examples) fit in `max_mib` MiB decoded."""
-  features = corpus.facts.decoded().values()
-  if max_mib <= 0 or corpus.keep_encoded or any(None in shape for shape, _ in features):
-    return corpus
-  row_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in features)
-  return CachedCorpus(corpus) if row_bytes * sum(splits.values()) <= max_mib * 2**20 else corpus
+def maybe_cached(corpus: TfdsCorpus, max_mib: float) -> TfdsCorpus | CachedCorpus:
+  """`corpus` decoded in memory when all its splits fit in `max_mib` MiB decoded."""
+  mib = corpus.decoded_mib()
+  return CachedCorpus(corpus) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
 
 
 def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
@@ -76,13 +74,12 @@ def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, di
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """Every row of the split, decoded in parallel, in index order."""
+  """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order."""
   import tensorflow as tf
   indices = np.arange(len(source))
-  read = tf_read(source.read(indices[:1]), source.read)
-  rows = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(read).unbatch()
-  rows = rows.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  parts = list(tfds.as_numpy(rows.batch(_READ_CHUNK)))
+  probe = source.read(indices[:1])
+  chunks = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(tf_read(probe, source.read))
+  parts = list(tfds.as_numpy(reader.decode_rows(chunks, decode, reader.decoded_spec(probe, decode, position=False))))
   return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 

@@ -37,10 +37,8 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   batches = steps.map(no_autograph(read_step), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if ds.corpus.decode is None and per_example is None:
     return batches.map(no_autograph(decode))
-  if per_example is None:  # Fixed shapes: decode each step's rows with map_fn (faster: experiments/data_notes.md).
-    spec = _decoded_spec(probe, decode)
-    return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  if per_example is None:  # Fixed shapes: decode each step's rows at once.
+    return decode_rows(batches, decode, decoded_spec(probe, decode))
   examples = batches.unbatch().map(no_autograph(decode), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   return examples.batch(rows, drop_remainder=True)
 
@@ -98,11 +96,23 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
   return check
 
 
-def _decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict]) -> dict[str, tf.TensorSpec]:
-  """The type of one decoded row, found by tracing `decode` on the probe's row."""
+def decode_rows(batches: tf.data.Dataset, decode: Callable[[dict], dict],
+                spec: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
+  """Each element's rows (of fixed decoded shapes `spec`) decoded by one map_fn, elements in parallel, in order:
+  faster than a tf.data map per row (experiments/data_notes.md; a split decoded whole: data_notes, "Cache")."""
+  import tensorflow as tf
+  return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
+                     num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict],
+                 position: bool = True) -> dict[str, tf.TensorSpec]:
+  """The type of one decoded row, found by tracing `decode` on the probe's row (with its "step" and "row" when
+  `position`: the stream's decoder takes them)."""
   import tensorflow as tf
   one = {k: tf.constant(v[0], tf.string if v.dtype == object else None) for k, v in probe.items()}
-  one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
+  if position:
+    one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
   outputs = tf.function(decode).get_concrete_function(one).structured_outputs
   return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
 

@@ -175,6 +175,14 @@ class TfdsCorpus:
       self._sources[split] = TfdsSource(self.builder, split)
     return self._sources[split]
 
+  def decoded_mib(self) -> float | None:
+    """MiB all its splits take decoded; None when the rows' shapes vary or images stay encoded (never held so)."""
+    features = self.facts.decoded().values()
+    if self.keep_encoded or any(None in shape for shape, _ in features):
+      return None
+    row_bytes = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in features)
+    return row_bytes * sum(int(info.num_examples) for info in self.builder.info.splits.values()) / 2**20
+
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One serialized record -> every feature under its batch name, decoded by the features' own TF code.
 

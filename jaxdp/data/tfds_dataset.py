@@ -42,8 +42,7 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
     prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
   if prepare.random_access(builder):
-    splits = {name: int(info.num_examples) for name, info in builder.info.splits.items()}
-    corpus = cache.maybe_cached(corpus, splits, options.cache_mb)
+    corpus = cache.maybe_cached(corpus, options.cache_budget_mib)
   return Dataset(corpus, options, builder)
 
 
