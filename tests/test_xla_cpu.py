@@ -40,17 +40,25 @@ def test_processes_sharing_the_cores_keep_the_one_process_kernels_and_are_told_o
 
 def test_processes_with_several_cores_each_keep_xlas_defaults():
   assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 2, 1)).flags == ()
-  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, 2)).flags == ()  # Not measured.
+  assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, 2)).flags == ()
   assert xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2, 64, 64)).flags == ()  # Not measured.
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_avx512_on_few_cores_keeps_xlas_defaults_as_measured(processes):
+  """Zen 5 with AVX-512: no flag set was faster for every workload either (experiments/xla_cpu_defaults.md)."""
+  choice = xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, processes))
+  assert choice.flags == () and "measured on AVX-512" in choice.why and xla_cpu.MEASURED in choice.why
+  assert "not measured on more" in xla_cpu.choose(xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 64, 1)).why
+
+
 @pytest.mark.parametrize("machine", [
-    xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 2, 1),  # AVX-512: not measured.
+    xla_cpu.Machine("x86_64", AVX2 | {"avx512f"}, 64, 1),  # AVX-512 on many cores: not measured.
     xla_cpu.Machine("aarch64", frozenset({"asimd", "sve"}), 2, 1),  # ARM: not measured.
     xla_cpu.Machine("x86_64", AVX2, 64, 1),  # Many cores: not measured.
     xla_cpu.Machine("x86_64", frozenset({"sse4_2"}), 2, 1),  # No AVX2.
     xla_cpu.Machine("x86_64", frozenset(), 2, 1),  # Flags unknown (not Linux).
-], ids=["avx512", "arm", "64_cores", "no_avx2", "unknown"])
+], ids=["avx512_64_cores", "arm", "64_cores", "no_avx2", "unknown"])
 def test_an_unmeasured_machine_keeps_xlas_defaults(machine):
   choice = xla_cpu.choose(machine)
   assert choice.flags == () and "XLA's defaults" in choice.why

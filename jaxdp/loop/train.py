@@ -165,6 +165,9 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         batch = next(batches)
       profiler.before(step)
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
+        # The step donates `state`: the last completed one can no longer be saved, and dropping it here releases
+        # the previous step's arrays in the step's time, as any loop pays it (not as host work between steps).
+        loop.completed = None
         state, step_metrics = train_step(state, batch)
         tracker.push(step, step_metrics)
       garbage.after(step)  # While the devices run the step just dispatched.

@@ -73,10 +73,13 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
     return Choice(flags, f"{KEY}={setting!r}" if flags else f"XLA's defaults ({KEY}='')")
   if machine.arch not in ("x86_64", "AMD64") or "avx2" not in machine.isa:
     return Choice((), f"XLA's defaults (not measured on {machine.arch} without AVX2)")
-  if "avx512f" in machine.isa:
-    return Choice((), "XLA's defaults (not measured with AVX-512)")
   if machine.cores > MAX_MEASURED_CORES:
     return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
+  if "avx512f" in machine.isa:
+    # As on AVX2: XLA's own convolutions help large convolution batches on one process but not the default run's
+    # CNN, and YNNPACK off or oneDNN's dots slow the dense models (xla_cpu_defaults.md, the AVX-512 runs).
+    return Choice((), f"XLA's defaults (measured on AVX-512, {machine.cores} cores: no flag set was faster for "
+                      f"every workload; {MEASURED})")
   if 1 < machine.processes_per_host >= machine.cores:
     # oneDNN's dots are faster here (dense_parts.md), but the flags must not depend on the process count: a run
     # on 2 processes then differs from the same run on 1 in the last bits, and resuming a run on another process
