@@ -1,7 +1,8 @@
 """Where each millisecond goes: jaxdp's CLI vs a plain-JAX loop vs PyTorch, per workload, on 1 and 2 processes.
 
     python experiments/four_way.py [--workloads mlp,gpt] [--procs 1,2] [--sides jaxdp,jax,torch] [--rounds 3] \
-        [--steps 'mlp=300,gpt=400'] [--warmup ...] [--log_every ...] [--commit HEAD] [--out experiments/four_way.md]
+        [--steps 'mlp=300,gpt=400'] [--warmup ...] [--log_every ...] [--jaxdp_variant NAME=FLAGS ...] [--commit HEAD] \
+        [--out experiments/four_way.md]
 
 Workloads (experiments/four_way_configs.py holds each model and recipe, read by every side): mlp (784-1024-1024-10,
 Adam 1e-3, batch 1024, 60,000 synthetic float32 examples in an .npz), cnn (the default digits CNN, batch 128), resnet
@@ -136,13 +137,19 @@ def config_arg(workload: str) -> str:
   return os.path.join(HERE, f"four_way_config_{workload}.py")
 
 
+def is_jaxdp(side: str) -> bool:
+  """jaxdp's CLI: the side `jaxdp` or a variant of it (`jaxdp_NAME`, --jaxdp_variant)."""
+  return side == "jaxdp" or side.startswith("jaxdp_")
+
+
 def command(side: str, workload: str, procs: int, steps: int, log_every: int, npz: str, data_flags: list[str],
-            workdir: str, seed: int | None = None) -> list[str]:
-  """The command line of one run (`seed`: the run's seed of init and data order; None: the config's)."""
-  if side == "jaxdp":
+            workdir: str, seed: int | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+  """The command line of one run (`seed`: the run's seed of init and data order; None: the config's; `extra`: a
+  jaxdp variant's flags)."""
+  if is_jaxdp(side):
     train = ["--config", config_arg(workload), "--workdir", workdir, f"--config.num_train_steps={steps}",
              f"--config.log_every_steps={log_every}", f"--config.eval_every_steps={steps}",
-             f"--config.checkpoint_every_steps={steps}", *data_flags]
+             f"--config.checkpoint_every_steps={steps}", *data_flags, *extra]
     train += [] if seed is None else [f"--config.seed={seed}"]
     if procs == 1:
       return [sys.executable, "-m", "jaxdp.train", *train]
@@ -171,7 +178,7 @@ def window_split(workdir: str, first: int, last: int) -> dict[str, float]:
 
 def final_eval(side: str, lines: list[tuple[float, str]], workdir: str) -> dict[str, float]:
   """Eval loss and accuracy after the last step."""
-  if side == "jaxdp":
+  if is_jaxdp(side):
     records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   else:
     records = [json.loads(line) for _, line in lines if line.startswith("{")]
@@ -186,7 +193,8 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   name = f"{workload}_{procs}p_{side}_{index}"
   workdir = os.path.join(ctx["tmp"], name)
   seed = ctx["seeds"][index % len(ctx["seeds"])] if ctx["seeds"] else None
-  cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir, seed)
+  cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir, seed,
+                ctx["variants"].get(side, ()))
   load = abrun.load()
   for attempt in range(2):  # One retry: a shared machine's port clash must not end the study.
     lines, wall, status = e2e_compare.run(cmd, os.path.join(ctx["tmp"], name + ".log"), ctx["tree"],
@@ -197,7 +205,7 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
     print(f"{name} (attempt {attempt + 1}) exited with status {status}:\n{tail}", flush=True)
   else:
     raise RuntimeError(f"{name} failed twice (output above)")
-  framework = "jaxdp" if side == "jaxdp" else "torch"  # e2e_compare's two line formats: progress, JSON.
+  framework = "jaxdp" if is_jaxdp(side) else "torch"  # e2e_compare's two line formats: progress, JSON.
   stamps = e2e_compare.log_steps(framework, lines)
   first, last = e2e_compare.window(stamps, warmup)
   own = e2e_compare.self_reported(framework, lines, workdir, first, last, batch)
@@ -207,7 +215,7 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
          "wall_s": wall, "window": [first, last], "global_batch": batch, "samples_per_s": own,
          "samples_per_s_driver": e2e_compare.rate(stamps, first, last, batch), "ms_per_step": 1e3 * batch / own,
          **final_eval(side, lines, workdir)}
-  if side == "jaxdp":
+  if is_jaxdp(side):
     out["window_ms"] = window_split(workdir, first, last)
     out["goodput_s"] = json.load(open(os.path.join(workdir, "goodput.json")))["seconds"]
   return out
@@ -227,9 +235,10 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
   with tempfile.TemporaryDirectory(prefix="four_way_") as tmp:
     tree, revision = e2e_compare.snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
     print(f"jaxdp: {revision}", flush=True)
-    ctx = {"tmp": tmp, "tree": tree, "plan": args.plan, "data": {}, "env": args.env, "seeds": args.seeds}
+    ctx = {"tmp": tmp, "tree": tree, "plan": args.plan, "data": {}, "env": args.env, "seeds": args.seeds,
+           "variants": args.variants}
     for workload in args.workloads:
-      ctx["data"][workload] = prepare(workload, tmp, args.examples, tree, "jaxdp" in args.sides)
+      ctx["data"][workload] = prepare(workload, tmp, args.examples, tree, any(map(is_jaxdp, args.sides)))
       print(f"prepared {workload}", flush=True)
     if "gpt" in args.workloads and "torch" in args.sides:
       args.gpt_check = gpt_check(tree)
@@ -309,7 +318,8 @@ def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[
       f"{side} " + ", ".join(f"{r.get('eval/loss', float('nan')):.4f} ({r.get('seed', 'config')})" for r in runs)
       for side, runs in cell.items()) + "."]
   candidates = (("jaxdp", "jax"), ("jaxdp", "jax_tree"), ("jaxdp", "torch"), ("jax", "torch"), ("jax_tree", "jax"))
-  pairs = [(a, b) for a, b in candidates if ratio(cell, a, b)]
+  variants = tuple((side, "jaxdp") for side in cell if side.startswith("jaxdp_"))
+  pairs = [(a, b) for a, b in candidates + variants if ratio(cell, a, b)]
   if pairs:
     lines += ["", "Ratios of samples/s, per round: " + "; ".join(
         f"{a}/{b} {', '.join(f'{x:.3f}' for x in ratio(cell, a, b))} (median {abrun.fmt(ratio(cell, a, b))})"
@@ -364,6 +374,15 @@ def per_workload(text: str, index: int) -> dict[str, int]:
   return out
 
 
+def variant(text: str) -> tuple[str, tuple[str, ...]]:
+  """'NAME=FLAGS' -> ('jaxdp_NAME', flags): a jaxdp side with flags of its own."""
+  name, eq, flags = text.partition("=")
+  if not eq or not name.isidentifier():
+    raise argparse.ArgumentTypeError(f"--jaxdp_variant wants NAME=FLAGS, e.g. perleaf=--config.parallel."
+                                     f"flat_allreduce=false, got {text!r}")
+  return f"jaxdp_{name}", tuple(shlex.split(flags))
+
+
 def side_env(text: str) -> tuple[str, str, str]:
   """'SIDE:VAR=VALUE' -> (side, var, value)."""
   side, _, assignment = text.partition(":")
@@ -402,6 +421,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--env", type=side_env, action="append", default=[],
                       help="SIDE:VAR=VALUE: an environment variable for one side's runs (diagnosis, e.g. "
                       "'jax:XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type='); repeatable.")
+  parser.add_argument("--jaxdp_variant", type=variant, action="append", default=[],
+                      help="NAME=FLAGS: one more side, jaxdp_NAME, jaxdp's CLI with these flags (each round, after the "
+                      "sides); its ratio to jaxdp per round.")
   parser.add_argument("--commit", default="HEAD", help="jaxdp commit to run (extracted); '': the working tree.")
   parser.add_argument("--out", default=os.path.join(HERE, "four_way.md"), help="Markdown; every run in .json.")
   args = parser.parse_args(argv)
@@ -414,6 +436,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   for side, var, value in args.env:
     env.setdefault(side, {})[var] = value
   args.env, args.gpt_check = env, None
+  args.variants = dict(args.jaxdp_variant)
+  args.sides = [*args.sides, *args.variants]
   for w, (steps, warmup, log_every) in args.plan.items():
     if steps < warmup + 2 * log_every:
       parser.error(f"{w}: {steps} steps leave no steady window after --warmup {warmup} with --log_every {log_every}")
