@@ -35,8 +35,7 @@ def study(args: argparse.Namespace) -> list[dict]:
       data = four_way.prepare(workload, tmp, 0, next(iter(trees.values()))[0])
       for r in range(args.rounds):
         for i, (name, side, tree) in enumerate(contenders):
-          ctx = {"tmp": tmp, "tree": tree, "plan": {workload: four_way.DEFAULTS[workload]},
-                 "data": {workload: data}, "env": {}, "seeds": []}
+          ctx = four_way.context(tmp, tree, {workload: four_way.DEFAULTS[workload]}, {workload: data})
           # Its own workdir per contender and round (index): a second run in one workdir would resume.
           result = {**four_way.measure(side, workload, args.procs, ctx, 100 * r + i), "variant": name, "round": r,
                     "jaxdp": trees[name][1] if name in trees else ""}

@@ -30,7 +30,7 @@ def study(args: argparse.Namespace) -> list[dict]:
     tree, revision = e2e_compare.snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
     print(f"jaxdp: {revision}", flush=True)
     plan = {w: four_way.DEFAULTS[w] for w in args.workloads}
-    ctx = {"tmp": tmp, "tree": tree, "plan": plan, "data": {}, "env": {}, "seeds": []}
+    ctx = four_way.context(tmp, tree, plan)
     for workload in args.workloads:
       ctx["data"][workload] = four_way.prepare(workload, tmp, 0, tree)
       for r in range(args.rounds):

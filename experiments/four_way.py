@@ -137,9 +137,23 @@ def config_arg(workload: str) -> str:
   return os.path.join(HERE, f"four_way_config_{workload}.py")
 
 
+def is_variant(side: str) -> bool:
+  """A variant of jaxdp's side with flags of its own (`jaxdp_NAME`, --jaxdp_variant)."""
+  return side.startswith("jaxdp_")
+
+
 def is_jaxdp(side: str) -> bool:
-  """jaxdp's CLI: the side `jaxdp` or a variant of it (`jaxdp_NAME`, --jaxdp_variant)."""
-  return side == "jaxdp" or side.startswith("jaxdp_")
+  """jaxdp's CLI: the side `jaxdp` or a variant of it."""
+  return side == "jaxdp" or is_variant(side)
+
+
+def context(tmp: str, tree: str, plan: dict[str, tuple[int, int, int]], data: dict | None = None,
+            env: dict[str, dict[str, str]] | None = None, seeds: list[int] | None = None,
+            variants: dict[str, tuple[str, ...]] | None = None) -> dict:
+  """What `measure` reads besides its arguments: the temporary dir, jaxdp's tree, each workload's (steps, warmup,
+  log every) and prepared data, each side's environment, the seeds per round, each variant's flags."""
+  return {"tmp": tmp, "tree": tree, "plan": plan, "data": dict(data or {}), "env": dict(env or {}),
+          "seeds": list(seeds or []), "variants": dict(variants or {})}
 
 
 def command(side: str, workload: str, procs: int, steps: int, log_every: int, npz: str, data_flags: list[str],
@@ -194,7 +208,7 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   workdir = os.path.join(ctx["tmp"], name)
   seed = ctx["seeds"][index % len(ctx["seeds"])] if ctx["seeds"] else None
   cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir, seed,
-                ctx.get("variants", {}).get(side, ()))
+                ctx["variants"].get(side, ()))
   load = abrun.load()
   for attempt in range(2):  # One retry: a shared machine's port clash must not end the study.
     lines, wall, status = e2e_compare.run(cmd, os.path.join(ctx["tmp"], name + ".log"), ctx["tree"],
@@ -235,8 +249,7 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
   with tempfile.TemporaryDirectory(prefix="four_way_") as tmp:
     tree, revision = e2e_compare.snapshot(args.commit, os.path.join(tmp, "jaxdp_tree"))
     print(f"jaxdp: {revision}", flush=True)
-    ctx = {"tmp": tmp, "tree": tree, "plan": args.plan, "data": {}, "env": args.env, "seeds": args.seeds,
-           "variants": args.variants}
+    ctx = context(tmp, tree, args.plan, env=args.env, seeds=args.seeds, variants=args.variants)
     for workload in args.workloads:
       ctx["data"][workload] = prepare(workload, tmp, args.examples, tree, any(map(is_jaxdp, args.sides)))
       print(f"prepared {workload}", flush=True)
@@ -286,20 +299,22 @@ def median(runs: list[dict], key: str) -> float:
 
 def acceptance(table: dict) -> list[str]:
   """The issue's acceptance cells, from this run."""
-  lines = ["## Acceptance cells (issue 25)", "", "| cell | this run: median (min..max) over rounds | wanted |",
-           "| --- | --- | --- |"]
+  rows = []
   if r := ratio(table.get(("mlp", 2), {}), "jaxdp", "torch"):
-    lines.append(f"| MLP, 2 processes: jaxdp CLI / torchrun DDP samples/s | {abrun.fmt(r)} | >= 1.0 |")
+    rows.append(f"| MLP, 2 processes: jaxdp CLI / torchrun DDP samples/s | {abrun.fmt(r)} | >= 1.0 |")
   if r := ratio(gpt := table.get(("gpt", 1), {}), "jaxdp", "torch"):
-    lines.append(f"| GPT, 1 process: jaxdp CLI / eager torch samples/s | {abrun.fmt(r)} | >= 1.0 |")
-    lines.append(f"| GPT, 1 process: eval loss jaxdp, torch (median) | {median(gpt['jaxdp'], 'eval/loss'):.4f}, "
-                 f"{median(gpt['torch'], 'eval/loss'):.4f} | jaxdp's no worse |")
+    rows.append(f"| GPT, 1 process: jaxdp CLI / eager torch samples/s | {abrun.fmt(r)} | >= 1.0 |")
+    rows.append(f"| GPT, 1 process: eval loss jaxdp, torch (median) | {median(gpt['jaxdp'], 'eval/loss'):.4f}, "
+                f"{median(gpt['torch'], 'eval/loss'):.4f} | jaxdp's no worse |")
   for (workload, procs), cell in table.items():
     for plain, how in (("jax", ""), ("jax_tree", " (pmean per leaf)")):
       if r := ratio(cell, "jaxdp", plain):
-        lines.append(f"| {workload}, {procs} process{'es' * (procs > 1)}: jaxdp CLI / plain JAX{how} samples/s "
-                     f"| {abrun.fmt(r)} | >= 0.97 |")
-  return lines + [""] if len(lines) > 4 else []  # No cell of the acceptance in this run (e.g. variants only).
+        rows.append(f"| {workload}, {procs} process{'es' * (procs > 1)}: jaxdp CLI / plain JAX{how} samples/s "
+                    f"| {abrun.fmt(r)} | >= 0.97 |")
+  if not rows:  # None of the acceptance's cells in this run (e.g. jaxdp and its variants only).
+    return []
+  return ["## Acceptance cells (issue 25)", "", "| cell | this run: median (min..max) over rounds | wanted |",
+          "| --- | --- | --- |", *rows, ""]
 
 
 def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[str]:
@@ -318,7 +333,7 @@ def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[
       f"{side} " + ", ".join(f"{r.get('eval/loss', float('nan')):.4f} ({r.get('seed', 'config')})" for r in runs)
       for side, runs in cell.items()) + "."]
   candidates = (("jaxdp", "jax"), ("jaxdp", "jax_tree"), ("jaxdp", "torch"), ("jax", "torch"), ("jax_tree", "jax"))
-  variants = tuple((side, "jaxdp") for side in cell if side.startswith("jaxdp_"))
+  variants = tuple((side, "jaxdp") for side in cell if is_variant(side))
   pairs = [(a, b) for a, b in candidates + variants if ratio(cell, a, b)]
   if pairs:
     lines += ["", "Ratios of samples/s, per round: " + "; ".join(

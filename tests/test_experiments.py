@@ -230,3 +230,25 @@ def test_four_way_driver_runs_its_sides_in_turn_and_reports_each_cell(tmp_path):
   assert "## mlp, 1 process" in text and "jax/torch" in text and "four_way_jax.py --workload mlp" in text
   assert four_way.per_workload("mlp=5,9", 0) == {"mlp": 9, "cnn": 9, "resnet": 9, "gpt": 9}
   assert four_way.per_workload("gpt=7", 0)["gpt"] == 7 and four_way.per_workload("gpt=7", 0)["mlp"] == 300
+
+
+def test_four_way_variants_run_jaxdp_with_their_flags_and_report_against_jaxdp():
+  """--jaxdp_variant NAME=FLAGS: one more jaxdp side, its flags on the command line, its ratio to jaxdp per round;
+  a run of jaxdp sides only has no acceptance table; a bad variant is an argparse error naming it."""
+  import four_way
+  args = four_way.parse(["--workloads", "mlp", "--procs", "2", "--sides", "jaxdp",
+                         "--jaxdp_variant", "perleaf=--config.parallel.flat_allreduce=false --config.seed=3"])
+  assert args.sides == ["jaxdp", "jaxdp_perleaf"]
+  flags = args.variants["jaxdp_perleaf"]
+  assert flags == ("--config.parallel.flat_allreduce=false", "--config.seed=3")
+  cmd = four_way.command("jaxdp_perleaf", "mlp", 2, 10, 2, "x.npz", ["--data"], "/w", None, flags)
+  assert cmd[cmd.index("--") + 1:][-3:] == ["--data", *flags] and "jaxdp.launch" in cmd
+  assert not set(flags) & set(four_way.command("jaxdp", "mlp", 2, 10, 2, "x.npz", ["--data"], "/w"))
+  run = lambda side, rate: {"side": side, "workload": "mlp", "procs": 2, "samples_per_s": rate}  # noqa: E731
+  table = four_way.cells([run("jaxdp", 100.0), run("jaxdp_perleaf", 80.0)])
+  assert four_way.ratio(table[("mlp", 2)], "jaxdp_perleaf", "jaxdp") == [0.8]
+  assert four_way.acceptance(table) == []
+  table = four_way.cells([run("jaxdp", 100.0), run("torch", 50.0)])
+  assert "| MLP, 2 processes: jaxdp CLI / torchrun DDP samples/s | 2 (2..2) | >= 1.0 |" in four_way.acceptance(table)
+  with pytest.raises(SystemExit):
+    four_way.parse(["--jaxdp_variant", "no flags"])
