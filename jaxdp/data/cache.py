@@ -74,13 +74,27 @@ def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, di
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order."""
+  """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order.
+
+  Each chunk is copied into the split's arrays as it arrives: the decoded chunks and the whole split are never
+  held together, as a list of chunks concatenated at the end was (experiments/data_notes.md, "Peak memory").
+  """
   import tensorflow as tf
-  indices = np.arange(len(source))
+  n = len(source)
+  indices = np.arange(n)
   probe = source.read(indices[:1])
+  spec = reader.decoded_spec(probe, decode, position=False)
+  arrays = {k: np.empty((n, *s.shape), s.dtype.as_numpy_dtype) for k, s in spec.items()}
+  for a in arrays.values():  # Pages touched before the decode starts, not while its threads run (data_notes.md).
+    a.fill(0)
   chunks = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(tf_read(probe, source.read))
-  parts = list(tfds.as_numpy(reader.decode_rows(chunks, decode, reader.decoded_spec(probe, decode, position=False))))
-  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+  lo = 0
+  for part in tfds.as_numpy(reader.decode_rows(chunks, decode, spec)):
+    rows = len(next(iter(part.values())))
+    for k, a in arrays.items():
+      a[lo:lo + rows] = part[k]
+    lo += rows
+  return arrays
 
 
 def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
