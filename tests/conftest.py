@@ -1,6 +1,8 @@
 """Eight simulated CPU devices for every test (through jax.config, before JAX first uses a device)."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import jax
@@ -19,7 +21,12 @@ cpu_devices.simulate(NUM_DEVICES)
 
 # One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests
 # compile the same small programs, and a cache hit skips XLA (it changes no result: same executable).
-_CACHE = {"jax_compilation_cache_dir": tempfile.mkdtemp(prefix="jaxdp-test-xla-cache-"),
+# Made by the first process to load this file (pytest-xdist's controller); its workers inherit the variable.
+# That process removes it at exit: each session's cache is tens of MB, so a left one fills /tmp run after run.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxdp-test-xla-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+_CACHE = {"jax_compilation_cache_dir": os.environ["JAX_COMPILATION_CACHE_DIR"],
           "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": 0}
 for _name, _value in _CACHE.items():
   os.environ.setdefault(_name.upper(), str(_value))  # For the subprocesses.
