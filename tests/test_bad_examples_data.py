@@ -115,3 +115,16 @@ def test_a_bad_example_in_the_streaming_fallback_is_an_error_naming_split_and_in
       list(itertools.islice(stream, STEPS))
   with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'train' \(Invalid PNG"):
     list(data.eval_batches(ds, "train", global_batch=8, process_index=1, process_count=2))  # Streamed too.
+
+
+def test_a_bad_example_in_a_split_kept_on_disk_is_named_and_skipped_by_later_opens_too(tmp_path):
+  """The files of a split held decoded (`dataset.cache_on_disk`) keep its bad examples and why each is bad."""
+  kwargs = {"builder_kwargs": {"bad_train": (5, 17), "bad_test": (3,)}, "skip_bad_examples": True}
+  first = _load(tmp_path, 64, **kwargs)
+  expected = _train(first)
+  later = _load(tmp_path, 64, **kwargs)
+  assert isinstance(next(iter(later.source("train")._arrays.values())).base, np.memmap)  # Mapped, not decoded.
+  assert later.source("train").bad == first.source("train").bad and len(later.source("train").bad) == 2
+  runs.assert_bitwise(_train(later), expected)
+  with pytest.raises(data.BadExampleError, match=r"cannot decode example \d+ of split 'train' \(Invalid PNG"):
+    _train(_load(tmp_path, 64, builder_kwargs=kwargs["builder_kwargs"]))

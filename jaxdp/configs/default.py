@@ -106,5 +106,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Datasets whose splits, decoded, fit in this many MiB are decoded once and held in memory (same batches, no decoding
   # per step); "auto": the smaller of 1024 and 1/16 of the machine's memory (data/dataset.py); 0: never. A number or "auto".
   config.dataset.cache_mb = config_dict.FieldReference("auto", field_type=object)
+  # A split held decoded (under cache_mb) is kept in files beside the prepared dataset (DATA_DIR/.../jaxdp_decoded/),
+  # which every later run and process of the host maps instead of decoding it again; False: decoded in memory each run.
+  config.dataset.cache_on_disk = True
   config.dataset.max_memory_gb = 16.0  # Accepted for old configs; unused: the default mode reads by index and holds no split in memory.
   return config

@@ -13,13 +13,14 @@ the split is held without it, and reading it raises `UnreadableExample`, so that
 names it, or replaces it exactly as it would when reading by index (`dataset.skip_bad_examples`).
 """
 
+import os
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import bad_examples, reader
+from jaxdp.data import bad_examples, cache_files, reader
 from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample, tf_read
 
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
@@ -44,23 +45,42 @@ class DecodedSource:
 
 
 class CachedCorpus:
-  """A `TfdsCorpus` whose splits are decoded once, when first opened; nothing left to decode per step."""
+  """A `TfdsCorpus` whose splits are decoded once, when first opened; nothing left to decode per step.
+
+  `on_disk` (`dataset.cache_on_disk`): a split decoded once is kept in files beside the prepared dataset and
+  mapped by every later open (`jaxdp.data.cache_files`), in any process and run of the host.
+  """
   decode = None
 
-  def __init__(self, corpus: TfdsCorpus):
-    self.corpus, self.facts = corpus, corpus.facts
+  def __init__(self, corpus: TfdsCorpus, on_disk: bool = False):
+    self.corpus, self.facts, self.on_disk = corpus, corpus.facts, on_disk
     self._sources: dict[str, DecodedSource] = {}
 
   def source(self, split: str) -> DecodedSource:
     if split not in self._sources:
-      self._sources[split] = DecodedSource(*decode_all(self.corpus.source(split), self.corpus.decode))
+      self._sources[split] = DecodedSource(*self._decoded(split))
     return self._sources[split]
 
+  def _decoded(self, split: str) -> cache_files.Decoded:
+    """The split's arrays and bad examples: mapped from their files (`on_disk`), or decoded now."""
+    def decode() -> cache_files.Decoded:
+      return decode_all(self.corpus.source(split), self.corpus.decode)
 
-def maybe_cached(corpus: TfdsCorpus, max_mib: float) -> TfdsCorpus | CachedCorpus:
-  """`corpus` decoded in memory when all its splits fit in `max_mib` MiB decoded."""
+    if not self.on_disk:
+      return decode()
+    builder = self.corpus.builder
+    try:
+      files = [os.fspath(f) for f in builder.info.splits[split].filepaths]
+      digest = cache_files.identity(split, files, self.facts.decoded())
+    except (OSError, KeyError, ValueError, AttributeError, TypeError):  # No files to name it by (mocked, a slice):
+      return decode()                                                  # decoded in memory; an unknown split fails there.
+    return cache_files.load_or_decode(os.fspath(builder.data_dir), split, digest, decode)
+
+
+def maybe_cached(corpus: TfdsCorpus, max_mib: float, on_disk: bool = False) -> TfdsCorpus | CachedCorpus:
+  """`corpus` decoded in memory (`on_disk`: and kept in files) when all its splits fit in `max_mib` MiB decoded."""
   mib = corpus.decoded_mib()
-  return CachedCorpus(corpus) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
+  return CachedCorpus(corpus, on_disk) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
 
 
 def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:

@@ -34,6 +34,7 @@ class Options:
   prefetch: int = 2
   cache_mb: float | str = CACHE_AUTO  # Splits decoded at most this big (MiB, all together) are decoded once, in memory.
   skip_bad_examples: bool = False  # An example that does not decode is replaced (`bad_examples`), not an error.
+  cache_on_disk: bool = True  # A split held decoded is kept in files beside the dataset, mapped by later opens.
 
   @property
   def cache_budget_mib(self) -> float:
@@ -44,7 +45,7 @@ class Options:
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int | None, ...]) -> "Options":
     """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`)."""
     options = cls(Preprocess.from_config(config, input_shape), bool(config.shard_by_process), config.shuffle_buffer,
-                  config.prefetch, config.cache_mb, bool(config.skip_bad_examples))
+                  config.prefetch, config.cache_mb, bool(config.skip_bad_examples), bool(config.cache_on_disk))
     if not isinstance(options.shuffle_buffer, int) or options.shuffle_buffer < 1:
       raise ConfigError(f"dataset.shuffle_buffer must be a positive integer, got {options.shuffle_buffer!r}")
     options.cache_budget_mib  # A bad value fails now, naming itself.

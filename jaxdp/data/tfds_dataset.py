@@ -42,7 +42,7 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
     prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
   if prepare.random_access(builder):
-    corpus = cache.maybe_cached(corpus, options.cache_budget_mib)
+    corpus = cache.maybe_cached(corpus, options.cache_budget_mib, options.cache_on_disk)
   return Dataset(corpus, options, builder)
 
 
