@@ -109,6 +109,16 @@ def test_a_folder_that_cannot_hold_the_files_leaves_the_split_decoded_in_memory(
   assert "dataset split 'train' is decoded in memory: cannot write its decoded copy" in caplog.text
 
 
+def test_files_written_before_are_mapped_where_the_lock_cannot_be_taken(own_dir, decodes):
+  expected = _batches(_load(own_dir, cache_mb=0))
+  _batches(_load(own_dir))
+  for lock in glob.glob(os.path.join(own_dir, "digits", "*", cache_files.FOLDER, "*", ".lock")):
+    os.remove(lock)
+    os.mkdir(lock)  # Not openable for writing (as a read-only folder is not; permissions do not stop root).
+  runs.assert_bitwise(_batches(_load(own_dir)), expected)
+  assert len(decodes) == 2
+
+
 def test_openers_at_once_decode_the_split_once_and_read_the_same(own_dir, decodes):
   expected = _batches(_load(own_dir, cache_mb=0))
   datasets = [_load(own_dir) for _ in range(4)]

@@ -52,7 +52,9 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
   with contextlib.ExitStack() as stack:
     try:
       stack.enter_context(_locked(here))
-    except OSError as e:
+    except OSError as e:  # Files written by another (complete ones are only ever renamed into place) still map.
+      if (found := read(stem)) is not None:
+        return found
       log.warning("dataset split %r is decoded in memory: cannot write its decoded copy in %s (%s)", split, here,
                   e.strerror or e)
       return decode()
@@ -61,7 +63,7 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
     arrays, bad = decode()
     try:
       _write(stem, arrays, bad)
-    except OSError as e:
+    except (OSError, ValueError) as e:  # A full disk; a feature numpy cannot save without pickling.
       log.warning("dataset split %r is decoded in memory: writing its decoded copy in %s failed (%s)", split, here,
                   e.strerror or e)
       _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p)
