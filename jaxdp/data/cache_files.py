@@ -68,9 +68,6 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
                   e.strerror or e)
       _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p)
       return arrays, bad
-    mib = sum(a.nbytes for a in arrays.values()) / 2**20
-    log.info("dataset split %r decoded once into %s (%.0f MiB; dataset.cache_on_disk): later opens map it", split,
-             here, mib)
     return read(stem) or (arrays, bad)  # Mapped: this process's decoded copy is released.
 
 
