@@ -1,6 +1,8 @@
 """The CLI: bad input gives one `error: ...` line naming the value, exit status 2, before training."""
 
 import importlib
+import io
+import logging
 import os
 import re
 import subprocess
@@ -205,3 +207,19 @@ def test_own_flags_leave_the_shared_ones():
   assert ours.step == 3 and rest == ["jaxdp.x", "--workdir", "w", "--config.seed=1"]
   with pytest.raises(ConfigError, match="--step"):
     cli.own_flags(["jaxdp.x", "--step", "three"], parser)
+
+
+def test_log_lines_go_to_the_stdout_of_the_moment_not_that_of_the_setup(monkeypatch, capsys):
+  """A second command in the process, after stdout was replaced (a test's capture, a redirect), still logs."""
+  first = io.StringIO()
+  monkeypatch.setattr(sys, "stdout", first)
+  try:
+    process.setup_logging()
+    first.close()  # The first command's stdout is gone (pytest closes its capture after each test).
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", second)
+    process.log.info("resumed from here")
+    assert second.getvalue() == "resumed from here\n"
+    assert "Logging error" not in capsys.readouterr().err
+  finally:
+    logging.root.handlers.clear()

@@ -17,8 +17,21 @@ def setup_logging() -> None:
   from jaxdp.runtime import distributed  # JAX: not before a command needs it (`--help` starts without it).
   if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
     sys.stdout = sys.stderr
-  logging.basicConfig(format="%(message)s", stream=sys.stdout, force=True)
+  logging.basicConfig(format="%(message)s", handlers=[_Stdout()], force=True)
   log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.runtime.quiet).
+
+
+class _Stdout(logging.StreamHandler):
+  """Writes to `sys.stdout` as it is at each line: a command run after stdout was replaced (a test's capture, a
+  redirect) logs there, not to the stream of the command that set logging up, which may be closed."""
+
+  @property
+  def stream(self) -> object:
+    return sys.stdout
+
+  @stream.setter
+  def stream(self, value: object) -> None:  # StreamHandler sets it; the stream is always the current stdout.
+    del value
 
 
 def init(config: ml_collections.ConfigDict) -> None:
