@@ -17,8 +17,8 @@ from jaxdp.data.source import INPUTS, Corpus, Source
 
 Batch = dict[str, np.ndarray]
 CACHE_AUTO = "auto"  # dataset.cache_mb's default: a budget from the machine's memory (`cache_budget_mib`).
-# "auto" holds at most this much, and at most 1/CACHE_AUTO_SHARE of the machine's memory (each process of a host
-# holds its own copy). An .npz MLP set of 207 MiB over the old 64: each step 0.69 of the time with 2 processes,
+# "auto" holds at most this much, and at most 1/CACHE_AUTO_SHARE of the machine's memory (a process decoding a split
+# holds its own copy, and every process does with cache_on_disk=False). An .npz MLP set of 207 MiB over the old 64: each step 0.69 of the time with 2 processes,
 # where tf.data's per-step parse took the cores the step needed (experiments/data_notes.md, "A larger cache").
 CACHE_AUTO_MAX_MIB = 1024
 CACHE_AUTO_SHARE = 16
