@@ -179,7 +179,7 @@ def test_a_failing_read_is_reported_as_on_the_tf_data_path():
 def test_a_host_stream_pulled_from_another_thread_reads_the_same_batches(data_dir):
   """The device prefetch may pull the host iterator from its own thread: one thread at a time, any thread."""
   import concurrent.futures
-  ds = _digits(data_dir, flip=True, crop_padding=2)  # Augmented: its draws' TF call runs in that thread too.
+  ds = _digits(data_dir, flip=True, crop_padding=2)  # Augmented: its draws are made in that thread too.
   expected = _train(ds, host=False, steps=70)
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     for _ in range(10):

@@ -19,14 +19,14 @@ import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
+from jaxdp.data import philox
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
-# Steps whose draws `HostDraws` makes in one TF call: a call costs about as much as 30 steps' draws
-# (experiments/data_notes.md).
+# Steps whose draws `HostDraws` makes at once: numpy's per-call costs spread over them (experiments/data_notes.md).
 DRAW_BLOCK = 64
 
 
@@ -44,24 +44,20 @@ def augment_draws(seed: int, global_batch: int, step: tf.Tensor) -> tf.Tensor:
 
 
 class HostDraws:
-  """`augment_draws` of one stream's steps as numpy, made DRAW_BLOCK steps per TF call (the same values); call it
-  from one thread at a time."""
+  """`augment_draws` of one stream's steps as numpy, bitwise (`jaxdp.data.philox`, no TF), made DRAW_BLOCK steps at
+  a time; call it from one thread at a time."""
 
   def __init__(self, seed: int, global_batch: int):
     self.seed, self.global_batch = seed, global_batch
     self._block, self._draws = -1, np.zeros([0])
-    self._make: Callable[[tf.Tensor], tf.Tensor] | None = None  # Traced at the first call (no augmentation: never).
 
   def __call__(self, step: int) -> np.ndarray:
     """Global batch `step`'s draws [global_batch, 3]."""
-    import tensorflow as tf
     block, k = divmod(int(step), DRAW_BLOCK)
-    if self._make is None:
-      seed, global_batch = self.seed, self.global_batch
-      self._make = tf.function(lambda steps: tf.map_fn(lambda step: augment_draws(seed, global_batch, step), steps,
-                                                        fn_output_signature=tf.float32), autograph=False)
     if block != self._block:
-      self._draws = self._make(tf.range(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK, dtype=tf.int64)).numpy()
+      steps = np.arange(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK)
+      seeds = philox.fold_in((self.seed, AUGMENT), steps)  # `seed_for`'s, step by step.
+      self._draws = philox.uniform(seeds, self.global_batch * 3).reshape(DRAW_BLOCK, self.global_batch, 3)
       self._block = block
     return self._draws[k]
 

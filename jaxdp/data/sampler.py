@@ -2,7 +2,7 @@
 
 Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, where
 e, k = divmod(step, steps_per_epoch) and the permutation is `tf.random.experimental.stateless_shuffle`
-seeded by (seed, epoch); the last n % B examples of each epoch sit it out. Process p of P reads rows
+seeded by (seed, epoch), computed by its numpy twin (`jaxdp.data.philox`); the last n % B examples of each epoch sit it out. Process p of P reads rows
 [p * B / P, (p + 1) * B / P) of each global batch. Only the permutations of the epochs in use are held
 (n int64 each), never the examples. `ShardOrder` is the opt-in `dataset.shard_by_process` order.
 """
@@ -13,7 +13,8 @@ import threading
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data.preprocess import SHUFFLE, seed_for
+from jaxdp.data import philox
+from jaxdp.data.preprocess import SHUFFLE
 
 # Permutations a `GlobalOrder` keeps (n int64 each): the epoch in use, the next one (prefetch crosses epochs)
 # and a straggler (parallel tf.data workers may still ask for an older epoch). Any other epoch is recomputed.
@@ -40,12 +41,10 @@ class GlobalOrder:
 
   def permutation(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s permutation of range(n): the same array for any caller, thread or order of calls."""
-    import tensorflow as tf
     with self._lock:
       order = self._epochs.get(epoch)
-    if order is None:  # Computed outside the lock: a TF op must not wait on a Python lock in a tf.data worker.
-      order = tf.random.experimental.stateless_shuffle(tf.range(self.n, dtype=tf.int64),
-                                                       seed_for(self.seed, SHUFFLE, epoch)).numpy()
+    if order is None:  # Computed outside the lock: other threads read the epochs held meanwhile.
+      order = philox.shuffle(self.n, philox.fold_in((self.seed, SHUFFLE), epoch))
       order.flags.writeable = False  # Shared by every caller of this epoch.
     with self._lock:
       order = self._epochs.setdefault(epoch, order)
