@@ -127,7 +127,6 @@ class FeatureNames:
   and features of varying shape other than the input (rows of different shapes do not stack)."""
 
   def __init__(self, info: tfds.core.DatasetInfo):
-    import tensorflow as tf
     keys = info.supervised_keys or ()
     supervised = len(keys) >= 2 and all(isinstance(k, str) for k in keys[:2])
     self.input_key, self.label_key = keys[:2] if supervised else (None, None)
@@ -140,14 +139,14 @@ class FeatureNames:
     left_out = []
     for key, tensor in infos.items():
       name = rename.get(key, key)
-      dtype = tf.as_dtype(tensor.dtype)
-      if dtype == tf.string and key != self.input_key or (None in tensor.shape and key != self.input_key):
+      dtype = np.dtype(tensor.np_dtype)  # Not `.dtype`: TFDS's TF dtype, which loads TensorFlow.
+      if dtype == object and key != self.input_key or (None in tensor.shape and key != self.input_key):
         left_out.append(key)
         continue
       if name in self.features or name in self._keys.values():
         raise ConfigError(f"dataset {info.full_name!r}: feature {key!r} and its supervised key are both {name!r} in "
                           f"a batch")
-      self.features[name] = (tuple(tensor.shape), np.dtype(dtype.as_numpy_dtype))
+      self.features[name] = (tuple(tensor.shape), dtype)
       self._keys[key] = name
     if any(None in tensor.shape for key, tensor in infos.items() if key in left_out):
       log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name, ", ".join(left_out))

@@ -43,15 +43,17 @@ class JsonlWriter:
 class TensorBoardWriter:
   """TensorBoard event files in the workdir (`tensorboard --logdir WORKDIR`); a no-op off process 0.
 
-  Uses TensorBoard's numpy-only `tensorboard.summary.Writer`, so no TensorFlow ops run.
+  Uses TensorBoard's numpy-only `tensorboard.summary.Writer` over `EventFile`: TensorFlow is never loaded.
   """
 
   def __init__(self, workdir: str):
     self.enabled = jax.process_index() == 0
     self._writer = None
     if self.enabled:
-      from tensorboard.summary import Writer as EventWriter  # Only process 0 pays for the import.
-      self._writer = EventWriter(workdir)
+      from tensorboard.summary import Writer as EventWriter  # Only process 0 pays for the imports.
+
+      from jaxdp.report.event_file import EventFile
+      self._writer = EventWriter(EventFile(workdir))
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is None:
