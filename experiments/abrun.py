@@ -88,13 +88,19 @@ def fmt_ms(values: Sequence[float]) -> str:
 
 
 def cpu_model() -> str:
-  """The CPU's model name from /proc/cpuinfo."""
+  """The CPU's model name from /proc/cpuinfo, with its family and model (a VM's name is often "AMD EPYC" alone)."""
+  fields: dict[str, str] = {}
   with contextlib.suppress(OSError):
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  return platform.processor() or "unknown CPU"
+        key, _, value = line.partition(":")
+        if not key.strip():  # The first processor's block ends at the first blank line.
+          break
+        fields.setdefault(key.strip(), value.strip())
+  if "model name" not in fields:
+    return platform.processor() or "unknown CPU"
+  kind = f", family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+  return fields["model name"] + kind
 
 
 def load() -> float:

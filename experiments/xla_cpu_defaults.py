@@ -36,10 +36,13 @@ YNN = "--xla_cpu_experimental_ynn_fusion_type"
 SETS = {
     "defaults": "",
     "ynn_off": f"{YNN}=",
-    # XLA's default list is individual_dot,individual_convolution (the compiled HLO says so; its help text says
-    # "empty"): each named here in full, the form compiler options take too (they reject the +/- form).
-    "ynn_noconv": f"{YNN}=individual_dot",  # = -individual_convolution: YNNPACK's dots, XLA's convolutions.
-    "ynn_nodot": f"{YNN}=individual_convolution",  # = -individual_dot: XLA's dots, YNNPACK's convolutions.
+    # XLA's default list is individual_dot,individual_convolution,reduce (the compiled HLO's __ynn_fusion ops say
+    # so: the GPT's reduce_sums are among them; its help text says "empty"). Each set names its list in full, the
+    # form compiler options take too (they reject the +/- form).
+    "ynn_noconv": f"{YNN}=individual_dot,reduce",  # = -individual_convolution: XLA's convolutions.
+    "ynn_noreduce": f"{YNN}=individual_dot,individual_convolution",  # = -reduce: XLA's reductions.
+    "ynn_dot": f"{YNN}=individual_dot",  # YNNPACK's dots alone (the runs before 2026-12-04 called it ynn_noconv).
+    "ynn_nodot": f"{YNN}=individual_convolution,reduce",  # = -individual_dot: XLA's dots.
     "eigen1": "--xla_cpu_multi_thread_eigen=false",
     "ynn_off_eigen1": f"{YNN}= --xla_cpu_multi_thread_eigen=false",
     "concurrency_off": "--xla_cpu_enable_concurrency_optimized_scheduler=false",
@@ -107,10 +110,10 @@ def options_of(flags: str) -> dict[str, object]:
   out: dict[str, object] = {}
   for flag in flags.split():
     name, _, value = flag[2:].partition("=")
-    if name.endswith("_fusion_type") and value:  # Compiler options take the enum's full name, one value.
-      if "," in value or value[0] in "+-":
-        raise ValueError(f"{flag}: one fusion type, named in full, runs as a compiler option")
-      value = f"LIBRARY_FUSION_TYPE_{value.upper()}"
+    if name.endswith("_fusion_type") and value:  # Compiler options take the enum's full names, comma-separated.
+      if value[0] in "+-":
+        raise ValueError(f"{flag}: the +/- form does not run as a compiler option; name the whole list")
+      value = ",".join(f"LIBRARY_FUSION_TYPE_{v.upper()}" for v in value.split(","))
     out[name] = {"true": True, "false": False}.get(value, value)
   return out
 

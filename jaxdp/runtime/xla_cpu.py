@@ -18,10 +18,11 @@ ENV_ADDED = "JAXDP_XLA_CPU_ADDED"  # The flags jaxdp added to XLA_FLAGS (inherit
 AUTO = "auto"
 KEY = "xla_cpu_flags"
 MEASURED = "experiments/xla_cpu_defaults.md"
-# XLA's own convolutions, YNNPACK's dots (XLA's default list: individual_dot, individual_convolution): faster for
-# ResNet-18 and the CNN at 128 rows a device on AVX2, but the default run (the CNN at 16 rows on each of 8
-# devices) slower end to end, so an opt-in (config.xla_cpu_flags), not the choice. All YNNPACK fusions off was
-# slower for the matmul and the MLPs.
+# XLA's own convolutions; YNNPACK keeps the dots and reductions (XLA's default list: individual_dot,
+# individual_convolution, reduce). Faster for one process's convolutions (ResNet-18, the CNN at 128 rows a device,
+# on AVX2 and AVX-512), but not the default run end to end, and slower for two processes' small convolutions: an
+# opt-in (config.xla_cpu_flags), not the choice. All YNNPACK fusions off was slower for the matmul and the MLPs;
+# YNNPACK's reductions off, slower for the GPT.
 NO_YNN_CONVOLUTIONS = "--xla_cpu_experimental_ynn_fusion_type=-individual_convolution"
 # oneDNN's matmuls for every dot (its pass claims dots before YNNPACK's; YNNPACK keeps the convolutions). YNNPACK
 # takes no dot that contracts its lhs's dimension 0, the weight gradients X^T dY of every dense layer, so XLA runs
@@ -77,9 +78,9 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
     return Choice((), f"XLA's defaults (not measured on more than {MAX_MEASURED_CORES} cores)")
   if "avx512f" in machine.isa:
     # As on AVX2: XLA's own convolutions help large convolution batches on one process but not the default run's
-    # CNN, and YNNPACK off or oneDNN's dots slow the dense models (xla_cpu_defaults.md, the AVX-512 runs).
-    return Choice((), f"XLA's defaults (measured on AVX-512, {machine.cores} cores: no flag set was faster for "
-                      f"every workload; {MEASURED})")
+    # CNN end to end, and YNNPACK off or oneDNN's dots slow the dense models (xla_cpu_defaults.md, Runs 5 and 6).
+    return Choice((), f"XLA's defaults (measured on AVX-512, Zen 4 and Zen 5, {machine.cores} cores: no flag set was "
+                      f"faster for every workload; {MEASURED})")
   if 1 < machine.processes_per_host >= machine.cores:
     # oneDNN's dots are faster here (dense_parts.md), but the flags must not depend on the process count: a run
     # on 2 processes then differs from the same run on 1 in the last bits, and resuming a run on another process
