@@ -99,9 +99,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   gc_every = config.gc_every_steps
   if isinstance(gc_every, bool) or not isinstance(gc_every, int) or gc_every < 0:
     raise ConfigError(f"gc_every_steps must be an integer >= 0 (0: Python's automatic collection), got {gc_every!r}")
-  switch = config.switch_interval_ms
-  if isinstance(switch, bool) or not isinstance(switch, (int, float)) or switch < 0:
-    raise ConfigError(f"switch_interval_ms must be a number >= 0 (0: Python's own interval), got {switch!r}")
   clip = config.max_grad_norm
   if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
     raise ConfigError(f"max_grad_norm must be a number >= 0 (0: no clipping), got {clip!r}")

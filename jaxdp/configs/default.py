@@ -41,9 +41,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Python's garbage collector runs (young generations) every this many steps, on every process at once, instead
   # of wherever an allocation triggers it mid-step; 0: Python's automatic collection (jaxdp.loop.collector).
   config.gc_every_steps = 50
-  # Python's GIL switch interval in the loop, ms: the loop's thread gets the GIL back from the prefetch thread
-  # sooner (Python's own: 5 ms); 0: Python's own (jaxdp.loop.switching).
-  config.switch_interval_ms = 0.5
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
   # XLA:CPU's flags, added to XLA_FLAGS before JAX starts (flags set in XLA_FLAGS win): "auto" picks them from the

@@ -24,7 +24,7 @@ from jaxdp import blocks, build, checkpoint, data, models, parallel, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
-from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas, switching
+from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
@@ -157,7 +157,6 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(config.gc_every_steps))
-  stack.enter_context(switching.SwitchInterval(config.switch_interval_ms))
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():
