@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from jaxdp import blocks, checkpoint, data, models, optim, parallel, strategies, tasks
+from jaxdp import blocks, checkpoint, data, models, optim, parallel, resident, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.report import metrics
@@ -23,10 +23,13 @@ from jaxdp.tasks import base as task_lib
 
 @dataclasses.dataclass(frozen=True)
 class Feed:
-  """How the training loop feeds its steps: a device batch each, or a device block of several (`jaxdp.blocks`)."""
+  """How the training loop feeds its steps: a device batch each, a device block of several (`jaxdp.blocks`), or
+  blocks of row ids into the train split held on the devices (`jaxdp.resident`)."""
   steps: int  # Steps per host-to-device transfer; above 1 a block (`backend.put_block`), which each step indexes.
   train_step: Callable  # (state, what is placed) -> (state, metrics): Parts.train_step, or its block form.
   flops_step: Callable  # The same without an accumulation loop, only for counting FLOPs. Both compile when called.
+  held: data.Batch | None = None  # The train split, finished, to place on every device (`resident.place`); then
+                                  # the stream yields row ids (`train_batches(row_ids=True)`) in blocks of `steps`.
 
 
 @dataclasses.dataclass
@@ -45,7 +48,12 @@ class Parts:
   flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
   task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
   task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
-  feed: Feed | None = None  # How the training loop's steps take their batches.
+  make_feed: Callable[[], Feed] | None = None  # Builds `feed`.
+
+  @functools.cached_property
+  def feed(self) -> Feed:
+    """How the training loop's steps take their batches; made at first use, as it may open the train split."""
+    return self.make_feed()
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
@@ -84,16 +92,30 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
   accumulates = strategy.options.accum_steps > 1
   flops_step = backend.map_train(_loop_free(replica_step, strategy)) if accumulates else train_step
-  steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
-  feed = Feed(1, train_step, flops_step)
-  if steps > 1:
-    block_step = backend.map_train(blocks.select(replica_step), block=True)
-    block_flops = block_step
-    if accumulates:
-      block_flops = backend.map_train(blocks.select(_loop_free(replica_step, strategy)), block=True)
-    feed = Feed(steps, block_step, block_flops)
+  make_feed = functools.partial(_feed, config, layout, backend, ds, replica_step, strategy, train_step, flops_step)
   return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
-               task_info.task, task_info, feed)
+               task_info.task, task_info, make_feed)
+
+
+def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend: parallel.Backend, ds: data.Dataset,
+          replica_step: functools.partial, strategy: strategies.Strategy, train_step: Callable,
+          flops_step: Callable) -> Feed:
+  """The train split held on the devices when it fits `parallel.resident_mb`; else blocks of host batches when
+  they fit `parallel.block_mb`; else a batch per transfer."""
+  def mapped(select: Callable[[Callable], Callable], **kind: bool) -> tuple[Callable, Callable]:
+    step = backend.map_train(select(replica_step), **kind)
+    if strategy.options.accum_steps == 1:
+      return step, step
+    return step, backend.map_train(select(_loop_free(replica_step, strategy)), **kind)
+
+  split, local = config.dataset.train_split, len(backend.local_devices)
+  if resident.fits(ds, split, config.parallel.resident_mb, local) and (arrays := resident.arrays(ds, split)) is not None:
+    return Feed(resident.steps_per_block(layout.process_batch, config.parallel.block_mb),
+                *mapped(resident.select, held=True), held=arrays)
+  steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
+  if steps > 1:
+    return Feed(steps, *mapped(blocks.select, block=True))
+  return Feed(1, train_step, flops_step)
 
 
 def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:

@@ -111,6 +111,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   block_mb = config.parallel.block_mb
   if isinstance(block_mb, bool) or not isinstance(block_mb, (int, float)) or block_mb < 0:
     raise ConfigError(f"parallel.block_mb must be a number >= 0 (0: one transfer per step), got {block_mb!r}")
+  resident_mb = config.parallel.resident_mb
+  if isinstance(resident_mb, bool) or not isinstance(resident_mb, (int, float)) or not resident_mb >= 0:
+    raise ConfigError(f"parallel.resident_mb must be a number >= 0 (0: the train split never held on the devices), "
+                      f"got {resident_mb!r}")
   bucket = config.parallel.bucket_bytes
   if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
     raise ConfigError(f"parallel.bucket_bytes must be a positive integer, got {bucket!r}")

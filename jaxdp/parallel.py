@@ -59,10 +59,15 @@ class Backend(abc.ABC):
     """This process's (batches stacked [steps, rows, ...], first step) -> a device block (`jaxdp.blocks`)."""
 
   @abc.abstractmethod
-  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
+  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
+    """Host arrays (the same in every process) -> a copy on every device, laid out as the state is."""
+
+  @abc.abstractmethod
+  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
     """The compiled, device-mapped `step(state, batch) -> (state, metrics)`; the state is donated.
 
-    `block`: the step takes a device block (`put_block`) in place of a batch (`jaxdp.blocks.select`).
+    `block`: the step takes a device block (`put_block`) in place of a batch (`jaxdp.blocks.select`);
+    `held`: a pair (device block of row ids, `put_replicated` split) (`jaxdp.resident.select`).
     """
 
   @abc.abstractmethod
@@ -136,8 +141,18 @@ class PmapBackend(Backend):
 
     return jax.device_put(({k: per_device(v) for k, v in batches.items()}, np.full(n, first)), sharding)
 
-  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
-    # A block's leaves carry the device axis first, as a batch's do: pmap maps both alike.
+  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
+    sharding = NamedSharding(self._local_mesh, P(AXIS))
+    n = len(self.local_devices)
+
+    def one(x: np.ndarray) -> jax.Array:  # One transfer per device, never n copies on the host.
+      shards = [jax.device_put(x[None], d) for d in self.local_devices]
+      return jax.make_array_from_single_device_arrays((n, *x.shape), sharding, shards)
+
+    return {k: one(v) for k, v in tree.items()}
+
+  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
+    # A block's (and a held split's) leaves carry the device axis first, as a batch's do: pmap maps them alike.
     return self._pmap(functools.partial(step, axis=self.axis), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -209,12 +224,17 @@ class MeshBackend(Backend):
     shardings = (NamedSharding(self.mesh, P(None, AXIS)), NamedSharding(self.mesh, P()))
     return jax.make_array_from_process_local_data(shardings, block)
 
+  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
+    return jax.make_array_from_process_local_data(NamedSharding(self.mesh, P()), tree)
+
   def _shard_map(self, step: Callable[..., Any], out_specs: Any, batch_specs: Any = P(AXIS)) -> Callable[..., Any]:
     return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
                          in_specs=(self.state_specs, batch_specs), out_specs=out_specs, check_vma=self.checked)
 
-  def map_train(self, step: Callable[..., Any], block: bool = False) -> Callable[..., Any]:
-    batch_specs = (P(None, AXIS), P()) if block else P(AXIS)
+  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
+    batch_specs = (P(None, AXIS), P()) if block or held else P(AXIS)
+    if held:  # The row ids' block, sharded as a block's rows; the split replicated.
+      batch_specs = (batch_specs, P())
     return jax.jit(self._shard_map(step, (self.state_specs, P()), batch_specs), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:

@@ -56,12 +56,14 @@ def test_steps_per_block_fits_the_budget(config):
   assert blocks.steps_per_block(ds, 32, 5 * 32 * ROW_BYTES / 2**20) == 5
   assert blocks.steps_per_block(ds, 32, 1e6) == blocks.MAX_STEPS
   assert blocks.steps_per_block(ds, 32, 0.5 * 32 * ROW_BYTES / 2**20) == 1  # Under one batch: one per step.
+  config.parallel.resident_mb = 0  # Host batches: the split is not held on the devices (test_resident.py).
   assert build.build(config).feed.steps == blocks.MAX_STEPS  # The default budget holds 64 small batches.
 
 
 def _trained(config, workdir, block_steps: int, stop_at: tuple[int, ...] = ()):
   """Params and logged losses of a run with `block_steps` per transfer (0: one per step), resumed at `stop_at`."""
   config.parallel.block_mb = block_steps * config.batch_size * ROW_BYTES / 2**20
+  config.parallel.resident_mb = 0  # Host batches, in blocks: a split held on the devices is test_resident.py's.
   total = config.num_train_steps
   for stop in (*stop_at, total):
     config.num_train_steps = stop

@@ -7,8 +7,9 @@ from jaxdp import data, train
 from jaxdp.report import metrics
 
 
-def _poison(monkeypatch, steps: set[int]) -> None:
+def _poison(config, monkeypatch, steps: set[int]) -> None:
   """Global batches whose index is in `steps` get NaN inputs (so a NaN loss on every device)."""
+  config.parallel.resident_mb = 0  # Host batches: a split held on the devices has its steps take row ids.
   real = data.train_batches
 
   def poisoned(*args, start_step: int, **kwargs):
@@ -19,7 +20,7 @@ def _poison(monkeypatch, steps: set[int]) -> None:
 
 
 def test_isolated_nonfinite_steps_do_not_stop_training(config, tmp_path, monkeypatch):
-  _poison(monkeypatch, {1, 3, 5, 7})  # Never two in a row.
+  _poison(config, monkeypatch, {1, 3, 5, 7})  # Never two in a row.
   config.num_train_steps, config.log_every_steps, config.max_consecutive_nonfinite = 10, 10, 2
   train.train_and_evaluate(config, str(tmp_path))
   logged = [r for r in metrics.read(str(tmp_path)) if "train/nonfinite" in r]
@@ -27,7 +28,7 @@ def test_isolated_nonfinite_steps_do_not_stop_training(config, tmp_path, monkeyp
 
 
 def test_consecutive_nonfinite_steps_stop_training(config, tmp_path, monkeypatch):
-  _poison(monkeypatch, {1, 4, 5})
+  _poison(config, monkeypatch, {1, 4, 5})
   config.num_train_steps, config.max_consecutive_nonfinite = 10, 2
   with pytest.raises(train.NonFiniteError, match="2 consecutive steps"):
     train.train_and_evaluate(config, str(tmp_path))

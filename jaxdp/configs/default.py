@@ -78,6 +78,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Splits with nothing to decode (cached, token file, in memory): small batches go to the devices up to this
   # many MiB (at most 64 steps) per transfer, not one transfer a step (jaxdp.blocks); 0: one per step.
   config.parallel.block_mb = 4.0
+  # A train split with nothing to decode, held whole (in memory, cached) and not augmented, is placed on the devices
+  # once when its copies on this process's devices take at most this many MiB; each step then gathers its own rows
+  # there and only row ids travel (jaxdp.resident). 0: never.
+  config.parallel.resident_mb = 1024.0
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float

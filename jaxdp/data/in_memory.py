@@ -50,6 +50,10 @@ class ArraysSource:
   def read(self, indices: np.ndarray) -> Rows:
     return {k: v[indices] for k, v in self.arrays.items()}
 
+  def held(self) -> Rows:
+    """The whole split: `read(ids)` is `{k: v[ids]}` of it (`jaxdp.data.held`)."""
+    return self.arrays
+
   def digest(self, h: "hashlib._Hash") -> None:
     for k, v in sorted(self.arrays.items()):
       h.update(f"\0{k}\0{v.dtype.str}\0{v.shape}\0".encode())

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxdp import blocks, build, checkpoint, data, models, parallel, tasks
+from jaxdp import blocks, build, checkpoint, data, models, parallel, resident, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -113,8 +113,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
     if parts.backend.devices[0].platform == "cpu" and jax.process_count() == 1:
       summary.report({"cpu_devs": cpu_devices.describe()}, title=None)
-    summary.report({"input": blocks.describe(parts.ds, parts.feed.steps, config.parallel.block_mb,
-                                             config.parallel.prefetch)}, title=None)
+    summary.report({"input": _describe_input(parts)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, process_count=jax.process_count())
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
@@ -140,7 +139,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     stream = data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
         start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
-        with_ids=run.recorder.recording)
+        with_ids=run.recorder.recording, row_ids=parts.feed.held is not None)
     # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
     batches, train_step, flops_step = _device_batches(parts, run.recorder.take_ids(stream), start, stack)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
@@ -305,7 +304,11 @@ def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], s
   """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
   train step and FLOPs step that take them."""
   backend, size, feed = parts.backend, parts.config.parallel.prefetch, parts.feed
-  if feed.steps == 1:
+  if feed.held is not None:  # Blocks of row ids into the split held on the devices (jaxdp.resident).
+    placed = parallel.prefetch(backend, blocks.stack(host, feed.steps, start), size,
+                               put=resident.place(backend, feed.held))
+    batches = blocks.repeat(placed)
+  elif feed.steps == 1:
     batches = placed = parallel.prefetch(backend, host, size)
   else:  # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
     placed = parallel.prefetch(backend, blocks.stack(host, feed.steps, start), size,
@@ -313,6 +316,15 @@ def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], s
     batches = blocks.repeat(placed)
   stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
   return batches, feed.train_step, feed.flops_step
+
+
+def _describe_input(parts: build.Parts) -> str:
+  """The start summary's `input` line: how the train batches reach the devices."""
+  config, feed = parts.config, parts.feed
+  if feed.held is not None:
+    return resident.describe(feed.held, len(parts.backend.local_devices), feed.steps, config.parallel.resident_mb,
+                             config.parallel.prefetch)
+  return blocks.describe(parts.ds, feed.steps, config.parallel.block_mb, config.parallel.prefetch)
 
 
 def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: step_lib.TrainState,

@@ -1,0 +1,32 @@
+"""A train split held whole, as its batches hold it, so that the devices gather each step's rows themselves.
+
+A split with nothing to decode whose source holds it as arrays (`source.held()`: in-memory arrays, a split cached
+decoded) and whose batches are not augmented is the same rows whether the host gathers them and finishes them
+(`Preprocess.finish_host`: casts, the normalization, all per element) or finishes the whole split once and a
+step gathers its rows from that: bitwise the same batches. `jaxdp.resident` places it on the devices; the train
+stream then yields only each step's row ids (`train_batches(row_ids=True)`).
+"""
+
+import numpy as np
+
+from jaxdp.data import host_batches
+from jaxdp.data.dataset import Batch, Dataset
+
+
+def nbytes(ds: Dataset, split: str) -> int | None:
+  """Bytes the split takes as batches hold it; None when it cannot be held (see the module doc)."""
+  pre = ds.options.preprocess
+  if ds.streamed or not host_batches.applies(ds) or pre.augments:
+    return None
+  if getattr(ds.source(split), "held", None) is None:
+    return None
+  row = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ds.element_spec().values())
+  return row * ds.num_examples(split)
+
+
+def split(ds: Dataset, name: str) -> Batch | None:
+  """Split `name` of `ds` whole, finished as its batches are; None when it cannot be held (an unreadable example)."""
+  if nbytes(ds, name) is None:
+    return None
+  arrays = ds.source(name).held()
+  return None if arrays is None else ds.options.preprocess.finish_host(dict(arrays))

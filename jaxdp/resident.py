@@ -1,0 +1,76 @@
+"""A train split held on the devices: only row ids travel, and each step gathers its own rows there.
+
+A split with nothing to decode, held whole by its source and not augmented (`jaxdp.data.held`), is placed on every
+device once, finished as its batches are, when its copies on this process's devices take at most
+`parallel.resident_mb` MiB. The host then makes no batch at all: the train stream yields each step's row ids
+(`train_batches(row_ids=True)`), blocks of them travel as `jaxdp.blocks` does, and the step gathers its rows from the
+split on the device. The host's gather and its transfer of every batch were the last input cost of an in-memory
+split (3 ms a step for the MLP's 1024 rows of 784 floats, on a 2-core Zen 4, where the device's gather takes 0.5:
+experiments/resident.md); the batches, and so the results, are bitwise those of the host's gather.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp import blocks
+from jaxdp.batch import ROWS
+from jaxdp.data import Batch, Dataset, held
+
+PyTree = Any
+ID_BYTES = 4  # A row id as blocks carry it: int32.
+
+
+def fits(ds: Dataset, split: str, budget_mb: float, local_devices: int) -> bool:
+  """Whether `split` of `ds` can be held and its copies on `local_devices` devices take at most `budget_mb` MiB."""
+  size = held.nbytes(ds, split) if budget_mb > 0 else None
+  return size is not None and size * local_devices <= budget_mb * 2**20
+
+
+def arrays(ds: Dataset, split: str) -> Batch | None:
+  """The split to place on the devices (`Backend.put_replicated`), finished; None when some example is unreadable."""
+  return held.split(ds, split)
+
+
+def steps_per_block(rows: int, block_mb: float) -> int:
+  """Steps of row ids per transfer: as many as fit in `block_mb` MiB, at most `blocks.MAX_STEPS`; 1 with 0."""
+  if block_mb <= 0:
+    return 1
+  return int(max(1, min(blocks.MAX_STEPS, block_mb * 2**20 // max(1, ID_BYTES * rows))))
+
+
+def select(step: Callable[..., Any]) -> Callable[..., Any]:
+  """The per-replica `step(state, batch, **kw)` as `(state, (row ids' block, split), **kw)`: on its rows of the split."""
+  def gathered(split: Batch, state: Any, ids: Batch, **kwargs: Any) -> Any:
+    # Ids come from the split's own order, always in range: clip is the cheapest mode and never changes one.
+    return step(state, {k: jnp.take(v, ids[ROWS], axis=0, mode="clip") for k, v in split.items()}, **kwargs)
+
+  def held_step(state: Any, block: tuple[PyTree, Batch], **kwargs: Any) -> Any:
+    ids, split = block
+    return blocks.select(functools.partial(gathered, split))(state, ids, **kwargs)
+
+  held_step.__name__ = held_step.__qualname__ = getattr(getattr(step, "func", step), "__name__", "step")
+  return held_step
+
+
+def describe(split: Batch, local_devices: int, steps: int, budget_mb: float, prefetch: int) -> str:
+  """The start summary's `input` line for a held split."""
+  mib = sum(a.nbytes for a in split.values()) / 2**20
+  copies = f", a copy on each of {local_devices} devices" if local_devices > 1 else ""
+  ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
+  return (f"the train split held on the devices ({mib:,.{0 if mib >= 10 else 1}f} MiB{copies}; "
+          f"parallel.resident_mb={budget_mb:g}); {steps} steps' row ids per transfer, {ahead}; "
+          f"the step gathers its rows on the devices")
+
+
+def place(backend: Any, split: Batch) -> Callable[[tuple[tuple[Batch, np.ndarray], int]], tuple[PyTree, int]]:
+  """`put` for the prefetch: (block of row ids, real steps) -> ((device block, the split on the devices), real steps).
+
+  The split is placed now, once; every block passes the same device arrays.
+  """
+  on_devices = backend.put_replicated(split)
+  return lambda item: ((backend.put_block(item[0]), on_devices), item[1])
