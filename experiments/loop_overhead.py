@@ -19,7 +19,8 @@ CPU, XLA computes on its own threads, so that difference holds on a loaded machi
 `--put`: instead, whether `Backend.put_batch` waits for a step running on the devices (a wait on the devices
 booked as input would be a goodput bug), and one placement call per batch against one per array.
 `--workload gpt`: configs/gpt_token_file.py on a random token file, at the issue's small shape (context 64,
-batch 12; `--shape default` for the config's own 256 x 32); `cnn`: configs/default.py (digits).
+batch 12; `--shape default` for the config's own 256 x 32); `cnn`: configs/default.py (digits); `mlp`: the four-way
+study's MLP on its synthetic .npz (four_way_configs.py).
 """
 
 import sys
@@ -70,6 +71,14 @@ def workload_config(name: str, shape: str, tmp: str, steps: int, devices: int) -
     config.dataset.builder_kwargs.test_fraction = 0.01  # The eval after the last step: short, and not timed.
     if shape == "small":  # The issue's small GPT.
       config.batch_size, config.dataset.builder_kwargs.seq_len = 12, 64
+  elif name == "mlp":  # The four-way study's MLP (784-1024-1024-10, batch 1024) on its synthetic .npz.
+    import four_way
+    import four_way_configs
+    config = four_way_configs.get_config("mlp")
+    config.dataset.name = os.path.join(tmp, "mlp.npz")
+    if not os.path.exists(config.dataset.name):
+      four_way.synthetic("mlp", four_way.EXAMPLES["mlp"], config.dataset.name)
+    config.dataset.data_dir = os.path.join(tmp, "tfds")
   else:
     config = default.get_config()
     config.dataset.data_dir = os.path.join(tmp, "tfds")
@@ -232,7 +241,7 @@ def put_study(rounds: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workload", choices=("gpt", "cnn"), default="gpt")
+  parser.add_argument("--workload", choices=("gpt", "cnn", "mlp"), default="gpt")
   parser.add_argument("--shape", choices=("small", "default"), default="small")
   parser.add_argument("--devices", type=int, default=1)
   parser.add_argument("--data", choices=("resident", "stream"), default="resident")
