@@ -17,7 +17,7 @@ warmup and cosine, clip 1.0, on experiments/gpt_text_file.py's 1.4 MB of Python 
          raveled into one buffer; side `jax_tree`, for diagnosis: pmean of the tree, one gloo call per leaf).
   torch  experiments/four_way_torch.py: an eager loop (1 process) or, through torchrun, a DDP script
          (DistributedSampler + DataLoader over in-memory tensors).
-Every round runs every side of a cell in turn (A B C A B C ...); cells run in the order of --workloads, --procs.
+Every round runs every side of a cell in turn, each round starting one side later (A B C, B C A, C A B, ...); cells run in the order of --workloads, --procs.
 
 Metrics: steady-state samples/s = global batch x steps between the first log step >= warmup and the last step /
 the seconds between them, by each side's own clock (jaxdp: metrics.jsonl perf/step_time; the others: the time
@@ -259,7 +259,7 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
     for workload in args.workloads:
       for procs in args.procs:
         for r in range(args.rounds):
-          for side in args.sides:
+          for side in in_turn(args.sides, r):
             result = measure(side, workload, procs, ctx, r)
             runs.append(result)
             print(f"{workload} {procs}p round {r} {side:5}: {result['samples_per_s']:,.0f} samples/s "
@@ -267,6 +267,13 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
                   f"eval loss {result.get('eval/loss', float('nan')):.4f}, load {result['load_before']:.1f}",
                   flush=True)
   return runs, revision
+
+
+def in_turn(sides: list[str], r: int) -> list[str]:
+  """The sides in round `r`'s order: each first in turn (on these machines a run's place in the round moved
+  identical programs 10-17%: four_way_zen4_cnn_ab.md, switch_interval.md)."""
+  k = r % len(sides)
+  return sides[k:] + sides[:k]
 
 
 def isa() -> str:
@@ -363,8 +370,8 @@ def report(runs: list[dict], revision: str, load_before: float, check: dict | No
                        "under jaxdp.launch one per process); plain JAX and torch: one device per process; 2 processes "
                        "over gloo (every side)")
   lines += [f"- ISA: {isa()}; jaxdp: {revision}; torch {e2e_compare.torch_version()}",
-            "- each side with its own defaults (threads, XLA flags); each run a fresh command; sides alternate "
-            "within every round"]
+            "- each side with its own defaults (threads, XLA flags); each run a fresh command; sides alternate, "
+            "each round starting one side later"]
   if check:
     lines.append(f"- the same GPT on both sides: jaxdp's initial parameters loaded into the torch GPT give logits "
                  f"within "

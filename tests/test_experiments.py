@@ -229,6 +229,8 @@ def test_four_way_driver_runs_its_sides_in_turn_and_reports_each_cell(tmp_path):
   text = out.read_text()
   assert "## mlp, 1 process" in text and "jax/torch" in text and "four_way_jax.py --workload mlp" in text
   assert four_way.per_workload("mlp=5,9", 0) == {"mlp": 9, "cnn": 9, "resnet": 9, "gpt": 9}
+  assert [four_way.in_turn(["a", "b", "c"], r) for r in (0, 1, 2, 3)] == [list("abc"), list("bca"), list("cab"),
+                                                                            list("abc")]
   assert four_way.per_workload("gpt=7", 0)["gpt"] == 7 and four_way.per_workload("gpt=7", 0)["mlp"] == 300
 
 
