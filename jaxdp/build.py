@@ -109,7 +109,8 @@ def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend:
     return step, backend.map_train(select(_loop_free(replica_step, strategy)), **kind)
 
   split, local = config.dataset.train_split, len(backend.local_devices)
-  if resident.fits(ds, split, config.parallel.resident_mb, local) and (arrays := resident.arrays(ds, split)) is not None:
+  budget = resident.budget_mib(config.parallel.resident_mb, backend.platform)
+  if resident.fits(ds, split, budget, local) and (arrays := resident.arrays(ds, split)) is not None:
     return Feed(resident.steps_per_block(layout.process_batch, config.parallel.block_mb),
                 *mapped(resident.select, held=True), held=arrays)
   steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)

@@ -112,9 +112,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   if isinstance(block_mb, bool) or not isinstance(block_mb, (int, float)) or block_mb < 0:
     raise ConfigError(f"parallel.block_mb must be a number >= 0 (0: one transfer per step), got {block_mb!r}")
   resident_mb = config.parallel.resident_mb
-  if isinstance(resident_mb, bool) or not isinstance(resident_mb, (int, float)) or not resident_mb >= 0:
-    raise ConfigError(f"parallel.resident_mb must be a number >= 0 (0: the train split never held on the devices), "
-                      f"got {resident_mb!r}")
+  if resident_mb != "auto" and not mib(resident_mb) >= 0:
+    raise ConfigError(f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 (0: the train split never held "
+                      f"on the devices), got {resident_mb!r}")
   bucket = config.parallel.bucket_bytes
   if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
     raise ConfigError(f"parallel.bucket_bytes must be a positive integer, got {bucket!r}")
@@ -122,6 +122,16 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")
   return layout
+
+
+def mib(value: Any) -> float:
+  """A setting in MiB as a float: a number, or its text (as a stored config's override gives it); NaN otherwise."""
+  if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+    return float("nan")
+  try:
+    return float(value)
+  except ValueError:
+    return float("nan")
 
 
 def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:

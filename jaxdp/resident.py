@@ -4,9 +4,10 @@ A split with nothing to decode, held whole by its source and not augmented (`jax
 device once, finished as its batches are, when its copies on this process's devices take at most
 `parallel.resident_mb` MiB. The host then makes no batch at all: the train stream yields each step's row ids
 (`train_batches(row_ids=True)`), blocks of them travel as `jaxdp.blocks` does, and the step gathers its rows from the
-split on the device. The host's gather and its transfer of every batch were the last input cost of an in-memory
-split (3 ms a step for the MLP's 1024 rows of 784 floats, on a 2-core Zen 4, where the device's gather takes 0.5:
-experiments/resident.md); the batches, and so the results, are bitwise those of the host's gather.
+split on the device. The batches, and so the results, are bitwise those of the host's gather. What it removes is the
+host's part: the prefetch thread's gather and transfer of every batch, and the loop's wait for that thread to hand
+back the GIL, which goodput booked as input (the four-way MLP: 1.6 ms a step of input, 0.01 held). On a CPU the
+device's gather then sits on the step's path, where the host's overlapped it: slower there (`AUTO_MIB`).
 """
 
 import functools
@@ -18,11 +19,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import blocks
+from jaxdp import config as config_lib
 from jaxdp.batch import ROWS
 from jaxdp.data import Batch, Dataset, held
 
 PyTree = Any
 ID_BYTES = 4  # A row id as blocks carry it: int32.
+# parallel.resident_mb="auto" off CPU. On CPU the device's gather sits on the step's path, where the host's overlapped
+# it: the four-way MLP's step 1.02 of the time, end to end 1.03 (2-core Zen 4; experiments/resident.md), so 0 there.
+AUTO_MIB = 1024.0
+
+
+def budget_mib(setting: Any, platform: str) -> float:
+  """`parallel.resident_mb` in MiB on `platform` ("auto": 0 on CPU, AUTO_MIB elsewhere)."""
+  if setting == "auto":
+    return 0.0 if platform == "cpu" else AUTO_MIB
+  return config_lib.mib(setting)
 
 
 def fits(ds: Dataset, split: str, budget_mb: float, local_devices: int) -> bool:
@@ -57,13 +69,13 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
   return held_step
 
 
-def describe(split: Batch, local_devices: int, steps: int, budget_mb: float, prefetch: int) -> str:
+def describe(split: Batch, local_devices: int, steps: int, setting: Any, prefetch: int) -> str:
   """The start summary's `input` line for a held split."""
   mib = sum(a.nbytes for a in split.values()) / 2**20
   copies = f", a copy on each of {local_devices} devices" if local_devices > 1 else ""
   ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
   return (f"the train split held on the devices ({mib:,.{0 if mib >= 10 else 1}f} MiB{copies}; "
-          f"parallel.resident_mb={budget_mb:g}); {steps} steps' row ids per transfer, {ahead}; "
+          f"parallel.resident_mb={setting}); {steps} steps' row ids per transfer, {ahead}; "
           f"the step gathers its rows on the devices")
 
 

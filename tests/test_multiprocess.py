@@ -20,9 +20,12 @@ K = 20  # Steps before the checkpoint that the elastic restarts resume from; run
 
 
 def _overrides(data_dir, **more):
+  # The split held on the devices (jaxdp.resident; "auto" is off on CPU): these runs are its multi-process tests,
+  # held on one process as on two, resumed across counts; the other launches (test_restarts, test_launch) read
+  # host batches.
   return {"dataset.data_dir": data_dir, "model.name": "mlp", "num_train_steps": 2 * K, "log_every_steps": 1,
           "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, "audit_data": True,
-          **more}
+          "parallel.resident_mb": 8, **more}
 
 
 def _launch(workdir, overrides, processes=2, devices=4, **popen):
@@ -77,6 +80,7 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, _init_for(config))
   params = backend.get(state.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params, ref_params)
+  assert "the train split held on the devices" in out  # What these runs test (_overrides).
   assert "[0] step" in out and "[1] step" not in out  # Only process 0 reports progress ...
   steps = [r["step"] for r in metrics.read(str(workdir)) if "train/loss" in r]
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.

@@ -90,11 +90,19 @@ def test_augmented_or_unreadable_splits_are_not_held(config):
   assert DecodedSource(arrays, bad={1: "not a PNG"}).held() is None  # Its reads name the bad example; held could not.
 
 
-@pytest.mark.parametrize("value", [-1, float("nan")])  # ml_collections refuses a string itself.
+@pytest.mark.parametrize("value", [-1, float("nan"), "lots", True])
 def test_a_bad_resident_mb_is_a_config_error_naming_it(config, value):
   config.parallel.resident_mb = value
-  with pytest.raises(ConfigError, match=f"parallel.resident_mb must be a number >= 0 .*got {value!r}"):
+  with pytest.raises(ConfigError, match=f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 .*got {value!r}"):
     build.build(config)
+
+
+def test_auto_holds_no_split_on_cpu_where_the_gather_on_the_step_path_cost_more(config):
+  assert resident.budget_mib("auto", "cpu") == 0 and resident.budget_mib("auto", "gpu") == resident.AUTO_MIB
+  assert resident.budget_mib(512, "cpu") == 512 and resident.budget_mib("2.5", "tpu") == 2.5  # A stored override.
+  assert build.build(config).feed.held is None  # The default, on these CPU devices.
+  config.parallel.resident_mb = "8"
+  assert build.build(config).feed.held is not None
 
 
 def test_the_gather_takes_the_rows_of_the_states_step():

@@ -80,8 +80,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.block_mb = 4.0
   # A train split with nothing to decode, held whole (in memory, cached) and not augmented, is placed on the devices
   # once when its copies on this process's devices take at most this many MiB; each step then gathers its own rows
-  # there and only row ids travel (jaxdp.resident). 0: never.
-  config.parallel.resident_mb = 1024.0
+  # there and only row ids travel (jaxdp.resident). 0: never; "auto": 0 on CPU, 1024 MiB on accelerators.
+  config.parallel.resident_mb = config_dict.FieldReference("auto", field_type=object)
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float

@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.data import prepare
 from jaxdp.data.preprocess import Preprocess, batch_dtype
@@ -59,10 +60,7 @@ def cache_budget_mib(setting: Any) -> float:
   "auto": the smaller of CACHE_AUTO_MAX_MIB and 1/CACHE_AUTO_SHARE of the machine's memory."""
   if setting == CACHE_AUTO:
     return min(CACHE_AUTO_MAX_MIB, memory_bytes() / CACHE_AUTO_SHARE / 2**20)
-  try:
-    mib = float(setting) if isinstance(setting, (int, float, str)) and not isinstance(setting, bool) else -1.0
-  except ValueError:
-    mib = -1.0
+  mib = config_lib.mib(setting)
   if not mib >= 0:  # Also NaN.
     raise ConfigError(f"dataset.cache_mb must be {CACHE_AUTO!r} or a number of MiB >= 0 (0: never), got {setting!r}")
   return mib
