@@ -79,8 +79,8 @@ def choose(machine: Machine, setting: str = AUTO) -> Choice:
   if "avx512f" in machine.isa:
     # As on AVX2: XLA's own convolutions help large convolution batches on one process but not the default run's
     # CNN end to end, and YNNPACK off or oneDNN's dots slow the dense models (xla_cpu_defaults.md, Runs 5 and 6).
-    return Choice((), f"XLA's defaults (measured on AVX-512, Zen 4 and Zen 5, {machine.cores} cores: no flag set was "
-                      f"faster for every workload; {MEASURED})")
+    return Choice((), f"XLA's defaults (measured on AVX-512 on AMD Zen 4 and Zen 5, 2 cores, not on other AVX-512 "
+                      f"CPUs: no flag set was faster for every workload; {MEASURED})")
   if 1 < machine.processes_per_host >= machine.cores:
     # oneDNN's dots are faster here (dense_parts.md), but the flags must not depend on the process count: a run
     # on 2 processes then differs from the same run on 1 in the last bits, and resuming a run on another process
