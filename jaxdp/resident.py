@@ -18,21 +18,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdp import blocks
+from jaxdp import blocks, parallel
 from jaxdp import config as config_lib
 from jaxdp.batch import ROWS
 from jaxdp.data import Batch, Dataset, held
 
 PyTree = Any
 ID_BYTES = 4  # A row id as blocks carry it: int32.
-# parallel.resident_mb="auto" off CPU. On CPU the device's gather sits on the step's path, where the host's overlapped
-# it: the four-way MLP's step 1.02 of the time, end to end 1.03 (2-core Zen 4; experiments/resident.md), so 0 there.
-AUTO_MIB = 1024.0
+AUTO_MIB = 1024.0  # parallel.resident_mb="auto" on accelerators (unmeasured: none was lent; experiments/resident.md).
 
 
 def budget_mib(setting: Any, platform: str) -> float:
   """`parallel.resident_mb` in MiB on `platform` ("auto": 0 on CPU, AUTO_MIB elsewhere)."""
   if setting == "auto":
+    # On CPU the device's gather sits on the step's path, where the host's overlapped it: the four-way MLP's step
+    # 1.02 of the time, end to end 1.03 (2-core Zen 4; experiments/resident.md).
     return 0.0 if platform == "cpu" else AUTO_MIB
   return config_lib.mib(setting)
 
@@ -58,7 +58,7 @@ def steps_per_block(rows: int, block_mb: float) -> int:
 def select(step: Callable[..., Any]) -> Callable[..., Any]:
   """The per-replica `step(state, batch, **kw)` as `(state, (row ids' block, split), **kw)`: on its rows of the split."""
   def gathered(split: Batch, state: Any, ids: Batch, **kwargs: Any) -> Any:
-    # Ids come from the split's own order, always in range: clip is the cheapest mode and never changes one.
+    # Ids come from the split's own order, always in range: "clip" never changes one (the default would fill).
     return step(state, {k: jnp.take(v, ids[ROWS], axis=0, mode="clip") for k, v in split.items()}, **kwargs)
 
   def held_step(state: Any, block: tuple[PyTree, Batch], **kwargs: Any) -> Any:
@@ -79,7 +79,8 @@ def describe(split: Batch, local_devices: int, steps: int, setting: Any, prefetc
           f"the step gathers its rows on the devices")
 
 
-def place(backend: Any, split: Batch) -> Callable[[tuple[tuple[Batch, np.ndarray], int]], tuple[PyTree, int]]:
+def place(backend: parallel.Backend,
+          split: Batch) -> Callable[[tuple[tuple[Batch, np.ndarray], int]], tuple[PyTree, int]]:
   """`put` for the prefetch: (block of row ids, real steps) -> ((device block, the split on the devices), real steps).
 
   The split is placed now, once; every block passes the same device arrays.
