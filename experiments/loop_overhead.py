@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import blocks, build, data, parallel, resident  # noqa: E402
+from jaxdp import build, data, parallel  # noqa: E402
 from jaxdp.configs import default, gpt_token_file  # noqa: E402
 from jaxdp.datasets import token_file  # noqa: E402
 from jaxdp.loop import goodput  # noqa: E402
@@ -167,11 +167,7 @@ def run_bare(config: ml_collections.ConfigDict) -> dict[str, float]:
   stream = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed,
                               global_batch=parts.layout.global_batch, start_step=0, process_index=0,
                               process_count=1, stop_step=1, row_ids=feed.held is not None)
-  first = next(iter(blocks.stack(stream, feed.steps, 0) if feed.steps > 1 or feed.held is not None else stream))
-  if feed.held is not None:
-    batch = resident.place(backend, feed.held)(first)[0]
-  else:
-    batch = backend.put_block(first[0]) if feed.steps > 1 else backend.put_batch(first)
+  batch = next(feed.device_inputs(backend, stream, 0, 0)[1])  # The first step's, placed as the loop places it.
   bound, pending, times, cpu = steps_in_flight(config, backend), [], [], []
   for step in range(1, config.num_train_steps + 1):
     state, step_metrics = feed.train_step(state, batch)

@@ -6,7 +6,7 @@ Shared by the training loop (jaxdp.loop.train) and the tools (jaxdp.tools: inspe
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -17,6 +17,7 @@ import optax
 from jaxdp import blocks, checkpoint, data, models, optim, parallel, resident, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
+from jaxdp.data import held
 from jaxdp.report import metrics
 from jaxdp.tasks import base as task_lib
 
@@ -30,6 +31,19 @@ class Feed:
   flops_step: Callable  # The same without an accumulation loop, only for counting FLOPs. Both compile when called.
   held: data.Batch | None = None  # The train split, finished, to place on every device (`resident.place`); then
                                   # the stream yields row ids (`train_batches(row_ids=True)`) in blocks of `steps`.
+
+  def device_inputs(self, backend: parallel.Backend, host: Iterator[data.Batch], start: int,
+                    prefetch: int) -> tuple[Iterator, Iterator]:
+    """What `train_step` takes, one per step from step `start`, made of the host stream `host` (`parallel.prefetch`:
+    `prefetch` ahead by a thread, or when asked): the placing iterator (close it when done) and the per-step one."""
+    if self.steps == 1 and self.held is None:
+      placed = parallel.prefetch(backend, host, prefetch)
+      return placed, placed
+    # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
+    put = resident.place(backend, self.held) if self.held is not None else (
+        lambda item: (backend.put_block(item[0]), item[1]))
+    placed = parallel.prefetch(backend, blocks.stack(host, self.steps, start), prefetch, put=put)
+    return placed, blocks.repeat(placed)
 
 
 @dataclasses.dataclass
@@ -110,7 +124,7 @@ def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend:
 
   split, local = config.dataset.train_split, len(backend.local_devices)
   budget = resident.budget_mib(config.parallel.resident_mb, backend.platform)
-  if resident.fits(ds, split, budget, local) and (arrays := resident.arrays(ds, split)) is not None:
+  if resident.fits(ds, split, budget, local) and (arrays := held.split(ds, split)) is not None:
     return Feed(resident.steps_per_block(layout.process_batch, config.parallel.block_mb),
                 *mapped(resident.select, held=True), held=arrays)
   steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)

@@ -43,11 +43,6 @@ def fits(ds: Dataset, split: str, budget_mb: float, local_devices: int) -> bool:
   return size is not None and size * local_devices <= budget_mb * 2**20
 
 
-def arrays(ds: Dataset, split: str) -> Batch | None:
-  """The split to place on the devices (`Backend.put_replicated`), finished; None when some example is unreadable."""
-  return held.split(ds, split)
-
-
 def steps_per_block(rows: int, block_mb: float) -> int:
   """Steps of row ids per transfer: as many as fit in `block_mb` MiB, at most `blocks.MAX_STEPS`; 1 with 0."""
   if block_mb <= 0:

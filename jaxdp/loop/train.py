@@ -303,17 +303,8 @@ def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], s
                     stack: contextlib.ExitStack) -> tuple[Iterator, Callable, Callable]:
   """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
   train step and FLOPs step that take them."""
-  backend, size, feed = parts.backend, parts.config.parallel.prefetch, parts.feed
-  if feed.held is not None:  # Blocks of row ids into the split held on the devices (jaxdp.resident).
-    placed = parallel.prefetch(backend, blocks.stack(host, feed.steps, start), size,
-                               put=resident.place(backend, feed.held))
-    batches = blocks.repeat(placed)
-  elif feed.steps == 1:
-    batches = placed = parallel.prefetch(backend, host, size)
-  else:  # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
-    placed = parallel.prefetch(backend, blocks.stack(host, feed.steps, start), size,
-                               put=lambda item: (backend.put_block(item[0]), item[1]))
-    batches = blocks.repeat(placed)
+  feed = parts.feed
+  placed, batches = feed.device_inputs(parts.backend, host, start, parts.config.parallel.prefetch)
   stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
   return batches, feed.train_step, feed.flops_step
 
