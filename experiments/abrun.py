@@ -53,6 +53,35 @@ def alternate(contenders: dict[Any, Contender], rounds: int, steps: int, warmup:
   return medians
 
 
+def in_turn(names: Sequence[Any], r: int) -> list[Any]:
+  """`names` in round `r`'s order: each first in turn (A B C, B C A, ...). On these machines a run's place in the
+  round moved identical programs 10-17% (four_way_zen4_cnn_ab.md, switch_interval.md)."""
+  k = r % len(names)
+  return [*names[k:], *names[:k]]
+
+
+def cpu_wall(sides: dict[str, Callable[[int], None]], rounds: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
+  """Per round, each side's ms per call of `side(repeats)` by process CPU (all threads) and by wall, the sides in
+  turn (`in_turn`); each side first runs 5 calls untimed (compilation, warm-up)."""
+  for run in sides.values():
+    run(5)
+  times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+  for r in range(rounds):
+    for name in in_turn(list(sides), r):
+      cpu, wall = time.process_time(), time.perf_counter()
+      sides[name](repeats)
+      times[name].append(((time.process_time() - cpu) / repeats * 1e3, (time.perf_counter() - wall) / repeats * 1e3))
+  return times
+
+
+def cpu_wall_lines(times: dict[str, list[tuple[float, float]]], a: str, b: str) -> list[str]:
+  """`cpu_wall`'s medians (min..max) per side, and the per-round ratios a / b by each clock."""
+  lines = [f"{name}: cpu {fmt([c for c, _ in v])}, wall {fmt([w for _, w in v])}" for name, v in times.items()]
+  for i, clock in enumerate(("cpu", "wall")):
+    lines.append(f"{a} / {b}, {clock}, per round: {fmt([x[i] / y[i] for x, y in zip(times[a], times[b])])}")
+  return lines
+
+
 def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
   """Round-by-round ratios a / b (both measured in the same round)."""
   return [x / y for x, y in zip(a, b)]

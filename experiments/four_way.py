@@ -259,7 +259,7 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
     for workload in args.workloads:
       for procs in args.procs:
         for r in range(args.rounds):
-          for side in in_turn(args.sides, r):
+          for side in abrun.in_turn(args.sides, r):
             result = measure(side, workload, procs, ctx, r)
             runs.append(result)
             print(f"{workload} {procs}p round {r} {side:5}: {result['samples_per_s']:,.0f} samples/s "
@@ -267,13 +267,6 @@ def study(args: argparse.Namespace) -> tuple[list[dict], str]:
                   f"eval loss {result.get('eval/loss', float('nan')):.4f}, load {result['load_before']:.1f}",
                   flush=True)
   return runs, revision
-
-
-def in_turn(sides: list[str], r: int) -> list[str]:
-  """The sides in round `r`'s order: each first in turn (on these machines a run's place in the round moved
-  identical programs 10-17%: four_way_zen4_cnn_ab.md, switch_interval.md)."""
-  k = r % len(sides)
-  return sides[k:] + sides[:k]
 
 
 def isa() -> str:

@@ -11,14 +11,13 @@ around the step (input, host work) is four_way.py's split; this is the step alon
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 import four_way_configs  # noqa: E402
 import four_way_jax  # noqa: E402
 
@@ -27,7 +26,7 @@ def jaxdp_step(tmp: str, block_mb: float) -> Callable[[int], None]:
   """`run(n)`: n of jaxdp's train steps on one placed batch (or block), waited for."""
   import jax
 
-  from jaxdp import blocks, build, data
+  from jaxdp import build, data
   path = os.path.join(tmp, "text.txt")
   if not os.path.exists(path):
     os.makedirs(tmp, exist_ok=True)
@@ -40,11 +39,7 @@ def jaxdp_step(tmp: str, block_mb: float) -> Callable[[int], None]:
   state = parts.backend.init(parts.init)
   host = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed, global_batch=config.batch_size,
                             start_step=0, process_index=0, process_count=1, stop_step=parts.feed.steps)
-  if parts.feed.steps == 1:
-    placed = parts.backend.put_batch(next(iter(host)))
-  else:
-    block, _ = next(blocks.stack(iter(host), parts.feed.steps, 0))  # ((features, first step), real steps)
-    placed = parts.backend.put_block(block)
+  placed = next(parts.feed.device_inputs(parts.backend, host, 0, 0)[1])  # The first step's, as the loop places it.
 
   def run(n: int) -> None:
     nonlocal state
@@ -88,11 +83,6 @@ def plain_step() -> Callable[[int], None]:
   return run
 
 
-def spread(values: list[float]) -> str:
-  """Median (min..max)."""
-  return f"{statistics.median(values):.3g} ({min(values):.3g}..{max(values):.3g})"
-
-
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=10)
@@ -101,22 +91,9 @@ def main(argv: list[str]) -> None:
   parser.add_argument("--tmp", default="/tmp/gpt_step_ab", help="The text file and its TFDS preparation.")
   args = parser.parse_args(argv)
   sides = {"jaxdp": jaxdp_step(args.tmp, args.block_mb), "plain": plain_step()}
-  for run in sides.values():
-    run(5)  # Compile and warm up.
-  times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
-  for r in range(args.rounds):
-    for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-      cpu, wall = time.process_time(), time.perf_counter()
-      sides[name](args.repeats)
-      times[name].append(((time.process_time() - cpu) / args.repeats * 1e3,
-                          (time.perf_counter() - wall) / args.repeats * 1e3))
+  times = abrun.cpu_wall(sides, args.rounds, args.repeats)
   print(f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds x {args.repeats} calls; ms per step")
-  for name, values in times.items():
-    print(f"{name}: cpu {spread([c for c, _ in values])}, wall {spread([w for _, w in values])}")
-  for i, clock in enumerate(("cpu", "wall")):
-    print(f"plain / jaxdp, {clock}, per round: "
-          f"{spread([p[i] / j[i] for j, p in zip(times['jaxdp'], times['plain'])])}")
-
+  print("\n".join(abrun.cpu_wall_lines(times, "plain", "jaxdp")))
 
 if __name__ == "__main__":
   main(sys.argv[1:])

@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+import abrun
+
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,8 +45,7 @@ def main(argv: list[str]) -> None:
     way(rows())  # Compile and warm up.
   times: dict[str, list[float]] = {name: [] for name in ways}
   for r in range(args.rounds):
-    order = list(ways)[r % len(ways):] + list(ways)[:r % len(ways)]  # Each way first in turn.
-    for name in order:
+    for name in abrun.in_turn(list(ways), r):
       ids = [rows() for _ in range(args.calls)]
       began = time.perf_counter()
       for i in ids:

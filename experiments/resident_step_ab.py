@@ -12,12 +12,11 @@ split; this is the step alone. Results: resident.md.
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import abrun  # noqa: E402
 import four_way  # noqa: E402
 import four_way_configs  # noqa: E402
 
@@ -26,7 +25,7 @@ def side(tmp: str, resident_mb: float) -> Callable[[int], None]:
   """`run(n)`: n of jaxdp's train steps on what its loop would place for the first step, waited for."""
   import jax
 
-  from jaxdp import blocks, build, data, resident
+  from jaxdp import build, data
   config = four_way_configs.get_config("mlp")
   config.dataset.name, config.dataset.data_dir = os.path.join(tmp, "mlp.npz"), os.path.join(tmp, "tfds")
   config.num_train_steps, config.parallel.resident_mb = 300, resident_mb
@@ -35,10 +34,7 @@ def side(tmp: str, resident_mb: float) -> Callable[[int], None]:
   host = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed, global_batch=config.batch_size,
                             start_step=0, process_index=0, process_count=1, stop_step=feed.steps,
                             row_ids=feed.held is not None)
-  if feed.held is not None:
-    placed = resident.place(parts.backend, feed.held)(next(blocks.stack(iter(host), feed.steps, 0)))[0]
-  else:
-    placed = parts.backend.put_batch(next(iter(host)))
+  placed = next(feed.device_inputs(parts.backend, host, 0, 0)[1])  # The first step's, as the loop places it.
   state = parts.backend.init(parts.init)
 
   def run(n: int) -> None:
@@ -47,11 +43,6 @@ def side(tmp: str, resident_mb: float) -> Callable[[int], None]:
       state, metrics = feed.train_step(state, placed)
     jax.block_until_ready((state, metrics))
   return run
-
-
-def spread(values: list[float]) -> str:
-  """Median (min..max)."""
-  return f"{statistics.median(values):.3g} ({min(values):.3g}..{max(values):.3g})"
 
 
 def main(argv: list[str]) -> None:
@@ -64,21 +55,9 @@ def main(argv: list[str]) -> None:
   if not os.path.exists(os.path.join(args.tmp, "mlp.npz")):
     four_way.synthetic("mlp", four_way.EXAMPLES["mlp"], os.path.join(args.tmp, "mlp.npz"))
   sides = {"held": side(args.tmp, 1024), "batch": side(args.tmp, 0)}
-  for run in sides.values():
-    run(5)  # Compile and warm up.
-  times: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
-  for r in range(args.rounds):
-    for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-      cpu, wall = time.process_time(), time.perf_counter()
-      sides[name](args.repeats)
-      times[name].append(((time.process_time() - cpu) / args.repeats * 1e3,
-                          (time.perf_counter() - wall) / args.repeats * 1e3))
+  times = abrun.cpu_wall(sides, args.rounds, args.repeats)
   print(f"load {os.getloadavg()[0]:.1f}; {args.rounds} rounds x {args.repeats} calls; ms per step")
-  for name, values in times.items():
-    print(f"{name}: cpu {spread([c for c, _ in values])}, wall {spread([w for _, w in values])}")
-  for i, clock in enumerate(("cpu", "wall")):
-    print(f"held / batch, {clock}, per round: {spread([h[i] / b[i] for h, b in zip(times['held'], times['batch'])])}")
-
+  print("\n".join(abrun.cpu_wall_lines(times, "held", "batch")))
 
 if __name__ == "__main__":
   main(sys.argv[1:])

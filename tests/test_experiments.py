@@ -44,6 +44,15 @@ def test_alternate_runs_contenders_in_turn_and_takes_per_round_medians():
   assert abrun.fmt_iqr([1.0, 2.0, 3.0, 4.0, 100.0]) == "3 [2..4]"
 
 
+def test_cpu_wall_times_each_side_in_turn_after_a_warm_up():
+  calls = []
+  times = abrun.cpu_wall({"a": lambda n: calls.append(("a", n)), "b": lambda n: calls.append(("b", n))}, 3, 4)
+  assert calls == [("a", 5), ("b", 5), ("a", 4), ("b", 4), ("b", 4), ("a", 4), ("a", 4), ("b", 4)]
+  assert [len(times[k]) for k in "ab"] == [3, 3] and all(c >= 0 and w > 0 for c, w in times["a"])
+  lines = abrun.cpu_wall_lines(times, "a", "b")
+  assert lines[0].startswith("a: cpu ") and lines[-1].startswith("a / b, wall, per round: ")
+
+
 def test_overhead_contenders_compute_the_same_update(monkeypatch):
   """The hand-written baseline and the ablations train exactly what jaxdp's step trains (a fair race).
 
@@ -229,8 +238,8 @@ def test_four_way_driver_runs_its_sides_in_turn_and_reports_each_cell(tmp_path):
   text = out.read_text()
   assert "## mlp, 1 process" in text and "jax/torch" in text and "four_way_jax.py --workload mlp" in text
   assert four_way.per_workload("mlp=5,9", 0) == {"mlp": 9, "cnn": 9, "resnet": 9, "gpt": 9}
-  assert [four_way.in_turn(["a", "b", "c"], r) for r in (0, 1, 2, 3)] == [list("abc"), list("bca"), list("cab"),
-                                                                            list("abc")]
+  assert [abrun.in_turn(["a", "b", "c"], r) for r in (0, 1, 2, 3)] == [list("abc"), list("bca"), list("cab"),
+                                                                         list("abc")]
   assert four_way.per_workload("gpt=7", 0)["gpt"] == 7 and four_way.per_workload("gpt=7", 0)["mlp"] == 300
 
 
