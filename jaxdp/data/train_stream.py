@@ -98,10 +98,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
       at = ids(step).astype(np.int32)
       return {ROWS: at, INDEX: at.astype(np.int64)} if with_ids else {ROWS: at}
 
-    if row_ids:
-      return host_batches.batches(positions, first, stop_step)
-
-    return host_batches.batches(make, first, stop_step)
+    return host_batches.batches(positions if row_ids else make, first, stop_step)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     import tensorflow as tf
