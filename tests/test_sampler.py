@@ -55,7 +55,14 @@ def test_only_a_few_epochs_are_held():
   order = sampler.GlobalOrder(N, B, SEED, "train")
   for step in range(EPOCHS * N // B):
     order.rows(step, 0, B)
-  assert len(order._epochs) <= sampler.EPOCHS_HELD < EPOCHS
+  assert len(sampler._held) <= sampler.EPOCHS_HELD < EPOCHS
+
+
+def test_orders_of_the_same_split_and_seed_share_each_epochs_permutation():
+  """The train stream and the audit each hold an order: the epoch the stream shuffled, the audit must not redo."""
+  stream, audit = sampler.GlobalOrder(N, B, SEED, "train"), sampler.GlobalOrder(N, 2 * B, SEED, "train")
+  assert audit.permutation(7) is stream.permutation(7)
+  assert sampler.GlobalOrder(N, B, SEED + 1, "train").permutation(7) is not stream.permutation(7)
 
 
 def test_shard_order_is_thread_safe_too():
