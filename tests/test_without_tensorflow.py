@@ -37,6 +37,21 @@ def test_shuffle_is_tfs(seed):
     np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
 
 
+@pytest.mark.parametrize("pattern", ["random", "none", "all_to_the_end", "each_to_the_next"])
+def test_swapped_is_the_swaps_done_in_turn(pattern):
+  """The closed form of the shuffle's swaps (`philox.swapped`) against doing them one by one, on targets TF's
+  draws rarely make: chains of swaps through one position, and none at all."""
+  rng = np.random.default_rng(0)
+  for n in [2, 3, 5, 64, 1000]:
+    steps = np.arange(n - 1)
+    targets = {"random": steps + rng.integers(0, n - steps), "none": steps, "all_to_the_end": np.full(n - 1, n - 1),
+               "each_to_the_next": steps + 1}[pattern]
+    order = list(range(n))
+    for i, j in enumerate(targets.tolist()):
+      order[i], order[j] = order[j], order[i]
+    np.testing.assert_array_equal(philox.swapped(targets.astype(np.int64)), order, err_msg=f"n={n}")
+
+
 def _loaded(code: str) -> list[str]:
   """The TensorFlow modules a fresh process running `code` has loaded when it exits (atexit: the CLI's exit
   skips the interpreter's teardown but runs atexit's handlers)."""
