@@ -33,9 +33,10 @@ class Feed:
                                   # the stream yields row ids (`train_batches(row_ids=True)`) in blocks of `steps`.
 
   def device_inputs(self, backend: parallel.Backend, host: Iterator[data.Batch], start: int,
-                    prefetch: int) -> tuple[Iterator, Iterator]:
+                    prefetch: int) -> tuple[parallel.Prefetcher | parallel.Inline, Iterator]:
     """What `train_step` takes, one per step from step `start`, made of the host stream `host` (`parallel.prefetch`:
-    `prefetch` ahead by a thread, or when asked): the placing iterator (close it when done) and the per-step one."""
+    `prefetch` ahead by a thread, or when asked): the placing iterator (close it when done; its `waited` is the
+    input waited for) and the per-step one."""
     if self.steps == 1 and self.held is None:
       placed = parallel.prefetch(backend, host, prefetch)
       return placed, placed

@@ -12,6 +12,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -278,16 +279,35 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
 
 
 def prefetch(backend: Backend, batches: Iterator[Any], size: int,
-             put: Callable[[Any], PyTree] | None = None) -> Iterator[PyTree]:
+             put: Callable[[Any], PyTree] | None = None) -> "Prefetcher | Inline":
   """The device batches of `batches`, in order; `size` > 0: read and placed ahead by one thread, `size` deep.
 
   `size` 0: each batch is read and placed when asked for, in the caller's thread. `put`: how a host batch is
-  placed (default `backend.put_batch`; `backend.put_block` for blocks of steps).
+  placed (default `backend.put_batch`; `backend.put_block` for blocks of steps). Either way `waited` counts the
+  seconds `next` spent on batches that were not placed yet: the input the caller waited for.
   """
   put = put or backend.put_batch
   if size <= 0:
-    return (put(batch) for batch in batches)
+    return Inline(batches, put)
   return Prefetcher(backend, batches, size, put)
+
+
+class Inline(Iterator[PyTree]):
+  """Each batch read and placed when `next` asks for it, in the caller's thread: all of that time waits for input."""
+
+  def __init__(self, batches: Iterator[Any], put: Callable[[Any], PyTree]):
+    self._batches, self._put = iter(batches), put
+    self.waited = 0.0  # Seconds spent in `next`.
+
+  def __next__(self) -> PyTree:
+    began = time.perf_counter()
+    try:
+      return self._put(next(self._batches))
+    finally:
+      self.waited += time.perf_counter() - began
+
+  def close(self) -> None:
+    """Nothing runs ahead: nothing to stop."""
 
 
 class Prefetcher(Iterator[PyTree]):
@@ -308,12 +328,18 @@ class Prefetcher(Iterator[PyTree]):
     self._thread = threading.Thread(target=_produce, args=(put, iter(batches), self._queue, self._stop),
                                     name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
     self._done = False
+    self.waited = 0.0  # Seconds `next` waited for a batch the thread had not placed yet (input, not host work).
     self._thread.start()
 
   def __next__(self) -> PyTree:
     if self._done:
       raise StopIteration
-    batch, error = self._queue.get()
+    try:  # A batch placed ahead is no wait for input, however long the loop's thread waits to run meanwhile.
+      batch, error = self._queue.get_nowait()
+    except queue.Empty:
+      began = time.perf_counter()
+      batch, error = self._queue.get()
+      self.waited += time.perf_counter() - began
     if batch is not _END and error is None:
       return batch
     self._done = True

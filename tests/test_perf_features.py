@@ -48,6 +48,24 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
   assert "wall over 2 runs" in capsys.readouterr().out
 
 
+def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
+  """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.1 s late."""
+  from jaxdp import data
+  read = data.train_batches
+
+  def slow(*args, **kwargs):
+    for batch in read(*args, **kwargs):
+      time.sleep(0.1)
+      yield batch
+
+  monkeypatch.setattr(data, "train_batches", slow)
+  config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps = 10, 10, 10
+  config.parallel.block_mb = 0  # A batch a transfer: each step waits for its own.
+  train.train_and_evaluate(config, str(tmp_path))
+  # At most 4 batches are read ahead while the step compiles: the other 6 are waited for, 0.1 s each.
+  assert metrics.read(str(tmp_path))[-1]["time/total/input"] >= 0.5
+
+
 def test_tracing_counts_as_compilation_wherever_it_happens(config, tmp_path, monkeypatch):
   fingerprint = replicas._fingerprint
 

@@ -80,6 +80,18 @@ def test_a_slow_producer_is_waited_for_in_order():
   assert [int(b["x"][0]) for b in out] == list(range(10))
 
 
+def test_waited_counts_only_batches_not_placed_yet():
+  """The loop books `waited` as input: a batch placed ahead is none, however long the loop's thread then waits
+  to run; a slow stream's batches are, as is every batch placed when asked (size 0)."""
+  ready = parallel.prefetch(Placing(), _batches(4), 8)
+  time.sleep(0.3)  # The thread places all four meanwhile.
+  assert len(list(ready)) == 4 and ready.waited == 0.0
+  slow = parallel.prefetch(Placing(), _batches(4, delay_s=0.1), 2)
+  assert len(list(slow)) == 4 and slow.waited >= 0.3
+  inline = parallel.prefetch(Placing(), _batches(3, delay_s=0.05), 0)
+  assert len(list(inline)) == 3 and inline.waited >= 0.15
+
+
 @pytest.mark.parametrize("size", [0, 1, 3])
 def test_an_error_in_the_stream_is_raised_by_the_next_of_its_batch(size):
   batches = parallel.prefetch(Placing(), _batches(10, fail_at=4), size)

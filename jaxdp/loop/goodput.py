@@ -119,6 +119,10 @@ class Clock:
       if category in BETWEEN_STEPS:
         self._between_steps += span.seconds
 
+  def add(self, category: str, seconds: float) -> None:
+    """Counts `seconds` that its owner timed as `category` (the loop's waits for input, as the feed timed them)."""
+    self.seconds[category] += seconds
+
   def between_steps(self) -> float:
     """Wall seconds this run spent so far in eval and checkpoint saves (their compilation included)."""
     return self._between_steps

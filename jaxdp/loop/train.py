@@ -141,7 +141,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
         with_ids=run.recorder.recording, row_ids=parts.feed.held is not None)
     # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
-    batches, train_step, flops_step = _device_batches(parts, run.recorder.take_ids(stream), start, stack)
+    placed, batches, train_step, flops_step = _device_batches(parts, run.recorder.take_ids(stream), start, stack)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
     step_flops, batches = _count_flops(parts, train_step, flops_step, state, batches, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
@@ -160,8 +160,11 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
                skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
-      with clock.span("input"):  # Waiting for the prefetch thread: only when the input is behind the steps.
-        batch = next(batches)
+      # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
+      # milliseconds to run again after taking a ready batch, which is host time (experiments/input_wait.md).
+      waited = placed.waited
+      batch = next(batches)
+      clock.add("input", placed.waited - waited)
       profiler.before(step)
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
         # The step donates `state`: the last completed one can no longer be saved, and dropping it here releases
@@ -300,13 +303,14 @@ class _Loop:
 
 
 def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], start: int,
-                    stack: contextlib.ExitStack) -> tuple[Iterator, Callable, Callable]:
-  """One device batch (or the device block holding it) per step, placed ahead by the prefetch thread, and the
-  train step and FLOPs step that take them."""
+                    stack: contextlib.ExitStack) -> tuple[parallel.Prefetcher | parallel.Inline, Iterator, Callable,
+                                                          Callable]:
+  """The placing iterator (its `waited`: the input waited for), one device batch (or the device block holding
+  it) per step, placed ahead by the prefetch thread, and the train step and FLOPs step that take them."""
   feed = parts.feed
   placed, batches = feed.device_inputs(parts.backend, host, start, parts.config.parallel.prefetch)
   stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
-  return batches, feed.train_step, feed.flops_step
+  return placed, batches, feed.train_step, feed.flops_step
 
 
 def _describe_input(parts: build.Parts) -> str:
