@@ -82,7 +82,7 @@ def swapped(targets: np.ndarray) -> np.ndarray:
   """range(n) after swapping position i with targets[i] >= i for i = 0, 1, ..., n - 2 in turn, as int64 [n].
 
   The swaps run in turn, but their result has a closed form that numpy computes at once (a Python loop took
-  0.7 s at 1.28M rows, holding the GIL, once an epoch; this 0.17 s, in numpy): a swap at step k carries the value
+  0.7 s at 1.28M rows, holding the GIL, once an epoch; this 0.24 s, in numpy): a swap at step k carries the value
   then at position k, call it V(k), to targets[k], where it stays until the next swap to touch that position. So
   the value at position p before step p is V(k) for the last earlier step k that swapped with p (its `parent`),
   else p itself: V is a root of the parent forest, found by pointer doubling. Step i (targets[i] > i) then takes
