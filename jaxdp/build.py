@@ -29,8 +29,9 @@ class Feed:
   steps: int  # Steps per host-to-device transfer; above 1 a block (`backend.put_block`), which each step indexes.
   train_step: Callable  # (state, what is placed) -> (state, metrics): Parts.train_step, or its block form.
   flops_step: Callable  # The same without an accumulation loop, only for counting FLOPs. Both compile when called.
-  held: data.Batch | None = None  # The train split, finished, to place on every device (`resident.place`); then
-                                  # the stream yields row ids (`train_batches(row_ids=True)`) in blocks of `steps`.
+  # Makes the train split, finished, to place on every device (`resident.place`); then the stream yields row ids
+  # (`train_batches(row_ids=True)`) in blocks of `steps`. Made when placed and not kept: up to resident_mb of host.
+  held: Callable[[], data.Batch] | None = None
 
   def device_inputs(self, backend: parallel.Backend, host: Iterator[data.Batch], start: int,
                     prefetch: int) -> tuple[parallel.Prefetcher | parallel.Inline, Iterator]:
@@ -41,7 +42,7 @@ class Feed:
       placed = parallel.prefetch(backend, host, prefetch)
       return placed, placed
     # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
-    put = resident.place(backend, self.held) if self.held is not None else (
+    put = resident.place(backend, self.held()) if self.held is not None else (
         lambda item: (backend.put_block(item[0]), item[1]))
     placed = parallel.prefetch(backend, blocks.stack(host, self.steps, start), prefetch, put=put)
     return placed, blocks.repeat(placed)
@@ -125,9 +126,9 @@ def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend:
 
   split, local = config.dataset.train_split, len(backend.local_devices)
   budget = resident.budget_mib(config.parallel.resident_mb, backend.platform)
-  if resident.fits(ds, split, budget, local) and (arrays := held.split(ds, split)) is not None:
+  if resident.fits(ds, split, budget, local) and held.holds(ds, split):
     return Feed(resident.steps_per_block(layout.process_batch, config.parallel.block_mb),
-                *mapped(resident.select, held=True), held=arrays)
+                *mapped(resident.select, held=True), held=functools.partial(held.split, ds, split))
   steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
   if steps > 1:
     return Feed(steps, *mapped(blocks.select, block=True))

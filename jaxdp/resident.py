@@ -64,9 +64,9 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
   return held_step
 
 
-def describe(split: Batch, local_devices: int, steps: int, setting: Any, prefetch: int) -> str:
-  """The start summary's `input` line for a held split."""
-  mib = sum(a.nbytes for a in split.values()) / 2**20
+def describe(nbytes: int, local_devices: int, steps: int, setting: Any, prefetch: int) -> str:
+  """The start summary's `input` line for a held split of `nbytes` (`held.nbytes`)."""
+  mib = nbytes / 2**20
   copies = f", a copy on each of {local_devices} devices" if local_devices > 1 else ""
   ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
   return (f"the train split held on the devices ({mib:,.{0 if mib >= 10 else 1}f} MiB{copies}; "

@@ -44,8 +44,9 @@ def test_a_held_split_trains_bitwise_as_host_batches_also_resumed_mid_block(conf
   _schedule(config)
   config.parallel.resident_mb = 4  # 8 copies of 0.37 MiB.
   feed = build.build(config).feed
-  assert feed.held is not None and sorted(feed.held) == ["inputs", "labels"]  # Digits' uint8 images, finished.
-  assert feed.held["inputs"].dtype == np.float32 and feed.held["inputs"].max() == 1.0
+  split = feed.held()  # Made when placed, not kept by the feed (a copy of up to resident_mb on the host).
+  assert sorted(split) == ["inputs", "labels"]  # Digits' uint8 images, finished.
+  assert split["inputs"].dtype == np.float32 and split["inputs"].max() == 1.0
   host, host_losses = _trained(config, tmp_path / "host", 0, 0)
   # Blocks of 3 steps' ids: steps 0-2, 3-5, 6-8, 9 (padded); resumed at 4 and 8: blocks start mid-way.
   on_devices, losses = _trained(config, tmp_path / "held", 4, 3, stop_at=(4, 8))
@@ -95,6 +96,21 @@ def test_a_bad_resident_mb_is_a_config_error_naming_it(config, value):
   config.parallel.resident_mb = value
   with pytest.raises(ConfigError, match=f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 .*got {value!r}"):
     build.build(config)
+
+
+def test_the_finished_split_is_made_when_placed_not_kept_from_the_build(config, monkeypatch):
+  """Finishing the split (uint8 -> normalized float32 here) copies it: the feed makes it to place it, then drops it."""
+  made, finish = [], held.split
+  monkeypatch.setattr(held, "split", lambda *args: made.append(args) or finish(*args))
+  config.parallel.resident_mb = 4
+  parts = build.build(config)
+  feed = parts.feed
+  assert feed.held is not None and not made  # Deciding to hold the split copied nothing.
+  stream = data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                              process_index=0, process_count=1, stop_step=2, row_ids=True)
+  placed, _ = feed.device_inputs(parts.backend, stream, 0, 0)
+  assert len(made) == 1 and not any(isinstance(v, dict) for v in vars(feed).values())
+  placed.close()
 
 
 def test_auto_holds_no_split_on_cpu_where_the_gather_on_the_step_path_cost_more(config):

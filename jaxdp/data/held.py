@@ -24,9 +24,12 @@ def nbytes(ds: Dataset, split: str) -> int | None:
   return row * ds.num_examples(split)
 
 
-def split(ds: Dataset, name: str) -> Batch | None:
-  """Split `name` of `ds` whole, finished as its batches are; None when it cannot be held (an unreadable example)."""
-  if nbytes(ds, name) is None:
-    return None
-  arrays = ds.source(name).held()
-  return None if arrays is None else ds.options.preprocess.finish_host(dict(arrays))
+def holds(ds: Dataset, name: str) -> bool:
+  """Whether split `name` of `ds` can be held (see the module doc; no unreadable example); copies nothing."""
+  return nbytes(ds, name) is not None and ds.source(name).held() is not None
+
+
+def split(ds: Dataset, name: str) -> Batch:
+  """Split `name` of `ds` whole, finished as its batches are (a copy when finishing casts or normalizes); for a
+  split that `holds`."""
+  return ds.options.preprocess.finish_host(dict(ds.source(name).held()))

@@ -21,6 +21,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxdp import blocks, build, checkpoint, data, models, parallel, resident, tasks
+from jaxdp.data import held
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -317,8 +318,8 @@ def _describe_input(parts: build.Parts) -> str:
   """The start summary's `input` line: how the train batches reach the devices."""
   config, feed = parts.config, parts.feed
   if feed.held is not None:
-    return resident.describe(feed.held, len(parts.backend.local_devices), feed.steps, config.parallel.resident_mb,
-                             config.parallel.prefetch)
+    return resident.describe(held.nbytes(parts.ds, config.dataset.train_split), len(parts.backend.local_devices),
+                             feed.steps, config.parallel.resident_mb, config.parallel.prefetch)
   return blocks.describe(parts.ds, feed.steps, config.parallel.block_mb, config.parallel.prefetch)
 
 
