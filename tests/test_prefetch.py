@@ -84,7 +84,9 @@ def test_waited_counts_only_batches_not_placed_yet():
   """The loop books `waited` as input: a batch placed ahead is none, however long the loop's thread then waits
   to run; a slow stream's batches are, as is every batch placed when asked (size 0)."""
   ready = parallel.prefetch(Placing(), _batches(4), 8)
-  time.sleep(0.3)  # The thread places all four meanwhile.
+  deadline = time.monotonic() + 30
+  while ready._queue.qsize() < 5 and time.monotonic() < deadline:  # The thread places all four, then their end.
+    time.sleep(0.01)
   assert len(list(ready)) == 4 and ready.waited == 0.0
   slow = parallel.prefetch(Placing(), _batches(4, delay_s=0.1), 2)
   assert len(list(slow)) == 4 and slow.waited >= 0.3
