@@ -32,8 +32,12 @@ def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:
   error that many steps early."""
   if block_mb <= 0 or ds.streamed or not host_batches.applies(ds):
     return 1
-  row_bytes = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ds.element_spec().values())
-  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, row_bytes * rows))))
+  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, _batch_bytes(ds, rows)))))
+
+
+def _batch_bytes(ds: Dataset, rows: int) -> int:
+  """Bytes of one step's host batch of `rows` rows of `ds`."""
+  return rows * sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ds.element_spec().values())
 
 
 def stack(batches: Iterator[dict[str, np.ndarray]], steps: int, first_step: int) -> Iterator[tuple[Block, int]]:
@@ -78,9 +82,9 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
 
 
 
-def describe(ds: Dataset, steps: int, block_mb: float, prefetch: int) -> str:
-  """The start summary's `input` line: how host batches reach the devices (`steps` per transfer, as
-  `steps_per_block` chose for `ds`), and why."""
+def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int) -> str:
+  """The start summary's `input` line: how host batches of `rows` rows reach the devices (`steps` per transfer,
+  as `steps_per_block` chose for `ds`), and why."""
   ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
   if steps > 1:
     return (f"{steps} steps' batches per transfer (nothing to decode; parallel.block_mb={block_mb:g}), "
@@ -90,7 +94,9 @@ def describe(ds: Dataset, steps: int, block_mb: float, prefetch: int) -> str:
   elif ds.streamed or not host_batches.applies(ds):
     why = "batches decoded by tf.data" + _uncached(ds)
   else:
-    why = f"one step's batch is over parallel.block_mb={block_mb:g} MiB"
+    mib = _batch_bytes(ds, rows) / 2**20
+    why = (f"one step's batch, {mib:.3g} MiB, is over parallel.block_mb={block_mb:g}" if mib > block_mb else
+           f"two steps' batches, {2 * mib:.3g} MiB, are over parallel.block_mb={block_mb:g}")
   return f"one transfer per step ({why}), {ahead}"
 
 

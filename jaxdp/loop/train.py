@@ -320,7 +320,8 @@ def _describe_input(parts: build.Parts) -> str:
   if feed.held is not None:
     return resident.describe(held.nbytes(parts.ds, config.dataset.train_split), len(parts.backend.local_devices),
                              feed.steps, config.parallel.resident_mb, config.parallel.prefetch)
-  return blocks.describe(parts.ds, feed.steps, config.parallel.block_mb, config.parallel.prefetch)
+  return blocks.describe(parts.ds, parts.layout.process_batch, feed.steps, config.parallel.block_mb,
+                         config.parallel.prefetch)
 
 
 def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: step_lib.TrainState,
