@@ -37,10 +37,13 @@ def test_shuffle_is_tfs(seed):
     np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
 
 
+@pytest.mark.parametrize("keyed", [True, False])
 @pytest.mark.parametrize("pattern", ["random", "none", "all_to_the_end", "each_to_the_next"])
-def test_swapped_is_the_swaps_done_in_turn(pattern):
+def test_swapped_is_the_swaps_done_in_turn(pattern, keyed, monkeypatch):
   """The closed form of the shuffle's swaps (`philox.swapped`) against doing them one by one, on targets TF's
-  draws rarely make: chains of swaps through one position, and none at all."""
+  draws rarely make: chains of swaps through one position, and none at all; also as splits over KEYED_MAX sort."""
+  if not keyed:
+    monkeypatch.setattr(philox, "KEYED_MAX", 0)
   rng = np.random.default_rng(0)
   for n in [2, 3, 5, 64, 1000]:
     steps = np.arange(n - 1)

@@ -13,6 +13,7 @@ _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)  # Philox-4x32's round m
 _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)  # Its key increments (Weyl sequence).
 _SCRAMBLE_KEY = np.array([0x3EC8F720, 0x02461E29], np.uint64)  # TF's key for turning a seed into (key, counter).
 _LOW = np.uint64(0xFFFFFFFF)
+KEYED_MAX = 2**31  # `swapped` sorts targets * n + step as int64 up to this n; beyond, the keys would overflow.
 _32 = np.uint64(32)
 
 
@@ -91,8 +92,12 @@ def swapped(targets: np.ndarray) -> np.ndarray:
   """
   n = len(targets) + 1
   steps = np.arange(n - 1, dtype=np.int64)
-  keys = np.sort(targets * n + steps)  # The steps grouped by target, each group in step order (one fast sort).
-  by_target, sorted_targets = keys % n, keys // n
+  if n <= KEYED_MAX:  # The steps grouped by target, each group in step order: one fast sort of int64 keys.
+    keys = np.sort(targets * n + steps)
+    by_target, sorted_targets = keys % n, keys // n
+  else:  # The keys would overflow int64: a stable sort, twice as slow.
+    by_target = np.argsort(targets, kind="stable")
+    sorted_targets = targets[by_target]
   same = sorted_targets[1:] == sorted_targets[:-1]
   before = np.full(n - 1, -1, np.int64)  # The last earlier step with the same target.
   before[by_target[1:][same]] = by_target[:-1][same]
