@@ -1,7 +1,8 @@
 """What the loop's wait for its next batch is, and which threads use the cores meanwhile (issue 25).
 
-    PYTHONPATH=experiments python experiments/input_wait.py --steps 420 --window 150:400 -- \
-        --config experiments/four_way_config_mlp.py --config.dataset.name=MLP.npz --workdir TMP
+    PYTHONPATH=experiments python experiments/input_wait.py --window 150:400 -- \
+        --config experiments/four_way_config_mlp.py --config.dataset.name=MLP.npz --workdir TMP \
+        --config.num_train_steps=420
 
 Runs jaxdp's CLI in this process with `parallel.Prefetcher.__next__` timed: per call in the window, whether a
 batch was already queued, the call's wall time and the loop thread's CPU time in it (`time.thread_time`); and
@@ -59,7 +60,9 @@ def main() -> None:
   parallel.Prefetcher.__next__ = next_timed
   sys.argv = ["jaxdp.train", *[a for a in args.cli if a != "--"]]
   # The CLI's exit skips the interpreter's teardown but runs atexit's handlers.
-  atexit.register(lambda: report(calls[first:last], marks[first], marks[last], " ".join(sys.argv[1:])))
+  atexit.register(lambda: report(calls[first:last], marks[first], marks[last], " ".join(sys.argv[1:])) if last in marks
+                  else print(f"error: {len(calls)} calls of the prefetcher's next, fewer than --window's {last}: more "
+                             "steps, or a run with one transfer per step and parallel.prefetch > 0", file=sys.stderr))
   runpy.run_module("jaxdp.train", run_name="__main__")
 
 
