@@ -32,12 +32,7 @@ def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:
   error that many steps early."""
   if block_mb <= 0 or ds.streamed or not host_batches.applies(ds):
     return 1
-  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, _batch_bytes(ds, rows)))))
-
-
-def _batch_bytes(ds: Dataset, rows: int) -> int:
-  """Bytes of one step's host batch of `rows` rows of `ds`."""
-  return rows * sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ds.element_spec().values())
+  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, rows * ds.row_bytes()))))
 
 
 def stack(batches: Iterator[dict[str, np.ndarray]], steps: int, first_step: int) -> Iterator[tuple[Block, int]]:
@@ -94,7 +89,7 @@ def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int)
   elif ds.streamed or not host_batches.applies(ds):
     why = "batches decoded by tf.data" + _uncached(ds)
   else:
-    mib = _batch_bytes(ds, rows) / 2**20
+    mib = rows * ds.row_bytes() / 2**20
     why = (f"one step's batch, {mib:.3g} MiB, is over parallel.block_mb={block_mb:g}" if mib > block_mb else
            f"two steps' batches, {2 * mib:.3g} MiB, are over parallel.block_mb={block_mb:g}")
   return f"one transfer per step ({why}), {ahead}"

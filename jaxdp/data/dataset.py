@@ -120,6 +120,10 @@ class Dataset:
       spec[name] = jax.ShapeDtypeStruct(tuple(shape), batch_dtype(name, dtype))
     return spec
 
+  def row_bytes(self) -> int:
+    """Bytes of one example as batches hold it (every feature of `element_spec`)."""
+    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in self.element_spec().values())
+
   @property
   def integer_inputs(self) -> bool:
     """Whether inputs are integer ids (e.g. tokens) that arrive as float32 but must stay exact."""

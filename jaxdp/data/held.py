@@ -7,8 +7,6 @@ step gathers its rows from that: bitwise the same batches. `jaxdp.resident` plac
 stream then yields only each step's row ids (`train_batches(row_ids=True)`).
 """
 
-import numpy as np
-
 from jaxdp.data import host_batches
 from jaxdp.data.dataset import Batch, Dataset
 
@@ -20,8 +18,7 @@ def nbytes(ds: Dataset, split: str) -> int | None:
     return None
   if getattr(ds.source(split), "held", None) is None:
     return None
-  row = sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in ds.element_spec().values())
-  return row * ds.num_examples(split)
+  return ds.row_bytes() * ds.num_examples(split)
 
 
 def holds(ds: Dataset, name: str) -> bool:
