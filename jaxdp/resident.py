@@ -5,9 +5,9 @@ device once, finished as its batches are, when its copies on this process's devi
 `parallel.resident_mb` MiB. The host then makes no batch at all: the train stream yields each step's row ids
 (`train_batches(row_ids=True)`), blocks of them travel as `jaxdp.blocks` does, and the step gathers its rows from the
 split on the device. The batches, and so the results, are bitwise those of the host's gather. What it removes is the
-host's part: the prefetch thread's gather and transfer of every batch, and the loop's wait for that thread to hand
-back the GIL, which goodput booked as input (the four-way MLP: 1.6 ms a step of input, 0.01 held). On a CPU the
-device's gather then sits on the step's path, where the host's overlapped it: slower there (`AUTO_MIB`).
+host's part: the prefetch thread's gather and transfer of every batch (on the four-way MLP about 1.3 ms of a busy
+core a step; experiments/input_wait.md). On a CPU the device's gather then sits on the step's path, where the host's
+overlapped it: slower there (`AUTO_MIB`).
 """
 
 import functools
