@@ -74,6 +74,36 @@ def cpu_wall(sides: dict[str, Callable[[int], None]], rounds: int, repeats: int)
   return times
 
 
+def stepping(step: Callable[..., tuple[Any, Any]], state: Any, *inputs: Any) -> Callable[[int], None]:
+  """A `cpu_wall` side: `run(n)` calls `state, out = step(state, *inputs)` n times, then waits for the last."""
+  import jax  # Here, not at the top: a script may set XLA's flags before JAX loads.
+
+  def run(n: int) -> None:
+    nonlocal state
+    for _ in range(n):
+      state, out = step(state, *inputs)
+    jax.block_until_ready((state, out))
+  return run
+
+
+def jaxdp_first_input(parts: Any) -> Any:
+  """What jaxdp's loop places for the first step of `parts` (jaxdp.build.Parts, one process): the held split and a
+  block of row ids, a block of batches, or a batch, as its feed chooses."""
+  from jaxdp import data
+  config, feed = parts.config, parts.feed
+  host = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed,
+                            global_batch=parts.layout.global_batch, start_step=0, process_index=0, process_count=1,
+                            stop_step=feed.steps, row_ids=feed.held is not None)
+  return next(feed.device_inputs(parts.backend, host, 0, 0)[1])
+
+
+def jaxdp_stepping(config: Any) -> Callable[[int], None]:
+  """`stepping` of jaxdp's train step for `config` (one process), on what its loop places for the first step."""
+  from jaxdp import build
+  parts = build.build(config)
+  return stepping(parts.feed.train_step, parts.backend.init(parts.init), jaxdp_first_input(parts))
+
+
 def cpu_wall_lines(times: dict[str, list[tuple[float, float]]], a: str, b: str) -> list[str]:
   """`cpu_wall`'s medians (min..max) per side, and the per-round ratios a / b by each clock."""
   lines = [f"{name}: cpu {fmt([c for c, _ in v])}, wall {fmt([w for _, w in v])}" for name, v in times.items()]

@@ -24,9 +24,6 @@ import four_way_jax  # noqa: E402
 
 def jaxdp_step(tmp: str, block_mb: float) -> Callable[[int], None]:
   """`run(n)`: n of jaxdp's train steps on one placed batch (or block), waited for."""
-  import jax
-
-  from jaxdp import build, data
   path = os.path.join(tmp, "text.txt")
   if not os.path.exists(path):
     os.makedirs(tmp, exist_ok=True)
@@ -35,18 +32,7 @@ def jaxdp_step(tmp: str, block_mb: float) -> Callable[[int], None]:
   config = four_way_configs.get_config("gpt")
   config.dataset.builder_kwargs.path, config.dataset.data_dir = path, os.path.join(tmp, "tfds")
   config.num_train_steps, config.parallel.block_mb = 400, block_mb
-  parts = build.build(config)
-  state = parts.backend.init(parts.init)
-  host = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed, global_batch=config.batch_size,
-                            start_step=0, process_index=0, process_count=1, stop_step=parts.feed.steps)
-  placed = next(parts.feed.device_inputs(parts.backend, host, 0, 0)[1])  # The first step's, as the loop places it.
-
-  def run(n: int) -> None:
-    nonlocal state
-    for _ in range(n):
-      state, metrics = parts.feed.train_step(state, placed)
-    jax.block_until_ready((state, metrics))
-  return run
+  return abrun.jaxdp_stepping(config)
 
 
 def plain_step() -> Callable[[int], None]:
@@ -75,12 +61,7 @@ def plain_step() -> Callable[[int], None]:
   tokens = np.random.default_rng(0).integers(0, 256, (2, *shape))
   x, y = jnp.asarray(tokens[0], jnp.float32), jnp.asarray(tokens[1], jnp.int32)
 
-  def run(n: int) -> None:
-    nonlocal state
-    for _ in range(n):
-      state, loss = step(state, x, y)
-    jax.block_until_ready((state, loss))
-  return run
+  return abrun.stepping(step, state, x, y)
 
 
 def main(argv: list[str]) -> None:

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import abrun  # noqa: E402
 
-from jaxdp import build, data, parallel  # noqa: E402
+from jaxdp import build, parallel  # noqa: E402
 from jaxdp.configs import default, gpt_token_file  # noqa: E402
 from jaxdp.datasets import token_file  # noqa: E402
 from jaxdp.loop import goodput  # noqa: E402
@@ -125,8 +125,8 @@ class Patched:
 
   def __enter__(self) -> "Patched":
     self._saved = (parallel.prefetch, progress.Reporter.on_step)
-    if self.prefetch is not None:
-      parallel.prefetch = self.prefetch
+    if self.prefetch is not None:  # As parallel.Inline: the loop books every `next` of these as input.
+      parallel.prefetch = lambda *args, **kwargs: parallel.Inline(self.prefetch(*args, **kwargs), lambda x: x)
     real_on_step, times, cpu = progress.Reporter.on_step, self.times, self.cpu
 
     def on_step(reporter: progress.Reporter, step: int) -> None:
@@ -163,11 +163,8 @@ def run_bare(config: ml_collections.ConfigDict) -> dict[str, float]:
   parts = build.build(config)
   backend = parts.backend
   state = backend.init(parts.init)
-  feed = parts.feed  # As the loop feeds its steps: the split held on the devices, blocks of steps, or a batch each.
-  stream = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed,
-                              global_batch=parts.layout.global_batch, start_step=0, process_index=0,
-                              process_count=1, stop_step=1, row_ids=feed.held is not None)
-  batch = next(feed.device_inputs(backend, stream, 0, 0)[1])  # The first step's, placed as the loop places it.
+  feed = parts.feed
+  batch = abrun.jaxdp_first_input(parts)  # The first step's, placed as the loop places it.
   bound, pending, times, cpu = steps_in_flight(config, backend), [], [], []
   for step in range(1, config.num_train_steps + 1):
     state, step_metrics = feed.train_step(state, batch)

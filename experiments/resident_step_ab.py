@@ -23,26 +23,10 @@ import four_way_configs  # noqa: E402
 
 def side(tmp: str, resident_mb: float) -> Callable[[int], None]:
   """`run(n)`: n of jaxdp's train steps on what its loop would place for the first step, waited for."""
-  import jax
-
-  from jaxdp import build, data
   config = four_way_configs.get_config("mlp")
   config.dataset.name, config.dataset.data_dir = os.path.join(tmp, "mlp.npz"), os.path.join(tmp, "tfds")
   config.num_train_steps, config.parallel.resident_mb = 300, resident_mb
-  parts = build.build(config)
-  feed = parts.feed
-  host = data.train_batches(parts.ds, config.dataset.train_split, seed=config.seed, global_batch=config.batch_size,
-                            start_step=0, process_index=0, process_count=1, stop_step=feed.steps,
-                            row_ids=feed.held is not None)
-  placed = next(feed.device_inputs(parts.backend, host, 0, 0)[1])  # The first step's, as the loop places it.
-  state = parts.backend.init(parts.init)
-
-  def run(n: int) -> None:
-    nonlocal state
-    for _ in range(n):
-      state, metrics = feed.train_step(state, placed)
-    jax.block_until_ready((state, metrics))
-  return run
+  return abrun.jaxdp_stepping(config)
 
 
 def main(argv: list[str]) -> None:
