@@ -113,6 +113,6 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   def decodes(step: int, row: int, index: int) -> bool:
     return check(lambda: with_index(np.array([index], np.int64)), step, first_row + row)
 
-  on_host = host_batches.applies(ds) and not _tf_data or row_ids
+  on_host = row_ids or (host_batches.applies(ds) and not _tf_data)  # Row ids are only ever made on the host.
   return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=len(source),
                               start=start_step, skip=ds.options.skip_bad_examples)

@@ -35,6 +35,8 @@ log = logging.getLogger("jaxdp")
 PyTree = Any
 # `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
 SKIPPED_FILE = "skipped_examples.json"
+
+
 @dataclasses.dataclass
 class Result:
   """What a run leaves: the final (device) state, its backend and model, the last eval metrics.
