@@ -182,6 +182,8 @@ def test_summary_describes_the_run(config):
   assert f"{n_train:,} examples" in lines["data"] and f"{n_eval:,}" in lines["data"]
   assert f"{n_train // 32} per epoch" in lines["schedule"]
   assert "'data': 8" in lines["backend"]
+  config.num_train_steps = 1
+  assert summary.describe(config, backend, layout, ds, model)["schedule"].startswith("1 step, ")
 
 
 def test_cli_output_when_not_a_terminal(data_dir, tmp_path):

@@ -27,6 +27,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
   n_train = ds.num_examples(config.dataset.train_split)
   n_eval = ds.num_examples(config.dataset.eval_split)
   steps_per_epoch = n_train // layout.global_batch
+  steps = f"{config.num_train_steps:,} step{'s' * (config.num_train_steps != 1)}"
   targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
   lines = {
       "devices": _devices(backend),
@@ -35,7 +36,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {targets}"),
-      "schedule": (f"{config.num_train_steps:,} steps, {steps_per_epoch:,} per epoch "
+      "schedule": (f"{steps}, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
   }
   if not task:
