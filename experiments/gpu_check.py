@@ -126,7 +126,7 @@ def describe() -> dict[str, Any]:
   dev = jax.devices()[0]
   return {"platform": dev.platform, "device_kind": dev.device_kind, "device_count": jax.device_count(),
           "jax": jax.__version__, "host": f"{abrun.cpu_model()} ({platform.machine()}), {os.cpu_count()} CPU cores",
-          "load_average": abrun.load()}
+          "load_average": abrun.load(), "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def _pct(x: float | None) -> str:

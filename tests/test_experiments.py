@@ -4,6 +4,7 @@ import functools
 import json
 import math
 import os
+import subprocess
 import sys
 
 import jax
@@ -124,6 +125,20 @@ def test_resnet_imagenet_stem_is_an_option_and_a_bad_stem_is_named():
   assert build()[0]["stem"]["kernel"].shape == (3, 3, 3, 8)  # The default (CIFAR) stem is unchanged.
   with pytest.raises(ConfigError, match="'vgg'"):
     build(stem="vgg")
+
+
+def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags(tmp_path):
+  root = os.path.join(os.path.dirname(__file__), os.pardir)
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env.update(OUT=str(tmp_path), SIZE="tiny", ARGS="--steps 1 --warmup 1 --models gpt")
+  done = subprocess.run(["bash", "experiments/device_check.sh"], cwd=root, env=env, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stdout + done.stderr
+  defaults = json.loads((tmp_path / "gpu_check_defaults.json").read_text())
+  guide = json.loads((tmp_path / "gpu_check_guide_flags.json").read_text())
+  assert defaults["device"]["xla_flags"] == "" and "--xla_gpu_triton_gemm_any=true" in guide["device"]["xla_flags"]
+  assert defaults["gpt"]["tokens_per_second"] > 0 and guide["gpt"]["tokens_per_second"] > 0
+  assert "jax " in (tmp_path / "device.txt").read_text()
 
 
 def test_gpu_check_runs_at_a_tiny_size_on_cpu(tmp_path):
