@@ -130,7 +130,7 @@ def test_resnet_imagenet_stem_is_an_option_and_a_bad_stem_is_named():
 def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags(tmp_path):
   root = os.path.join(os.path.dirname(__file__), os.pardir)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  env.update(OUT=str(tmp_path), SIZE="tiny", ARGS="--steps 1 --warmup 1 --models gpt")
+  env.update(OUT=str(tmp_path), SIZE="tiny", ARGS="--steps 1 --warmup 1 --models gpt", PYTHON=sys.executable)
   done = subprocess.run(["bash", "experiments/device_check.sh"], cwd=root, env=env, capture_output=True, text=True,
                         timeout=300)
   assert done.returncode == 0, done.stdout + done.stderr
