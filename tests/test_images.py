@@ -124,8 +124,8 @@ def test_resnet50_is_the_v1_5_architecture():
   first = model.blocks[3]  # The first block of stage 2: the stride sits on the 3x3 convolution (v1.5).
   assert first.conv2.strides == 2 and first.conv1.strides == 1 and first.project.strides == 2
   block = Bottleneck(8, 4, 1, None, 0.9, rngs=nnx.Rngs(0))  # Starts as the identity: the last BN scale is zero.
-  assert block.bn3.scale.value.shape == (16,) and not np.any(block.bn3.scale.value)
-  assert np.all(block.bn2.scale.value == 1)
+  assert block.bn3.scale[...].shape == (16,) and not np.any(block.bn3.scale[...])
+  assert np.all(block.bn2.scale[...] == 1)
 
 
 def test_train_flip_mirrors_some_crops_and_only_mirrors():

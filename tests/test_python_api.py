@@ -62,7 +62,7 @@ def test_an_nnx_instance_is_the_init_whatever_the_seed(config):
     config.seed = seed
     params, _ = build.build(_digits(config), model=module).model.init(jax.random.PRNGKey(seed))
     runs.assert_bitwise(params, expected)
-  assert isinstance(module.linear.kernel.value, jax.Array)  # The module itself is left as it was.
+  assert isinstance(module.linear.kernel[...], jax.Array)  # The module itself is left as it was.
 
 
 def test_a_model_that_is_no_module_is_one_config_error(config):

@@ -132,7 +132,7 @@ class Strategy(abc.ABC):
   def global_norm(self, grads: PyTree, axis: DataAxis) -> jax.Array:
     """The global L2 norm of the reduced gradient."""
     del axis
-    return optax.global_norm(grads)
+    return optax.tree.norm(grads)
 
   def apply(self, state: Any, grads: PyTree, tx: optax.GradientTransformation,
             axis: DataAxis) -> tuple[PyTree, PyTree]:
