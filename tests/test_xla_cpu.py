@@ -170,3 +170,12 @@ def test_the_flags_reach_xla_in_a_train_process(tmp_path):
   assert _ynn_ops(tmp_path, "opt_in", f"--config.{xla_cpu.KEY}={xla_cpu.NO_YNN_CONVOLUTIONS}") == {"dot", "reduce"}
   onednn = _train_step_hlo(tmp_path, "onednn", f"--config.{xla_cpu.KEY}={' '.join(xla_cpu.ONEDNN_DOTS)}")
   assert any('"kind":"__onednn_fusion"' in hlo for hlo in onednn)  # Both flags, this jaxlib's names: dots in oneDNN.
+
+
+def test_whether_jax_started_is_asked_of_its_private_api_and_a_jax_without_it_reads_not_started(monkeypatch):
+  import jax
+  from jax._src import xla_bridge
+  jax.devices()  # This test process has started its backends.
+  assert xla_cpu.backends_started()
+  monkeypatch.delattr(xla_bridge, "backends_are_initialized")  # As a JAX that dropped or moved it.
+  assert xla_cpu.backends_started() is False

@@ -150,5 +150,8 @@ def describe(outcome: Outcome | None = None) -> str:
 
 def backends_started() -> bool:
   """Whether JAX started its backends (after that, XLA_FLAGS and the CPU device count are fixed)."""
-  from jax._src import xla_bridge  # No public way to ask; XLA reads XLA_FLAGS when the first backend starts.
-  return xla_bridge.backends_are_initialized()
+  try:  # No public way to ask; XLA reads XLA_FLAGS when the first backend starts.
+    from jax._src.xla_bridge import backends_are_initialized
+  except ImportError:  # A JAX without it (private API): only the "too late" note of the start summary is lost.
+    return False
+  return backends_are_initialized()
