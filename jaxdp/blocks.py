@@ -30,9 +30,16 @@ def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:
   """Steps per transfer for `rows` rows a step of `ds`: as many as fit in `block_mb` MiB, at most MAX_STEPS;
   1 (a transfer per step) for batches tf.data decodes, whose reading ahead would also raise a bad example's
   error that many steps early."""
-  if block_mb <= 0 or ds.streamed or not host_batches.applies(ds):
+  if ds.streamed or not host_batches.applies(ds):
     return 1
-  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, rows * ds.row_bytes()))))
+  return steps_fitting(rows * ds.row_bytes(), block_mb)
+
+
+def steps_fitting(step_bytes: int, block_mb: float) -> int:
+  """Steps of `step_bytes` each in one transfer: as many as fit in `block_mb` MiB, at most MAX_STEPS; 1 with 0."""
+  if block_mb <= 0:
+    return 1
+  return int(max(1, min(MAX_STEPS, block_mb * 2**20 // max(1, step_bytes))))
 
 
 def stack(batches: Iterator[dict[str, np.ndarray]], steps: int, first_step: int) -> Iterator[tuple[Block, int]]:

@@ -45,9 +45,7 @@ def fits(ds: Dataset, split: str, budget_mb: float, local_devices: int) -> bool:
 
 def steps_per_block(rows: int, block_mb: float) -> int:
   """Steps of row ids per transfer: as many as fit in `block_mb` MiB, at most `blocks.MAX_STEPS`; 1 with 0."""
-  if block_mb <= 0:
-    return 1
-  return int(max(1, min(blocks.MAX_STEPS, block_mb * 2**20 // max(1, ID_BYTES * rows))))
+  return blocks.steps_fitting(ID_BYTES * rows, block_mb)
 
 
 def select(step: Callable[..., Any]) -> Callable[..., Any]:
