@@ -49,7 +49,7 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
 
 
 def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
-  """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.1 s late."""
+  """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.25 s late."""
   from jaxdp import data
   read = data.train_batches
 
