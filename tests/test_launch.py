@@ -10,7 +10,7 @@ import time
 import pytest
 
 from jaxdp.loop import goodput
-from jaxdp.tools import launch
+from jaxdp.tools import launch, launch_state
 
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -185,3 +185,34 @@ def test_a_restarted_run_counts_the_time_since_the_failed_runs_last_record(tmp_p
   monkeypatch.delenv(goodput.ENV_RESTARTED)  # Resumed by hand (maybe days later): nothing counts as lost.
   clock = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=lambda: 0.0, now=lambda: 1e9)
   assert clock.scalars()["time/total/restart"] == 0.0 and clock.scalars()["time/total/wall"] == 4.0
+
+
+_HOLDS_A_STATE_DIR = """
+import sys, time
+from jaxdp.tools import launch_state
+with launch_state.state_dir() as path:
+  print(path, flush=True)
+  time.sleep(600)
+"""
+
+
+def test_the_state_dir_of_a_launcher_killed_hard_is_removed_by_the_next(tmp_path):
+  env = {**os.environ, "TMPDIR": str(tmp_path)}
+  holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_STATE_DIR], stdout=subprocess.PIPE, text=True, env=env)
+  try:
+    held = holder.stdout.readline().strip()
+    assert os.path.dirname(held) == str(tmp_path) and launch_state.sweep(str(tmp_path)) == []  # It lives.
+  finally:
+    holder.kill()  # As hard as the OOM killer: its context never exits.
+    holder.wait()
+  other = tmp_path / f"{launch_state.PREFIX}someone-elses"  # No owner file: not the launcher's to judge.
+  other.mkdir()
+  assert os.path.isdir(held) and launch_state.sweep(str(tmp_path)) == [held]
+  assert sorted(os.listdir(tmp_path)) == [other.name]
+
+
+def test_a_launcher_removes_its_own_state_dir_when_it_ends(tmp_path, monkeypatch):
+  monkeypatch.setattr(launch_state.tempfile, "tempdir", str(tmp_path))
+  with launch_state.state_dir() as path:
+    assert os.listdir(path) == [launch_state.OWNER]
+  assert os.listdir(tmp_path) == []

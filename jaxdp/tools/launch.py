@@ -22,12 +22,12 @@ import socket
 import string
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import typing
 
 from jaxdp.runtime import cpu_devices, distributed
+from jaxdp.tools import launch_state
 from jaxdp.loop import goodput
 
 GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint and exit before they are killed.
@@ -277,7 +277,7 @@ def _error(message: str, status: int) -> int:
 
 def launch(args: argparse.Namespace) -> int:
   """Runs the processes, restarting them as allowed; returns the launcher's exit status."""
-  with tempfile.TemporaryDirectory(prefix="jaxdp-launch-") as state_dir:
+  with launch_state.state_dir() as state_dir:
     return Launcher(args).run(state_dir)
 
 
