@@ -209,10 +209,11 @@ def module_at(rev: str, path: str, name: str) -> types.ModuleType:
   """The repository's file `path` as it was at git revision `rev`, imported (from a temporary copy) as `name`."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True, text=True).stdout
-  copy = os.path.join(tempfile.mkdtemp(), f"{name}.py")
-  with open(copy, "w") as f:
-    f.write(source)
-  spec = importlib.util.spec_from_file_location(name, copy)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  with tempfile.TemporaryDirectory(prefix="module_at_") as tmp:
+    copy = os.path.join(tmp, f"{name}.py")
+    with open(copy, "w") as f:
+      f.write(source)
+    spec = importlib.util.spec_from_file_location(name, copy)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
   return module

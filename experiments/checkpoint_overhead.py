@@ -6,7 +6,9 @@ waited for) and B (no checkpoints), in fresh workdirs; the ratio of wall times p
 """
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -15,7 +17,9 @@ from jaxdp.runtime import cpu_devices  # noqa: E402
 
 cpu_devices.simulate(8)
 # Every run after the first loads its programs from this cache, so compile time does not dilute the ratio.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="ckpt-bench-cache-"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="ckpt-bench-cache-")
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import contextlib  # noqa: E402
@@ -34,8 +38,8 @@ def run_seconds(checkpoint_every: int, data_dir: str | None) -> float:
   config.dataset.data_dir = data_dir
   config.checkpoint_every_steps = checkpoint_every
   start = time.perf_counter()
-  with contextlib.redirect_stdout(io.StringIO()):
-    train.train_and_evaluate(config, tempfile.mkdtemp(prefix="ckpt-bench-"))
+  with contextlib.redirect_stdout(io.StringIO()), tempfile.TemporaryDirectory(prefix="ckpt-bench-") as workdir:
+    train.train_and_evaluate(config, workdir)
   return time.perf_counter() - start
 
 

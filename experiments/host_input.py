@@ -71,12 +71,12 @@ def _per_batch_ms(ds, rows: int, host: bool, n: int) -> float:
 
 def batches(args: argparse.Namespace) -> None:
   sys.path.insert(0, ROOT)
-  directory = tempfile.mkdtemp(prefix="host_input_")
   results: dict = {}
-  for name, (ds, rows) in _datasets(directory).items():
-    for _ in range(args.rounds):
-      for host in (False, True):
-        results.setdefault((name, host), []).append(_per_batch_ms(ds, rows, host, args.batches))
+  with tempfile.TemporaryDirectory(prefix="host_input_") as directory:
+    for name, (ds, rows) in _datasets(directory).items():
+      for _ in range(args.rounds):
+        for host in (False, True):
+          results.setdefault((name, host), []).append(_per_batch_ms(ds, rows, host, args.batches))
   print(f"load: {os.getloadavg()[0]:.2f}; {args.rounds} alternating rounds of {args.batches} batches\n")
   print("| source (rows) | tf.data ms/batch | host ms/batch | ratio |\n|---|---|---|---|")
   for name in dict.fromkeys(k for k, _ in results):
@@ -110,14 +110,14 @@ def _run(repo: str, config: str, flags: list[str], directory: str) -> dict:
 
 def goodput(args: argparse.Namespace) -> None:
   sys.path.insert(0, ROOT)
-  directory = tempfile.mkdtemp(prefix="host_input_")
   results: dict = {}
-  for name, (config, flags) in RUNS.items():
-    if "token" in config:
-      flags = [*flags, "--config.dataset.builder_kwargs.path=TOKENS"]
-    for _ in range(args.rounds):
-      for label, repo in (("before", args.before), ("after", args.after or ROOT)):
-        results.setdefault((name, label), []).append(_run(repo, config, flags, directory))
+  with tempfile.TemporaryDirectory(prefix="host_input_") as directory:
+    for name, (config, flags) in RUNS.items():
+      if "token" in config:
+        flags = [*flags, "--config.dataset.builder_kwargs.path=TOKENS"]
+      for _ in range(args.rounds):
+        for label, repo in (("before", args.before), ("after", args.after or ROOT)):
+          results.setdefault((name, label), []).append(_run(repo, config, flags, directory))
   print(f"load: {os.getloadavg()[0]:.2f}; {args.rounds} alternating rounds\n")
   print("| run | code | input s | wall s | input share |\n|---|---|---|---|---|")
   for (name, label), runs in results.items():

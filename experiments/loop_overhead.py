@@ -232,6 +232,21 @@ def put_study(rounds: int) -> list[str]:
   return lines
 
 
+def measure(args: argparse.Namespace, tmp: str) -> tuple[ml_collections.ConfigDict, dict[str, list[dict[str, float]]]]:
+  """The workload's config, and each contender's runs (alternating, `args.rounds` each), with data under `tmp`."""
+  config = workload_config(args.workload, args.shape, tmp, WARMUP + args.steps + 1, args.devices)
+  if args.data == "resident":
+    contenders = {"jaxdp": lambda: run_jaxdp(config, tmp, resident_prefetch), "bare": lambda: run_bare(config)}
+  else:
+    contenders = {"jaxdp": lambda: run_jaxdp(config, tmp, None),
+                  "inline": lambda: run_jaxdp(config, tmp, inline_prefetch)}
+  results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
+  for _ in range(args.rounds):
+    for name, run in contenders.items():
+      results[name].append(run())
+  return config, results
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--workload", choices=("gpt", "cnn", "mlp"), default="gpt")
@@ -250,18 +265,9 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.rounds * 2 + 1} rounds; the digits batch (128 x 8 x 8 x 1 float32, 128 int32 labels); "
         "median [interquartile range] over rounds.", "", *put_study(args.rounds * 2 + 1)])
     return
-  tmp = tempfile.mkdtemp(prefix="loop_overhead-")
-  config = workload_config(args.workload, args.shape, tmp, WARMUP + args.steps + 1, args.devices)
-  if args.data == "resident":
-    contenders = {"jaxdp": lambda: run_jaxdp(config, tmp, resident_prefetch), "bare": lambda: run_bare(config)}
-  else:
-    contenders = {"jaxdp": lambda: run_jaxdp(config, tmp, None),
-                  "inline": lambda: run_jaxdp(config, tmp, inline_prefetch)}
-  results: dict[str, list[dict[str, float]]] = {name: [] for name in contenders}
-  for _ in range(args.rounds):
-    for name, run in contenders.items():
-      results[name].append(run())
-  first, second = contenders
+  with tempfile.TemporaryDirectory(prefix="loop_overhead-") as tmp:  # Its data and workdirs: hundreds of MB.
+    config, results = measure(args, tmp)
+  first, second = results
   ratio = abrun.ratios([r["step"] for r in results[first]], [r["step"] for r in results[second]])
   shape = f"{config.batch_size} x {config.dataset.builder_kwargs.seq_len}" if args.workload == "gpt" else \
       f"batch {config.batch_size}"
