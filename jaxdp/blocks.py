@@ -83,7 +83,6 @@ def select(step: Callable[..., Any]) -> Callable[..., Any]:
   return block_step
 
 
-
 def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int) -> str:
   """The start summary's `input` line: how host batches of `rows` rows reach the devices (`steps` per transfer,
   as `steps_per_block` chose for `ds`), and why."""

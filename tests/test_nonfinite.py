@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from jaxdp import data, train
+from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import metrics
 
 
@@ -32,3 +33,33 @@ def test_consecutive_nonfinite_steps_stop_training(config, tmp_path, monkeypatch
   config.num_train_steps, config.max_consecutive_nonfinite = 10, 2
   with pytest.raises(train.NonFiniteError, match="2 consecutive steps"):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+class _HostBackend:
+  """A backend stand-in whose metrics are host numbers already: what StepMetrics does with them, alone."""
+
+  def __init__(self, platform: str = "cpu"):
+    self.platform, self.fetches = platform, 0
+
+  def get(self, tree):
+    self.fetches += 1
+    return tree
+
+
+def test_without_log_steps_the_guard_still_reads_the_metrics_every_fetch_every_steps():
+  backend = _HostBackend()
+  tracker = StepMetrics(backend, max_in_flight=0, max_nonfinite=3)
+  for step in range(1, StepMetrics.FETCH_EVERY):
+    tracker.push(step, {"loss": 1.0, "nonfinite": 0})
+  assert backend.fetches == 0 and len(tracker.pending) == StepMetrics.FETCH_EVERY - 1
+  tracker.push(StepMetrics.FETCH_EVERY, {"loss": 1.0, "nonfinite": 0})
+  assert backend.fetches == 1 and tracker.pending == []  # Memory stays bounded.
+  with pytest.raises(NonFiniteError, match="3 consecutive steps"):  # And a NaN run stops a run that never logs.
+    for step in range(StepMetrics.FETCH_EVERY + 1, 3 * StepMetrics.FETCH_EVERY):
+      tracker.push(step, {"loss": float("nan"), "nonfinite": 1})
+
+
+def test_steps_in_flight_are_bounded_on_cpu_only(config):
+  config.parallel.max_steps_in_flight = 7
+  assert steps_in_flight(config, _HostBackend("cpu")) == 7
+  assert steps_in_flight(config, _HostBackend("gpu")) == steps_in_flight(config, _HostBackend("tpu")) == 0

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -88,3 +89,29 @@ def test_build_masks_zero1_by_the_true_shapes(config):
   moved = jax.tree.map(lambda u: bool(np.any(u != 0)), updates)
   assert moved == {"fc": {"kernel": True, "bias": False}, "norm": {"scale": False, "bias": False},
                    "head": {"kernel": True, "bias": False}}
+
+
+def test_nesterov_momentum_is_another_update_than_heavy_ball(config):
+  config.optimizer, config.learning_rate, config.momentum = "momentum", LR, 0.9
+  params = {"w": jnp.ones(3)}
+  grads = {"w": jnp.array([1.0, -2.0, 0.5])}
+
+  def second_update(nesterov: bool) -> np.ndarray:
+    config.nesterov = nesterov
+    tx = optim.make(config, params)
+    state = tx.init(params)
+    _, state = tx.update(grads, state, params)
+    return np.asarray(tx.update(grads, state, params)[0]["w"])
+
+  np.testing.assert_allclose(second_update(False), -LR * 1.9 * np.asarray(grads["w"]), rtol=1e-6)
+  np.testing.assert_allclose(second_update(True), -LR * (0.9 * 1.9 + 1) * np.asarray(grads["w"]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_no_weight_decay_leaves_the_optimizer_state_unmasked(config, optimizer):
+  """A run without weight decay keeps the state layout it always had: its checkpoints restore as before."""
+  config.optimizer, config.learning_rate, config.weight_decay = optimizer, LR, 0.0
+  params = _params()
+  lr = optim.schedule(config)
+  plain = optax.adamw(lr, weight_decay=0.0) if optimizer == "adamw" else optax.sgd(lr)
+  assert jax.tree.structure(optim.make(config, params).init(params)) == jax.tree.structure(plain.init(params))

@@ -55,7 +55,7 @@ def test_only_a_few_epochs_are_held():
   order = sampler.GlobalOrder(N, B, SEED, "train")
   for step in range(EPOCHS * N // B):
     order.rows(step, 0, B)
-  assert len(sampler._held) <= sampler.EPOCHS_HELD < EPOCHS
+  assert len(sampler._held) == sampler.EPOCHS_HELD < EPOCHS  # The newest epochs stay: the next one, a straggler.
 
 
 def test_orders_of_the_same_split_and_seed_share_each_epochs_permutation():
@@ -79,3 +79,9 @@ def test_shard_order_is_thread_safe_too():
 def test_a_batch_larger_than_the_split_names_the_flag_to_change():
   with pytest.raises(ConfigError, match=r"batch \(128\) exceeds the 108 examples of split 'train'.*--config\.batch_size"):
     sampler.GlobalOrder(108, 128, 0, "train")
+
+
+def test_a_split_of_exactly_one_batch_trains_and_one_row_fewer_is_an_error():
+  assert sampler.GlobalOrder(B, B, 0, "train").steps_per_epoch == 1
+  with pytest.raises(ConfigError, match=rf"batch \({B}\) exceeds the {B - 1} examples"):
+    sampler.GlobalOrder(B - 1, B, 0, "train")

@@ -51,6 +51,8 @@ def test_linear_scaling_rule_scales_the_peak_learning_rate(config):
   assert optim.peak_learning_rate(config) == pytest.approx(0.4)
   assert float(optim.schedule(config)(10)) == pytest.approx(0.4)
   assert float(optim.schedule(config)(5)) == pytest.approx(0.2)
+  config.num_train_steps = 100
+  assert float(optim.schedule(config)(100)) == 0.0 < float(optim.schedule(config)(99))  # Cosine: 0 at the end.
   config.batch_size = 64
   assert float(optim.schedule(config)(10)) == pytest.approx(0.05)
   config.base_batch_size = -1
