@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -114,6 +115,8 @@ def test_a_checkpoint_that_does_not_fit_is_named_and_kept(data_dir, tmp_path, ca
                        f"--config.dataset.data_dir={data_dir}", "--config.model.name=cnn"])
   err = capsys.readouterr().err.strip()
   assert status == 2 and err.startswith("error: checkpoint") and "params/" in err and len(err.splitlines()) == 1
+  assert err.count(" is missing from the checkpoint") + err.count(" is in the checkpoint") <= 3
+  assert re.search(r"\(and \d+ more\)", err), err  # Three differences named, the rest counted.
   assert sorted(os.listdir(tmp_path / "checkpoints")) == before
 
 
@@ -174,3 +177,12 @@ def test_a_workdir_names_its_checkpoints_in_one_message(tmp_path):
   assert checkpoint.pick_step(str(tmp_path)) == 10 and checkpoint.pick_step(str(tmp_path), 2) == 2
   with pytest.raises(ConfigError, match=r"^no checkpoint 3 in .*/checkpoints \(have: \[2, 10\]\)$"):
     checkpoint.pick_step(str(tmp_path), 3)
+
+
+def test_saving_a_step_already_saved_is_a_no_op(config, tmp_path):
+  """A stop right after a periodic save (or a notebook) may save a step twice; orbax alone would raise."""
+  config.num_train_steps = config.checkpoint_every_steps = 2
+  result = train.train_and_evaluate(config, str(tmp_path))
+  with checkpoint.Checkpointer(str(tmp_path), config) as saver:
+    saver.save(2, result.state, result.backend, force=True)  # As a stop saves: orbax's own check is skipped.
+  assert checkpoint.steps(str(tmp_path)) == [2]

@@ -77,3 +77,15 @@ def test_invariant_mode_is_bitwise_the_same_with_dropout(config):
   # Accumulation is honoured: each piece draws its own mask, so the result is not k=1's (the bitwise
   # invariance of k=2 across device counts is test_scaleup's).
   assert not np.array_equal(jax.tree.leaves(results[(4, 2)])[0], jax.tree.leaves(results[(1, 1)])[0])
+
+
+def test_each_step_draws_new_masks(config):
+  config.parallel.backend, config.batch_size = "pmap", 8
+  parts = build.build(_model(config, "MaskNNX"))
+  state = parts.backend.init(parts.init)
+  masks = []
+  for batch in itertools.islice(data.train_batches(parts.ds, "train", seed=0, global_batch=8, start_step=0,
+                                                   process_index=0, process_count=1), 2):
+    state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+    masks.append(jax.tree.leaves(parts.backend.replicas(state.model_state))[0])
+  assert not np.array_equal(*masks)  # The step's key folds in its number: one key for all would repeat the masks.

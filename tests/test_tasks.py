@@ -12,7 +12,7 @@ import pytest
 import my_tasks
 from jaxdp import build, checkpoint, data, models, tasks, train
 from jaxdp import step as step_lib
-from jaxdp.batch import REAL
+from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
 from jaxdp.loop import evaluate
@@ -139,6 +139,9 @@ def test_best_metric_not_of_the_task_is_one_config_error_naming_the_choices(conf
   assert "eval/worst" in str(e.value) and "eval/confidence" in str(e.value)
   config.keep_best_checkpoints = 0  # No best checkpoints kept: the default best_metric is never read.
   build.build(config)
+  config.keep_best_checkpoints, config.best_metric = 1, "eval/num_examples"  # Every eval's count: never a "best".
+  with pytest.raises(ConfigError, match="eval/num_examples"):
+    checkpoint.check_best(config, ["eval/loss", "eval/num_examples"])
 
 
 def test_the_regression_builtin_is_inferred_for_float_labels_and_reports_mse_mae_r2(config, tmp_path):
@@ -211,3 +214,49 @@ def test_next_token_reports_per_token_loss_accuracy_and_bits_per_byte_over_real_
   np.testing.assert_allclose(got["eval/loss"], ce.mean(), rtol=1e-6)
   np.testing.assert_allclose(got["eval/accuracy"], hits.mean(), rtol=1e-6)
   np.testing.assert_allclose(got["eval/bits_per_byte"], ce.mean() / np.log(2) / 2.0, rtol=1e-5)
+
+
+def _bound(**kwargs) -> task_lib.BoundModel:
+  """A model that returns its input: what the task seam hands a task, alone."""
+  return task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, **kwargs)
+
+
+def test_a_scalar_metric_is_refused_naming_it():
+  with pytest.raises(ConfigError, match="task metric 'total' must have per-example values"):
+    task_lib.run(lambda m, b: (m(b["inputs"]).sum(-1), {"total": b["inputs"].sum()}),
+                 _bound(dtype=jnp.float32, cast_inputs=True), {"inputs": jnp.ones((2, 3))})
+
+
+def test_weighted_metrics_reduce_by_kind():
+  values, weights = jnp.array([1.0, 2.0, 3.0]), jnp.array([1.0, 0.0, 2.0])
+  assert float(task_lib.scalar(tasks.Metric(values, weights, reduce="sum"))) == 7.0
+  assert float(task_lib.scalar(tasks.Metric(values, weights, reduce="mean"))) == pytest.approx(7.0 / 3.0)
+  assert float(task_lib.scalar(tasks.Metric(values, reduce="sum"))) == 6.0
+
+
+def test_padded_rows_never_reach_a_max_even_above_every_real_value():
+  rows = task_lib.per_row({"m": tasks.Metric(jnp.array([-3.0, -2.0, 5.0]), reduce="max")}, jnp.array([1, 1, 0]))
+  assert rows["max"]["m"].tolist() == [-3.0, -2.0, -np.inf]
+
+
+def test_float_inputs_reach_the_model_in_the_compute_dtype_unless_they_are_token_ids():
+  x = jnp.ones((2, 3), jnp.float32)
+  assert _bound(dtype=jnp.bfloat16, cast_inputs=True)(x).dtype == jnp.bfloat16
+  assert _bound(dtype=jnp.bfloat16, cast_inputs=False)(x).dtype == jnp.float32  # Ids above 256 stay exact.
+  assert _bound(dtype=jnp.bfloat16, cast_inputs=True)(x.astype(jnp.int32)).dtype == jnp.int32
+
+
+def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
+  seen = []
+
+  def task(model, batch):
+    seen.append(sorted(batch))
+    return cross_entropy(model(batch["inputs"]), batch["labels"]), {}
+
+  parts = build.build(config, task=task)
+  state = parts.backend.init(parts.init)
+  batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                  process_index=0, process_count=1, with_ids=True))
+  assert INDEX in batch  # The audit's ids ride with the batch ...
+  parts.train_step(state, parts.backend.put_batch(batch))
+  assert seen and all(keys == ["inputs", "labels"] for keys in seen), seen  # ... but never reach the task.
