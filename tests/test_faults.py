@@ -75,3 +75,27 @@ def test_sentinel_names_the_diverged_replica(config, backend_name):
   with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\)") as info:
     sentinel.check(params)
   assert "device 4" not in str(info.value) and "device 6" not in str(info.value)
+
+
+def _planted(state, changes: dict):
+  """`state.params` with device d's copy of a kernel (its values all different) replaced by `changes[d](it)`."""
+  leaves = jax.tree.leaves(state.params)
+  k = next(i for i, x in enumerate(leaves) if len(np.unique(np.asarray(x))) == x.size > 1)
+  leaf = leaves[k]
+  shards = [s.data for s in leaf.addressable_shards]
+  for i, s in enumerate(leaf.addressable_shards):
+    if s.device.id in changes:
+      shards[i] = jax.device_put(changes[s.device.id](np.asarray(shards[i])), s.device)
+  planted = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, shards)
+  return jax.tree.unflatten(jax.tree.structure(state.params), [*leaves[:k], planted, *leaves[k + 1:]])
+
+
+def test_sentinel_sees_values_moved_within_a_replica_and_names_every_diverged_one(config):
+  backend, state, _, _ = _setup(config, "mesh")
+  sentinel = replicas.Sentinel(backend)
+  swapped = lambda x: np.roll(x.reshape(-1), 1).reshape(x.shape)  # noqa: E731  Same bits, other places.
+  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 3 \(process 0\)"):
+    sentinel.check(_planted(state, {3: swapped}))
+  bumped = lambda x: x + np.float32(1e-7)  # noqa: E731
+  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 2 .*device 6 .*other 6 of 8"):
+    sentinel.check(_planted(state, {2: bumped, 6: bumped}))

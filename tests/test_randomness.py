@@ -46,6 +46,15 @@ def test_micro_batches_draw_their_own_masks(config):
   assert len({m.tobytes() for m in two}) == 8
 
 
+def test_micro_batch_i_of_device_d_draws_the_key_of_its_place_in_the_global_batch(config):
+  # fold_in(rng, d * k + i): 4 devices x 2 micro-batches key their examples as 8 devices x 1 do.
+  config.parallel.backend, config.batch_size = "pmap", 8
+  eight = _masks_after_one_step(_model(config, "MaskNNX"))
+  config.parallel.num_devices, config.grad_accum_steps = 4, 2
+  four_by_two = _masks_after_one_step(_model(config, "MaskNNX"))
+  np.testing.assert_array_equal(four_by_two, eight[1::2])  # The mask kept is the last micro-batch's: 2d + 1.
+
+
 @pytest.mark.parametrize("name", ["DropoutMLP", "DropoutMLPLinen"])
 def test_dropout_models_train(config, tmp_path, name):
   config.num_train_steps, config.log_every_steps, config.learning_rate = 40, 10, 1e-2

@@ -141,3 +141,19 @@ def test_a_strategy_reads_an_8_device_zero1_optimizer_state_into_its_own_layout(
   jax.tree.map(np.testing.assert_array_equal, (mu, nu, adam.count), (params, jax.tree.map(jnp.square, params), 3))
   if to:  # ZeRO-1's padding is zeros, as its own init lays it.
     jax.tree.map(lambda f, p: np.testing.assert_array_equal(np.asarray(f)[p.size:], 0), adam.mu, params)
+
+
+@pytest.mark.parametrize("zero1", [False, True])
+def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config, zero1):
+  """The first step's loss and accuracy (before any update) are the batch's, however many micro-batches ran."""
+  config.parallel.shard_optimizer_state = zero1
+  reported = []
+  for accum in (1, 2, 4):
+    config.grad_accum_steps = accum
+    parts = build.build(config)
+    state = parts.backend.init(parts.init)
+    _, metrics = parts.train_step(state, parts.backend.put_batch(_first_batch(parts, config)))
+    reported.append(parts.backend.get(metrics))
+  for got in reported[1:]:
+    assert got["loss"] == pytest.approx(reported[0]["loss"], rel=1e-5)
+    assert got["accuracy"] == pytest.approx(reported[0]["accuracy"], rel=1e-6)
