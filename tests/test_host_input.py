@@ -112,10 +112,23 @@ def test_the_numpy_and_tf_finish_are_the_same_function_of_the_data():
            "f64": rng.randn(4) * 1e30, "u64": rng.randint(0, 2**62, 4).astype(np.uint64), "b": rng.rand(4) > 0.5,
            "_index": np.arange(4, dtype=np.int64)}
   tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in batch.items()}).items()}
-  batches.assert_same([pre.finish_host(batch)], [tf_out])
+  host = pre.finish_host(batch)
+  batches.assert_same([host], [tf_out])
+  # As a device holds them: 64-bit narrowed to 32, integer labels int32; jaxdp's own keys as they are.
+  assert {k: v.dtype.name for k, v in host.items()} == {"inputs": "float32", "labels": "int32", "f64": "float32",
+                                                        "u64": "uint32", "b": "bool", "_index": "int64"}
   floats = {"inputs": rng.randn(4, 3) * 1e3}
   tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in floats.items()}).items()}
   batches.assert_same([pre.finish_host(floats)], [tf_out])
+
+
+def test_normalizing_on_the_host_never_writes_into_the_rows_it_was_given():
+  """A float32 batch may be a view of the split itself (held in memory): it is normalized in a copy."""
+  rows = np.arange(6, dtype=np.float32).reshape(2, 3)
+  before = rows.copy()
+  out = Preprocess(mean=(1.0,), std=(2.0,)).finish_host({"inputs": rows})
+  np.testing.assert_array_equal(rows, before)
+  np.testing.assert_array_equal(out["inputs"], (before - 1.0) / 2.0)
 
 
 def _bad_pngs(data_dir, **fields):

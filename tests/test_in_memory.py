@@ -125,6 +125,10 @@ def test_the_resume_guard_refuses_changed_data():
     data.check_resume(saved, spec(changed))
   with pytest.raises(ConfigError, match="dataset '<in-memory>@"):
     data.check_resume(saved, spec(BatchedRows(changed)))  # A source's sample of rows holds row 17's label too.
+  retyped = _arrays(60)
+  retyped["labels"] = retyped["labels"].view(np.int64)  # float64 labels' bytes, as integers.
+  with pytest.raises(ConfigError, match="dataset '<in-memory>@"):  # The same bytes read as another dtype.
+    data.check_resume(saved, spec(retyped))
 
 
 @pytest.mark.parametrize("train, words", [

@@ -55,9 +55,7 @@ class ArraysSource:
     return self.arrays
 
   def digest(self, h: "hashlib._Hash") -> None:
-    for k, v in sorted(self.arrays.items()):
-      h.update(f"\0{k}\0{v.dtype.str}\0{v.shape}\0".encode())
-      h.update(np.ascontiguousarray(v).data)
+    _digest_rows(h, self.arrays)
 
 
 class RandomAccessSource:
@@ -95,9 +93,14 @@ class RandomAccessSource:
       h.update(own.encode())
       return
     sample = np.unique(np.linspace(0, len(self) - 1, SAMPLE_ROWS).astype(np.int64))
-    for k, v in sorted(self.read(sample).items()):
-      h.update(f"\0{k}\0{v.dtype.str}\0{v.shape}\0".encode())
-      h.update(np.ascontiguousarray(v).data)
+    _digest_rows(h, self.read(sample))
+
+
+def _digest_rows(h: "hashlib._Hash", rows: Rows) -> None:
+  """Each feature's name, dtype, shape and bytes into `h`, in name order."""
+  for k, v in sorted(rows.items()):
+    h.update(f"\0{k}\0{v.dtype.str}\0{v.shape}\0".encode())
+    h.update(np.ascontiguousarray(v).data)
 
 
 def _numeric(dtype: np.dtype) -> bool:
