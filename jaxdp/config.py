@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
@@ -85,7 +86,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
 
   `config` has its defaults filled (`with_defaults`).
   """
-  _positive(config, "batch_size", "num_train_steps", "log_every_steps", "eval_every_steps")
+  for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps"):
+    _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
   layout = Layout(num_devices, num_processes, config.batch_size, eval_batch_size(config))
@@ -96,28 +98,19 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
-  gc_every = config.gc_every_steps
-  if isinstance(gc_every, bool) or not isinstance(gc_every, int) or gc_every < 0:
-    raise ConfigError(f"gc_every_steps must be an integer >= 0 (0: Python's automatic collection), got {gc_every!r}")
-  clip = config.max_grad_norm
-  if isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0:
-    raise ConfigError(f"max_grad_norm must be a number >= 0 (0: no clipping), got {clip!r}")
-  smoothing = config.label_smoothing
-  if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-    raise ConfigError(f"label_smoothing must be a number in [0, 1), got {smoothing!r}")
+  _number(config, "gc_every_steps", lambda v: v >= 0, "an integer >= 0 (0: Python's automatic collection)",
+          integer=True)
+  _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
+  _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
   flat = config.parallel.flat_allreduce
   if str(flat).lower() not in ("auto", "true", "false"):
     raise ConfigError(f"parallel.flat_allreduce must be auto, true or false, got {flat!r}")
-  block_mb = config.parallel.block_mb
-  if isinstance(block_mb, bool) or not isinstance(block_mb, (int, float)) or block_mb < 0:
-    raise ConfigError(f"parallel.block_mb must be a number >= 0 (0: one transfer per step), got {block_mb!r}")
+  _number(config, "parallel.block_mb", lambda v: v >= 0, "a number >= 0 (0: one transfer per step)")
   resident_mb = config.parallel.resident_mb
   if resident_mb != "auto" and not mib(resident_mb) >= 0:
     raise ConfigError(f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 (0: the train split never held "
                       f"on the devices), got {resident_mb!r}")
-  bucket = config.parallel.bucket_bytes
-  if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket < 1:
-    raise ConfigError(f"parallel.bucket_bytes must be a positive integer, got {bucket!r}")
+  _number(config, "parallel.bucket_bytes", lambda v: v >= 1, "a positive integer", integer=True)
   for key, value in (("dtype", config.dtype), ("parallel.allreduce_dtype", config.parallel.allreduce_dtype)):
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")
@@ -134,8 +127,11 @@ def mib(value: Any) -> float:
     return float("nan")
 
 
-def _positive(config: ml_collections.ConfigDict, *keys: str) -> None:
-  for key in keys:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+def _number(config: ml_collections.ConfigDict, key: str, ok: Callable[[float], bool], what: str, *,
+            integer: bool = False) -> None:
+  """A ConfigError unless `key` ("parallel.block_mb") is a number (an int if `integer`; no bool) where `ok` holds."""
+  value = config
+  for part in key.split("."):
+    value = value[part]
+  if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not ok(value):
+    raise ConfigError(f"{key} must be {what}, got {value!r}")
