@@ -16,7 +16,7 @@ import pytest
 from jaxdp import config as config_lib
 from jaxdp import data, models, parallel
 from jaxdp.loop import goodput
-from jaxdp.report import progress, summary
+from jaxdp.report import progress, summary, units
 from jaxdp.configs import default
 
 TRAIN_LINE = re.compile(r"^step +\d+/\d+ +\d+% \| loss \d+\.\d{4} \| acc \d+\.\d% \| [\d,]+ ex/s \([\d,]+/device\) "
@@ -275,3 +275,15 @@ def test_headline_metrics_come_in_the_task_s_order_and_the_loss_once():
                             headline=("loss", "b", "accuracy")) == "step  2/10 eval | loss 1.0000 | b 2 | acc 50.0%"
   assert progress.eval_line(2, 10, {"eval/loss": 1.0, "eval/accuracy": 0.5}, headline=()) == \
       "step  2/10 eval | loss 1.0000"
+
+
+def test_numbers_read_as_people_write_them_at_each_unit_boundary():
+  assert [units.si(x) for x in (999.0, 1e3, 1e9, 2.5e15)] == ["999 ", "1 k", "1 G", "2.5 P"]
+  assert [units.binary_bytes(n) for n in (1023, 1024, 3 * 2**19, 2**30)] == ["1023 B", "1.0 KiB", "1.5 MiB", "1.0 GiB"]
+  assert [units.duration(s) for s in (0.4, 59.6, 3725)] == ["0:00:00", "0:01:00", "1:02:05"]  # Rounded, not cut.
+
+
+def test_skipped_steps_are_named_in_the_train_figures():
+  assert "2 non-finite steps skipped" in progress.figures({"train/loss": 1.0, "train/nonfinite": 2.0}, {}, None,
+                                                          per_device=False)
+  assert not any("non-finite" in f for f in progress.figures({"train/nonfinite": 0.0}, {}, None, per_device=False))
