@@ -27,8 +27,8 @@ import time
 import typing
 
 from jaxdp.runtime import cpu_devices, distributed
-from jaxdp.tools import launch_state
 from jaxdp.loop import goodput
+from jaxdp.tools import launch_state
 
 GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint and exit before they are killed.
 # How long the others get after a process failed: they cannot finish (their collectives and the preemption
