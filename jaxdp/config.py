@@ -130,8 +130,6 @@ def mib(value: Any) -> float:
 def _number(config: ml_collections.ConfigDict, key: str, ok: Callable[[float], bool], what: str, *,
             integer: bool = False) -> None:
   """A ConfigError unless `key` ("parallel.block_mb") is a number (an int if `integer`; no bool) where `ok` holds."""
-  value = config
-  for part in key.split("."):
-    value = value[part]
+  value = config[key]  # ConfigDict reads a dotted key ("parallel.block_mb") as nested fields.
   if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not ok(value):
     raise ConfigError(f"{key} must be {what}, got {value!r}")
