@@ -61,26 +61,11 @@ def test_repeated_nans_stop_the_run_and_keep_the_last_good_checkpoint(config, tm
   assert any(r.get("train/nonfinite", 0) > 0 for r in records)  # The skips are counted.
 
 
-@pytest.mark.parametrize("backend_name", ["mesh", "pmap"])
-def test_sentinel_names_the_diverged_replica(config, backend_name):
-  backend, state, _, _ = _setup(config, backend_name)
-  sentinel = replicas.Sentinel(backend)
-  sentinel.check(state.params)  # Identical replicas pass.
-  leaf = jax.tree.leaves(state.params)[0]
-  shards = [s.data for s in leaf.addressable_shards]
-  victim = next(i for i, s in enumerate(leaf.addressable_shards) if s.device.id == 5)
-  shards[victim] = jax.device_put(np.asarray(shards[victim]) + np.float32(1e-7), shards[victim].device)
-  planted = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, shards)
-  params = jax.tree.unflatten(jax.tree.structure(state.params), [planted, *jax.tree.leaves(state.params)[1:]])
-  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\)") as info:
-    sentinel.check(params)
-  assert "device 4" not in str(info.value) and "device 6" not in str(info.value)
-
-
 def _planted(state, changes: dict):
   """`state.params` with device d's copy of a kernel (its values all different) replaced by `changes[d](it)`."""
   leaves = jax.tree.leaves(state.params)
-  k = next(i for i, x in enumerate(leaves) if len(np.unique(np.asarray(x))) == x.size > 1)
+  copies = [np.asarray(x.addressable_shards[0].data) for x in leaves]  # One device's copy (pmap: [1, ...]).
+  k = next(i for i, c in enumerate(copies) if len(np.unique(c)) == c.size > 1)
   leaf = leaves[k]
   shards = [s.data for s in leaf.addressable_shards]
   for i, s in enumerate(leaf.addressable_shards):
@@ -88,6 +73,16 @@ def _planted(state, changes: dict):
       shards[i] = jax.device_put(changes[s.device.id](np.asarray(shards[i])), s.device)
   planted = jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, shards)
   return jax.tree.unflatten(jax.tree.structure(state.params), [*leaves[:k], planted, *leaves[k + 1:]])
+
+
+@pytest.mark.parametrize("backend_name", ["mesh", "pmap"])
+def test_sentinel_names_the_diverged_replica(config, backend_name):
+  backend, state, _, _ = _setup(config, backend_name)
+  sentinel = replicas.Sentinel(backend)
+  sentinel.check(state.params)  # Identical replicas pass.
+  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\)") as info:
+    sentinel.check(_planted(state, {5: lambda x: x + np.float32(1e-7)}))
+  assert "device 4" not in str(info.value) and "device 6" not in str(info.value)
 
 
 def test_sentinel_sees_values_moved_within_a_replica_and_names_every_diverged_one(config):

@@ -17,21 +17,23 @@ def _model(config, name, **kwargs):
   return config
 
 
-def _masks_after_one_step(config):
-  """Every device's dropout mask of one train step, [devices, MASK_WIDTH]."""
+def _masks(config, steps: int = 1) -> list:
+  """Every device's dropout mask after each of the first `steps` train steps, each [devices, MASK_WIDTH]."""
   parts = build.build(config)
   state = parts.backend.init(parts.init)
-  batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
-                                  process_index=0, process_count=1))
-  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
-  return jax.tree.leaves(parts.backend.replicas(state.model_state))[0]
+  masks = []
+  for batch in itertools.islice(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size,
+                                                   start_step=0, process_index=0, process_count=1), steps):
+    state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+    masks.append(jax.tree.leaves(parts.backend.replicas(state.model_state))[0])
+  return masks
 
 
 @pytest.mark.parametrize("name", ["MaskNNX", "MaskLinen"])
 def test_each_device_draws_its_own_dropout_mask(config, name):
   # pmap: the per-device masks (int model state, never averaged) come back as they are.
   config.parallel.backend, config.batch_size = "pmap", 8  # One example per device.
-  masks = _masks_after_one_step(_model(config, name))
+  masks = _masks(_model(config, name))[0]
   assert masks.shape == (8, 32) and 0 < masks.mean() < 1
   assert len({m.tobytes() for m in masks}) == 8, masks  # With one key for all, every row would be the same.
 
@@ -39,9 +41,9 @@ def test_each_device_draws_its_own_dropout_mask(config, name):
 def test_micro_batches_draw_their_own_masks(config):
   # With accumulation the device's last micro-batch is not keyed like the first: masks differ from k=1's.
   config.parallel.backend, config.batch_size = "pmap", 16
-  one = _masks_after_one_step(_model(config, "MaskNNX"))
+  one = _masks(_model(config, "MaskNNX"))[0]
   config.grad_accum_steps = 2
-  two = _masks_after_one_step(_model(config, "MaskNNX"))
+  two = _masks(_model(config, "MaskNNX"))[0]
   assert not np.array_equal(one, two)
   assert len({m.tobytes() for m in two}) == 8
 
@@ -49,9 +51,9 @@ def test_micro_batches_draw_their_own_masks(config):
 def test_micro_batch_i_of_device_d_draws_the_key_of_its_place_in_the_global_batch(config):
   # fold_in(rng, d * k + i): 4 devices x 2 micro-batches key their examples as 8 devices x 1 do.
   config.parallel.backend, config.batch_size = "pmap", 8
-  eight = _masks_after_one_step(_model(config, "MaskNNX"))
+  eight = _masks(_model(config, "MaskNNX"))[0]
   config.parallel.num_devices, config.grad_accum_steps = 4, 2
-  four_by_two = _masks_after_one_step(_model(config, "MaskNNX"))
+  four_by_two = _masks(_model(config, "MaskNNX"))[0]
   np.testing.assert_array_equal(four_by_two, eight[1::2])  # The mask kept is the last micro-batch's: 2d + 1.
 
 
@@ -90,11 +92,5 @@ def test_invariant_mode_is_bitwise_the_same_with_dropout(config):
 
 def test_each_step_draws_new_masks(config):
   config.parallel.backend, config.batch_size = "pmap", 8
-  parts = build.build(_model(config, "MaskNNX"))
-  state = parts.backend.init(parts.init)
-  masks = []
-  for batch in itertools.islice(data.train_batches(parts.ds, "train", seed=0, global_batch=8, start_step=0,
-                                                   process_index=0, process_count=1), 2):
-    state, _ = parts.train_step(state, parts.backend.put_batch(batch))
-    masks.append(jax.tree.leaves(parts.backend.replicas(state.model_state))[0])
-  assert not np.array_equal(*masks)  # The step's key folds in its number: one key for all would repeat the masks.
+  # The step's key folds in its number: one key for all would repeat the masks.
+  assert not np.array_equal(*_masks(_model(config, "MaskNNX"), steps=2))

@@ -187,9 +187,13 @@ def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_sm
   assert tasks.headline(my_tasks.focal) == ("confidence",) and tasks.headline(tasks.Regression()) == ("mse",)
 
 
+def _bound(**kwargs) -> task_lib.BoundModel:
+  """A model that returns its input: what the task seam hands a task, alone."""
+  return task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, **kwargs)
+
+
 def test_a_metric_of_no_known_kind_or_a_summed_loss_is_refused():
-  bound = task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, dtype=jnp.float32,
-                              cast_inputs=True)
+  bound = _bound(dtype=jnp.float32, cast_inputs=True)
   batch = {"inputs": jnp.ones((2, 3))}
   with pytest.raises(ConfigError, match="reduce must be one of"):
     task_lib.run(lambda m, b: (m(b["inputs"]), {"x": tasks.Metric(b["inputs"], reduce="median")}), bound, batch)
@@ -214,11 +218,6 @@ def test_next_token_reports_per_token_loss_accuracy_and_bits_per_byte_over_real_
   np.testing.assert_allclose(got["eval/loss"], ce.mean(), rtol=1e-6)
   np.testing.assert_allclose(got["eval/accuracy"], hits.mean(), rtol=1e-6)
   np.testing.assert_allclose(got["eval/bits_per_byte"], ce.mean() / np.log(2) / 2.0, rtol=1e-5)
-
-
-def _bound(**kwargs) -> task_lib.BoundModel:
-  """A model that returns its input: what the task seam hands a task, alone."""
-  return task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, **kwargs)
 
 
 def test_a_scalar_metric_is_refused_naming_it():
