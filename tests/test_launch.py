@@ -188,7 +188,7 @@ def test_a_restarted_run_counts_the_time_since_the_failed_runs_last_record(tmp_p
 
 
 _HOLDS_A_STATE_DIR = """
-import sys, time
+import time
 from jaxdp.tools import launch_state
 with launch_state.state_dir() as path:
   print(path, flush=True)
