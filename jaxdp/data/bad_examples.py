@@ -16,7 +16,6 @@ read the same examples.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Union
@@ -26,6 +25,7 @@ import numpy as np
 from jaxdp.config import ConfigError
 from jaxdp.data.dataset import Batch
 from jaxdp.data.source import UnreadableExample
+from jaxdp.runtime import exits
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -36,10 +36,6 @@ Failure = Union["tf.errors.OpError", UnreadableExample]  # How a step whose exam
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
 SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
-# What TensorFlow puts around the cause of a failed decode: its `{{function_node ...}}` and `[Op:...]` tags,
-# tf.data's "Error in user-defined function ..." prefixes, and the assertion a source's `UnreadableExample` fails.
-_TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|Error in user-defined function passed to \S+ transformation "
-                          r"with iterator: \S+: |assertion failed: \[|\]$")
 
 
 class BadExampleError(ConfigError):
@@ -131,11 +127,10 @@ def named_error(split: str, indices: list[int], error: Failure, remedy: str = SK
 
 
 def reason_of(error: Failure) -> str:
-  """TensorFlow's first line of `error`, without its tags and the tf.data wrappings around the cause (an
-  `UnreadableExample`: its message, the same cause)."""
+  """TensorFlow's first line of `error`, without what TensorFlow puts around the cause (an `UnreadableExample`: its
+  message, the same cause)."""
   message = str(error) if isinstance(error, UnreadableExample) else error.message
-  first = ((message or "").strip().splitlines() or [""])[0]
-  return _TF_WRAPPING.sub("", first).strip() or type(error).__name__
+  return exits.tf_cause(message or "") or type(error).__name__
 
 
 def skipped_through(stream: Iterator[Batch], step: int) -> int:

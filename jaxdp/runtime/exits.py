@@ -25,6 +25,10 @@ THREAD_GRACE_S = 5.0  # How long non-daemon threads may still run once a command
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The last frame of a worker's Python traceback in TensorFlow's message: '  File "PATH", line N, in NAME'.
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+# What TensorFlow puts around the cause of a failed op: its `{{function_node ...}}` and `[Op:...]` tags, a trailing
+# `name:`, tf.data's "Error in user-defined function ..." prefix, and the brackets of a failed assertion's message.
+_TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|\s*name: '?$|Error in user-defined function passed to \S+ "
+                          r"transformation with iterator: \S+: |assertion failed: \[|\]$")
 
 
 def release(error: BaseException) -> None:
@@ -61,12 +65,17 @@ def input_failure(error: BaseException) -> tuple[str, str] | None:
     return _summary(f"{type(error).__name__}: {error}", where, text)
   message = op_error.message or ""
   head, sep, worker = message.partition("Traceback (most recent call last):")
-  if not sep:  # A TensorFlow op failed on the data: its first line, without the graph node tags.
-    reason = re.sub(r"\{\{[^}]*\}\}|\[Op:\w+\]|\s*name: '?$", "", message.strip().splitlines()[0]).strip()
-    return f"the input pipeline failed: {reason or type(op_error).__name__}", ""
+  if not sep:  # A TensorFlow op failed on the data.
+    return f"the input pipeline failed: {tf_cause(message) or type(op_error).__name__}", ""
   lines = [line for line in worker.strip().splitlines() if line.strip() and not line.lstrip().startswith("[[")]
   return _summary(lines[-1].strip() if lines else head.strip(), _FRAME.findall(worker),
                   "Traceback (most recent call last):" + worker.rstrip())
+
+
+def tf_cause(message: str) -> str:
+  """The first line of a TensorFlow error's message without what TensorFlow puts around the cause ("" if none)."""
+  first = (message.strip().splitlines() or [""])[0]
+  return _TF_WRAPPING.sub("", first).strip()
 
 
 def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple[str, str]:
