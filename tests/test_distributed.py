@@ -1,17 +1,19 @@
-"""Setup mistakes end in exactly one `error:` line on stderr and exit status 2, not a traceback or an abort."""
+"""Joining a multi-process run: which settings and clusters join one, and setup mistakes end in exactly one `error:`
+line on stderr and exit status 2, not a traceback or an abort."""
 
-import inspect
 import os
 import socket
 import subprocess
 import sys
 import time
 
+import ml_collections
 import pytest
 
-from jaxdp.loop import preemption
+from jaxdp import config as config_lib
 from jaxdp import train
 from jaxdp.configs import default, mlp_digits
+from jaxdp.runtime import distributed
 
 
 def _unused_port() -> int:
@@ -50,21 +52,37 @@ def test_a_bad_best_mode_or_best_metric_is_one_line_and_exit_2(tmp_path, data_di
   assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_preemption_sync_every_steps_acts_only_without_the_preemption_service_as_documented(monkeypatch):
-  calls = []
-  monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
-  monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
-                      lambda step: calls.append(("service", step)) or False)
-  monkeypatch.setattr(preemption.multihost_utils, "process_allgather", lambda flags: calls.append(("gather",)) or flags)
-  before = preemption.jax.config.jax_enable_preemption_service
-  try:
-    for service in (True, False):
-      preemption.jax.config.update("jax_enable_preemption_service", service)
-      watcher = preemption.Watcher(sync_every_steps=3)
-      assert not any(watcher.should_stop(step) for step in range(1, 7))
-  finally:
-    preemption.jax.config.update("jax_enable_preemption_service", before)
-  assert calls == [("service", s) for s in range(1, 7)] + [("gather",)] * 2  # Every step; then steps 3 and 6.
-  source = inspect.getsource(default)
-  comment = source[:source.index("config.preemption_sync_every_steps")].splitlines()[-3:-1]
-  assert "preemption_service off only" in comment[0] and "does nothing" in comment[1], comment
+@pytest.mark.parametrize("env, detected", [
+    ({}, False), ({"SLURM_NTASKS": "1"}, False), ({"SLURM_NTASKS": "2"}, True), ({"OMPI_COMM_WORLD_SIZE": "4"}, True),
+    ({"TPU_WORKER_HOSTNAMES": "t0"}, False), ({"TPU_WORKER_HOSTNAMES": "t0,t1"}, True)])
+def test_a_cluster_is_detected_only_with_more_than_one_process(monkeypatch, env, detected):
+  """A one-task SLURM job or a one-host TPU VM trains alone: joining would wait for a coordinator that never comes."""
+  for name in (*distributed._CLUSTER_SIZE_VARS, "TPU_WORKER_HOSTNAMES"):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in env.items():
+    monkeypatch.setenv(name, value)
+  assert distributed._cluster_detected() == detected
+
+
+def _distributed(**values) -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.distributed.update(values)
+  return config
+
+
+def test_the_config_wins_over_the_environment_process_0_included(monkeypatch):
+  monkeypatch.setenv(distributed.ENV_COORDINATOR, "elsewhere:1")
+  monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "4")
+  monkeypatch.setenv(distributed.ENV_PROCESS_ID, "3")
+  assert distributed.settings(_distributed(coordinator_address="here:2", num_processes=2, process_id=0)) == {
+      "coordinator_address": "here:2", "num_processes": 2, "process_id": 0}
+  assert distributed.settings(_distributed()) == {"coordinator_address": "elsewhere:1", "num_processes": 4,
+                                                  "process_id": 3}
+
+
+@pytest.mark.parametrize("num, pid", [(2, 2), (2, -1), (0, 0)])
+def test_a_process_id_outside_the_run_is_named(monkeypatch, num, pid):
+  for name in (distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    monkeypatch.delenv(name, raising=False)
+  with pytest.raises(config_lib.ConfigError, match=f"num_processes={num}, process_id={pid}"):
+    distributed.settings(_distributed(coordinator_address="here:2", num_processes=num, process_id=pid))
