@@ -16,6 +16,7 @@ import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
 import runs
 from jaxdp import data
 from jaxdp.batch import REAL
+from jaxdp.config import ConfigError
 from jaxdp.data import cache
 
 STEPS = 8  # Two epochs of 64 examples in batches of 16: each bad example is met twice.
@@ -76,6 +77,12 @@ def test_with_skipping_on_a_cached_split_reads_what_the_uncached_path_reads(tmp_
   evaluated = _eval(uncached)
   assert sum(int(b[REAL].sum()) for b in evaluated) == 19  # The bad test example is left out.
   runs.assert_bitwise(_eval(cached), evaluated)
+
+
+def test_a_cached_split_where_nothing_decodes_is_one_error_naming_it(tmp_path):
+  ds = _load(tmp_path, 64, builder_kwargs={"bad_train": tuple(range(64))})
+  with pytest.raises(ConfigError, match=r"^no example of split 'train' decodes \(tried all 64\): Invalid PNG"):
+    _train(ds)
 
 
 def _env() -> dict:

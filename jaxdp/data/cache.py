@@ -68,7 +68,7 @@ class CachedCorpus:
   def _decoded(self, split: str) -> cache_files.Decoded:
     """The split's arrays and bad examples: mapped from their files (`on_disk`), or decoded now."""
     def decode() -> cache_files.Decoded:
-      return decode_all(self.corpus.source(split), self.corpus.decode)
+      return decode_all(self.corpus.source(split), self.corpus.decode, split)
 
     if not self.on_disk:
       return decode()
@@ -87,14 +87,14 @@ def maybe_cached(corpus: TfdsCorpus, max_mib: float, on_disk: bool = False) -> T
   return CachedCorpus(corpus, on_disk) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
 
 
-def decode_all(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
-  """Every feature of every row of the split, decoded in parallel, in index order; and the examples that do
+def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
+  """Every feature of every row of `split` (`source`), decoded in parallel, in index order; and the examples that do
   not decode ({index: why}: their rows are zeros)."""
   import tensorflow as tf
   try:
     return _decoded(source, decode), {}
   except tf.errors.OpError:  # Some example does not decode (or the read failed): find which, one chunk at a time.
-    return _decoded_but_bad(source, decode)
+    return _decoded_but_bad(source, decode, split)
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
@@ -121,7 +121,7 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   return arrays
 
 
-def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Rows, dict[int, str]]:
+def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
   import tensorflow as tf
   n, one = len(source), decode
@@ -135,7 +135,7 @@ def _decoded_but_bad(source: Source, decode: Callable[[dict], dict]) -> tuple[Ro
       good.append(index)
       parts.append(rows)
   if not parts:
-    raise ConfigError(f"no example of the split decodes (tried all {n}): {_why(source, decode, 0)}")
+    raise ConfigError(f"no example of split {split!r} decodes (tried all {n}): {_why(source, decode, 0)}")
   arrays = {k: np.zeros((n, *parts[0][k].shape), parts[0][k].dtype) for k in parts[0]}
   for k, a in arrays.items():
     a[good] = np.stack([p[k] for p in parts])
