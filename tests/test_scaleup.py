@@ -84,6 +84,8 @@ def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
     ({"parallel.invariant": True, "model.bn_axis_name": "data"}, "model.bn_axis_name='data'"),
     ({"parallel.invariant": True, "parallel.allreduce_dtype": "bfloat16"}, "allreduce_dtype='bfloat16'"),
     ({"parallel.invariant": True, "parallel.invariant_shards": 6}, "invariant_shards must be a power of two, got 6"),
+    ({"parallel.invariant": True, "parallel.num_devices": 6, "batch_size": 48, "eval_batch_size": 48},
+     "a power-of-two device count dividing invariant_shards (8), got 6 devices"),
     ({"parallel.invariant": True, "parallel.shard_optimizer_state": True}, "cannot be combined"),
 ])
 def test_bad_scaleup_settings_are_named(config, override, named):

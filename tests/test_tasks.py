@@ -54,9 +54,12 @@ def test_a_user_loss_named_module_function_from_the_cli_changes_the_training(tmp
   assert len(hits) == 6 and all(h == int(h) and 0 <= h <= 64 for h in hits) and max(hits) > 8, hits
 
 
-def test_each_kind_reduces_eval_rows_as_the_numbers_computed_by_hand(config):
-  """Mean (weighted), sum and max over the real rows of several batches, padding left out (101 = 4 x 24 + 5)."""
+@pytest.mark.parametrize("invariant", [False, True])
+def test_each_kind_reduces_eval_rows_as_the_numbers_computed_by_hand(config, invariant):
+  """Mean (weighted), sum and max over the real rows of several batches, padding left out (101 = 4 x 24 + 5); the
+  invariant mode sums in its own fixed order, and must still take maxima as maxima."""
   config.task.name, config.batch_size, config.eval_batch_size = FOCAL, 24, 24
+  config.parallel.invariant = invariant
   config.dataset.eval_split = "test[:101]"
   parts = build.build(config)
   state = parts.backend.init(parts.init)

@@ -32,7 +32,7 @@ class Invariant(Strategy):
     m, accum = config.parallel.invariant_shards, config.grad_accum_steps
     if not isinstance(m, int) or m < 1 or m & (m - 1):
       raise ConfigError(f"parallel.invariant_shards must be a power of two, got {m!r}")
-    if m % layout.num_devices or layout.num_devices & (layout.num_devices - 1):
+    if m % layout.num_devices:  # Only a power of two divides one: the device count is a power of two too.
       raise ConfigError(f"parallel.invariant needs a power-of-two device count dividing invariant_shards ({m}), "
                         f"got {layout.num_devices} devices")
     if layout.global_batch % (m * accum):
