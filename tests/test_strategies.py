@@ -117,6 +117,19 @@ def test_invariant_float_model_state_is_the_same_bits_on_one_and_eight_devices(c
   jax.tree.map(np.testing.assert_array_equal, one, eight)
 
 
+def _wanted(strategy: strategies.Strategy, tx: optax.GradientTransformation, params: dict) -> step_lib.TrainState:
+  """The abstract train state `strategy` lays out for `params`."""
+  return jax.eval_shape(lambda: step_lib.TrainState(step=jnp.int32(0), params=params, model_state={},
+                                                    opt_state=strategy.init_opt_state(tx, params),
+                                                    rng=jax.random.PRNGKey(0)))
+
+
+def _as_stored(strategy: strategies.Strategy, wanted: step_lib.TrainState, stored: tuple) -> tuple:
+  """The optimizer state's layout the strategy asks the checkpoint for, `stored` being what it holds."""
+  by_path = {path: x for path, x in jax.tree_util.tree_flatten_with_path(stored)[0]}
+  return strategy.stored_opt_layout(wanted, lambda path: by_path.get(path))
+
+
 @pytest.mark.parametrize("to", [0, 4], ids=["plain", "zero1-4"])
 def test_a_strategy_reads_an_8_device_zero1_optimizer_state_into_its_own_layout(to):
   """The checkpoint asks the strategy: stored ZeRO-1 leaves (8 devices) come back in the parameters' shapes or
@@ -126,11 +139,8 @@ def test_a_strategy_reads_an_8_device_zero1_optimizer_state_into_its_own_layout(
   stored = (optax.ScaleByAdamState(count=jnp.int32(3), mu=zero1_layout.flatten(params, 8),
                                    nu=zero1_layout.flatten(jax.tree.map(jnp.square, params), 8)), optax.EmptyState())
   strategy = strategies.ZeRO1(strategies.StrategyOptions(num_shards=to)) if to else strategies.DataParallel()
-  wanted = jax.eval_shape(lambda: step_lib.TrainState(step=jnp.int32(0), params=params, model_state={},
-                                                      opt_state=strategy.init_opt_state(tx, params),
-                                                      rng=jax.random.PRNGKey(0)))
-  by_path = {path: x for path, x in jax.tree_util.tree_flatten_with_path(stored)[0]}
-  as_stored = strategy.stored_opt_layout(wanted, lambda path: by_path.get(path))
+  wanted = _wanted(strategy, tx, params)
+  as_stored = _as_stored(strategy, wanted, stored)
   assert jax.tree.map(lambda x: x.shape, as_stored) == jax.tree.map(lambda x: x.shape, stored)
   one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   got = strategy.relayout_opt_state(stored, wanted, jax.tree.map(lambda _: one_device, wanted.opt_state))
@@ -141,6 +151,19 @@ def test_a_strategy_reads_an_8_device_zero1_optimizer_state_into_its_own_layout(
   jax.tree.map(np.testing.assert_array_equal, (mu, nu, adam.count), (params, jax.tree.map(jnp.square, params), 3))
   if to:  # ZeRO-1's padding is zeros, as its own init lays it.
     jax.tree.map(lambda f, p: np.testing.assert_array_equal(np.asarray(f)[p.size:], 0), adam.mu, params)
+
+
+def test_a_stored_leaf_of_another_dtype_keeps_the_wanted_layout_so_that_the_restore_names_it():
+  """A ZeRO-1 leaf stored in bfloat16 holds no float32 values to re-lay: asked for as it is wanted, its shape and
+  dtype are refused by the checkpoint's check, by name, instead of being cast on the way."""
+  params = {"w": jnp.zeros((3, 5)), "b": jnp.zeros(3)}
+  tx = optax.adam(0.1)
+  in_bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+  stored = (optax.ScaleByAdamState(count=jnp.int32(3), mu=zero1_layout.flatten(in_bf16, 8),
+                                   nu=zero1_layout.flatten(params, 8)), optax.EmptyState())
+  strategy = strategies.DataParallel()
+  adam = _as_stored(strategy, _wanted(strategy, tx, params), stored)[0]
+  assert jax.tree.map(lambda x: x.shape, (adam.mu, adam.nu)) == ({"b": (3,), "w": (3, 5)}, {"b": (8,), "w": (16,)})
 
 
 @pytest.mark.parametrize("zero1", [False, True])
