@@ -48,6 +48,19 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
   assert "wall over 2 runs" in capsys.readouterr().out
 
 
+def test_the_time_line_names_the_shares_that_took_any_time_in_print_order(tmp_path):
+  """20 s of wall: 18 s of steps (90%), 1.97 s of input (10%), 20 ms of checkpoints (0.1%, shown as 0%) and 9 ms of
+  eval (under 0.05% of the wall: left out, as every category that took no time is)."""
+  now = [0.0]
+  clock = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=lambda: now[0])
+  for category, seconds in (("eval", 0.009), ("train", 18.0), ("checkpoint", 0.02)):
+    with clock.span(category):
+      now[0] += seconds
+  clock.add("input", 1.97)
+  now[0] = 20.0
+  assert clock.line() == "time | 0:00:20 wall over 1 run: 90% training, 10% input, 0% checkpoint saves"
+
+
 def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
   """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.25 s late."""
   from jaxdp import data
@@ -102,6 +115,26 @@ def test_bad_profile_steps_are_named(config, tmp_path, steps):
   config.profile_steps = steps
   with pytest.raises(config_lib.ConfigError, match="profile_steps"):
     train.train_and_evaluate(config, str(tmp_path))
+
+
+def test_a_program_read_from_the_persistent_cache_is_counted_as_such(tmp_path):
+  """The start summary's compile line says how many programs came from the cache: a restart should compile none."""
+  from jax.experimental.compilation_cache import compilation_cache as jax_cache
+  before = jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax_cache.reset_cache()
+    with goodput.CompileWatch() as watch:
+      for _ in range(2):
+        jax.clear_caches()  # The second compile finds the program only in the persistent cache.
+        jax.jit(lambda x: x * 3.0 + 1.0)(np.arange(5.0, dtype=np.float32)).block_until_ready()
+    assert (watch.programs, watch.cache_hits) == (2, 1)
+    assert watch.describe().endswith(" for 2 programs (1 from the persistent cache)"), watch.describe()
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+    jax_cache.reset_cache()
 
 
 def test_compilation_cache_dir_is_set_from_the_config(config, tmp_path, monkeypatch):
