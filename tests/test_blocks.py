@@ -58,6 +58,9 @@ def test_steps_per_block_fits_the_budget(config):
   assert blocks.steps_per_block(ds, 32, 0.5 * 32 * ROW_BYTES / 2**20) == 1  # Under one batch: one per step.
   config.parallel.resident_mb = 0  # Host batches: the split is not held on the devices (test_resident.py).
   assert build.build(config).feed.steps == blocks.MAX_STEPS  # The default budget holds 64 small batches.
+  # Decoded by tf.data at every step: one per transfer, or a bad example's error would come a block's steps early.
+  config.dataset.cache_mb = 0
+  assert blocks.steps_per_block(data.load(config.dataset), 32, 1e6) == 1
 
 
 def _trained(config, workdir, block_steps: int, stop_at: tuple[int, ...] = ()):
