@@ -118,16 +118,20 @@ def test_an_error_in_the_placement_is_raised_in_the_loops_thread():
 
 
 def test_close_stops_a_thread_waiting_for_room_at_once():
+  """Not one more read once closed, and no batch left placed: a device batch the queue kept would hold its memory."""
   read: list[int] = []
   batches = parallel.prefetch(Placing(), _batches(10**6, read=read), 2)
   next(batches)
-  time.sleep(0.1)  # The thread is now waiting to queue a batch.
+  deadline = time.monotonic() + 30
+  while len(read) < 4 and time.monotonic() < deadline:  # The one taken, two queued, and one waiting for room.
+    time.sleep(0.01)
+  time.sleep(0.05)
   began = time.monotonic()
   batches.close()
   assert time.monotonic() - began < 1.0 and not _threads()
-  count = len(read)
+  assert read == [0, 1, 2, 3] and batches._queue.empty()
   time.sleep(0.1)
-  assert len(read) == count  # Nothing read after close.
+  assert len(read) == 4  # Nothing read after close.
   with pytest.raises(StopIteration):
     next(batches)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, config as config_lib, data, train
+from jaxdp import build, config as config_lib, data, parallel, train
 from jaxdp.report import flops, metrics
 
 
@@ -86,12 +86,21 @@ def test_bfloat16_compute_and_allreduce_train_like_float32(ten_steps, tmp_path):
     ({"parallel.invariant": True, "parallel.invariant_shards": 6}, "invariant_shards must be a power of two, got 6"),
     ({"parallel.invariant": True, "parallel.num_devices": 6, "batch_size": 48, "eval_batch_size": 48},
      "a power-of-two device count dividing invariant_shards (8), got 6 devices"),
+    ({"parallel.num_devices": 9, "batch_size": 36, "eval_batch_size": 36},
+     "parallel.num_devices (9) exceeds the 8 available devices"),
     ({"parallel.invariant": True, "parallel.shard_optimizer_state": True}, "cannot be combined"),
 ])
 def test_bad_scaleup_settings_are_named(config, override, named):
   runs.override(config, override)
   with pytest.raises(config_lib.ConfigError, match=re.escape(named)):
     build.build(config)
+
+
+def test_a_device_count_is_refused_on_several_processes(monkeypatch):
+  """Each process of a multi-process run uses all its devices: a first-N subset would differ between processes."""
+  monkeypatch.setattr(parallel.jax, "process_count", lambda: 2)
+  with pytest.raises(config_lib.ConfigError, match=r"parallel.num_devices \(4\) is for single-process runs"):
+    parallel.make_backend("mesh", 4)
 
 
 def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_path):
