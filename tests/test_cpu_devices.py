@@ -73,3 +73,4 @@ def test_a_fresh_process_gets_the_choice_and_what_wins_over_it():
   assert _devices_of("--config.cpu_devices=3") == 3
   assert _devices_of("--config.cpu_devices=3", "--cpu_devices", "4") == 4  # The flag wins.
   assert _devices_of(XLA_FLAGS=f"{cpu_devices.DEVICE_COUNT_FLAG}=5") == 5  # XLA's own option wins.
+  assert _devices_of("--config.cpu_devices=3", "--config.parallel.num_devices=1") == 1  # A run on N of JAX's own.

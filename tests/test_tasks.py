@@ -164,6 +164,19 @@ def test_the_regression_builtin_is_inferred_for_float_labels_and_reports_mse_mae
   assert got["eval/r2"] > 0.8 and got["eval/mse"] == pytest.approx(got["eval/loss"])
 
 
+def test_regression_reports_mse_mae_and_r2_over_real_rows_only():
+  preds = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 2))  # 2 replicas x 3 examples x 2 targets.
+  labels = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 2))
+  real = jnp.array([[True, True, False], [True, False, True]])
+  got = _evaluated(tasks.Regression(), preds, labels, real)
+  error, y = np.asarray(preds - labels)[np.asarray(real)], np.asarray(labels, np.float64)[np.asarray(real)]
+  np.testing.assert_allclose(got["eval/mse"], np.square(error).mean(), rtol=1e-5)
+  np.testing.assert_allclose(got["eval/mae"], np.abs(error).mean(), rtol=1e-5)
+  np.testing.assert_allclose(got["eval/r2"], 1 - np.square(error).mean() / y.var(), rtol=1e-4)
+  constant = _evaluated(tasks.Regression(), preds, jnp.ones_like(labels), real)
+  assert np.isnan(constant["eval/r2"]) and constant["eval/mse"] > 0  # No variance to explain: R² is undefined.
+
+
 def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_smoothing():
   facts = type("Facts", (), {"float_labels": False})()
   config = default.get_config()
@@ -204,17 +217,22 @@ def test_a_metric_of_no_known_kind_or_a_summed_loss_is_refused():
     task_lib.run(lambda m, b: (tasks.Metric(m(b["inputs"]), reduce="sum"), {}), bound, batch)
 
 
+def _evaluated(task: task_lib.Task, outputs: jax.Array, labels: jax.Array, real: jax.Array) -> dict[str, float]:
+  """The eval metrics of `task` on one batch over 2 replicas, the model's outputs being `outputs` (its inputs)."""
+  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))
+  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
+  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"), task=task)
+  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": outputs, "labels": labels,
+                                                                              REAL: real})
+  return metrics.summarize_eval(jax.tree.map(lambda x: np.asarray(x[0]), sums), task)
+
+
 def test_next_token_reports_per_token_loss_accuracy_and_bits_per_byte_over_real_rows_only():
-  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))  # Logits are the inputs.
+  """Label smoothing shapes the train loss only: the eval loss and the bits per byte are the plain code length."""
   logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5))   # 2 replicas x 3 examples x 4 tokens.
   labels = jax.random.randint(jax.random.PRNGKey(1), (2, 3, 4), 0, 5)
   real = jnp.array([[True, True, False], [True, False, False]])
-  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
-  task = tasks.NextToken(bytes_per_token=2.0)
-  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"), task=task)
-  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": logits, "labels": labels,
-                                                                              REAL: real})
-  got = metrics.summarize_eval(jax.tree.map(lambda x: np.asarray(x[0]), sums), task)
+  got = _evaluated(tasks.NextToken(bytes_per_token=2.0, label_smoothing=0.1), logits, labels, real)
   ce = np.asarray(cross_entropy(logits, labels))[np.asarray(real)]
   hits = (np.asarray(logits).argmax(-1) == np.asarray(labels))[np.asarray(real)]
   assert got["eval/num_examples"] == 3
