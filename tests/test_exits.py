@@ -69,6 +69,20 @@ def test_an_op_failing_on_the_data_is_one_line_without_tensorflows_tags(capsys, 
   assert not any(tag in err for tag in ("{{", "[Op:", "name:")), err
 
 
+def test_a_cause_ending_in_a_bracket_keeps_it():
+  """Only an assertion's brackets are TensorFlow's: "Incompatible shapes: [3] vs. [4]" is the cause, whole."""
+  shapes = tf.data.Dataset.from_generator(lambda: iter([np.ones(3, np.float32)]),
+                                          output_signature=tf.TensorSpec([None], tf.float32))
+  try:
+    for _ in shapes.map(lambda x: x + tf.ones([4])):
+      pass
+  except tf.errors.OpError as e:
+    summary, _ = exits.input_failure(e)
+  assert summary == "the input pipeline failed: Incompatible shapes: [3] vs. [4]"
+  assert exits.tf_cause("{{function_node f}} assertion failed: [example 5 is truncated]\n\t [[{{node Assert}}]]") == (
+      "example 5 is truncated")
+
+
 @pytest.mark.parametrize("link", ["context", "cause"])
 def test_an_error_raised_after_an_input_failure_is_named_itself_as_one_input_line(link, capsys):
   """A cleanup that fails while the input's failure is handled (or an error raised from it) is an input failure

@@ -26,9 +26,11 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The last frame of a worker's Python traceback in TensorFlow's message: '  File "PATH", line N, in NAME'.
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
 # What TensorFlow puts around the cause of a failed op: its `{{function_node ...}}` and `[Op:...]` tags, a trailing
-# `name:`, tf.data's "Error in user-defined function ..." prefix, and the brackets of a failed assertion's message.
+# `name:`, and tf.data's "Error in user-defined function ..." prefix; and, around a failed assertion's message (a
+# source's `UnreadableExample` read through tf.data), "assertion failed: [...]".
 _TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|\s*name: '?$|Error in user-defined function passed to \S+ "
-                          r"transformation with iterator: \S+: |assertion failed: \[|\]$")
+                          r"transformation with iterator: \S+: ")
+_TF_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]$")
 
 
 def release(error: BaseException) -> None:
@@ -74,8 +76,8 @@ def input_failure(error: BaseException) -> tuple[str, str] | None:
 
 def tf_cause(message: str) -> str:
   """The first line of a TensorFlow error's message without what TensorFlow puts around the cause ("" if none)."""
-  first = (message.strip().splitlines() or [""])[0]
-  return _TF_WRAPPING.sub("", first).strip()
+  first = _TF_WRAPPING.sub("", (message.strip().splitlines() or [""])[0]).strip()
+  return _TF_ASSERTION.sub(r"\1", first)  # Only the assertion's brackets: a cause may end in its own ("[3] vs. [4]").
 
 
 def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple[str, str]:
