@@ -1,5 +1,6 @@
 """One set of overrides -> the same run in-process (a config) or as a CLI process (flags)."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -8,6 +9,8 @@ import time
 import jax
 import numpy as np
 
+from jaxdp import models, step as step_lib
+from jaxdp.batch import REAL
 from jaxdp.report import metrics
 from jaxdp.configs import default
 
@@ -75,3 +78,14 @@ def host_state(result) -> dict:
 
 def assert_bitwise(a, b) -> None:
   jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def eval_sums(task, outputs, labels, real) -> dict:
+  """`task`'s eval sums over one batch on 2 replicas (leaves [2, rows, ...]), the model's outputs being `outputs`
+  (an identity model); replica 0's host copy, which every replica's equals."""
+  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))
+  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
+  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"), task=task)
+  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": outputs, "labels": labels,
+                                                                              REAL: real})
+  return jax.tree.map(lambda x: np.asarray(x[0]), sums)

@@ -1,8 +1,6 @@
 """The task seam (issue 24): user losses and metrics from the CLI, every reduction kind, the same guarantees for
 any task (N devices == 1 in invariant mode, ZeRO-1 + accumulation), the built-in regression, best_metric."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -10,8 +8,8 @@ import numpy as np
 import pytest
 
 import my_tasks
-from jaxdp import build, checkpoint, data, models, tasks, train
-from jaxdp import step as step_lib
+import runs
+from jaxdp import build, checkpoint, data, tasks, train
 from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
@@ -219,12 +217,7 @@ def test_a_metric_of_no_known_kind_or_a_summed_loss_is_refused():
 
 def _evaluated(task: task_lib.Task, outputs: jax.Array, labels: jax.Array, real: jax.Array) -> dict[str, float]:
   """The eval metrics of `task` on one batch over 2 replicas, the model's outputs being `outputs` (its inputs)."""
-  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))
-  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
-  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"), task=task)
-  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": outputs, "labels": labels,
-                                                                              REAL: real})
-  return metrics.summarize_eval(jax.tree.map(lambda x: np.asarray(x[0]), sums), task)
+  return metrics.summarize_eval(runs.eval_sums(task, outputs, labels, real), task)
 
 
 def test_next_token_reports_per_token_loss_accuracy_and_bits_per_byte_over_real_rows_only():

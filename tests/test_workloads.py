@@ -1,7 +1,5 @@
 """Workloads: ResNet (synced BatchNorm) on CIFAR-10, GPT on text_file and tiny_shakespeare, sampling, lr scaling."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,12 +7,13 @@ import pytest
 import tensorflow_datasets as tfds
 from pydoc_data import topics
 
+import runs
+
 from jaxdp import config as config_lib
 from jaxdp.report import metrics
 from jaxdp import models, optim, train
 from jaxdp.tools import sample
 from jaxdp import step as step_lib
-from jaxdp.batch import REAL
 from jaxdp.tasks.classification import cross_entropy
 from jaxdp.configs import cifar10_resnet18, gpt_text_file, gpt_tiny_shakespeare
 from jaxdp.datasets import text_file, tiny_shakespeare_chars
@@ -96,15 +95,10 @@ def test_encode_decode_round_trip_utf8():
 # Eval per target.
 
 def test_eval_step_averages_over_targets_and_counts_examples():
-  model = models.adapter.Model(init=None, apply=lambda p, s, x, **kw: (x, s))  # Logits are the inputs.
   logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 4, 5))   # 2 replicas x 3 examples x 4 tokens.
   labels = jax.random.randint(jax.random.PRNGKey(1), (2, 3, 4), 0, 5)
   mask = jnp.array([[True, True, False], [True, False, False]])
-  state = step_lib.TrainState(step=0, params={}, model_state={}, opt_state=(), rng=jax.random.PRNGKey(0))
-  eval_step = functools.partial(step_lib.eval_step, model=model, axis=step_lib.DataAxis("data"))
-  sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))(
-      {"inputs": logits, "labels": labels, REAL: mask})
-  sums = jax.tree.map(lambda x: np.asarray(x[0]), sums)
+  sums = runs.eval_sums(step_lib.CLASSIFICATION, logits, labels, mask)  # The logits are the model's inputs.
   ce = np.asarray(cross_entropy(logits, labels))[np.asarray(mask)]
   assert int(sums["num_examples"]) == 3 and int(sums["weight"]["loss"]) == 12
   summary = metrics.summarize_eval(sums, step_lib.CLASSIFICATION)
