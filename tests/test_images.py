@@ -78,6 +78,28 @@ def test_train_crop_is_keyed_by_position_and_varies():
   assert not np.array_equal(other_seed, crops[(7, 3)])
 
 
+def test_decoded_images_crop_as_their_png_does_and_keep_their_dtype():
+  image, png, _ = _field(48, 64)
+  keys = [images.example_seed(0, *pos) for pos in [(0, 0), (7, 3)]]
+  for key in keys:
+    np.testing.assert_array_equal(images.train_crop(tf.constant(image), key, SIZE, 3, True).numpy(),
+                                  images.train_crop(png, key, SIZE, 3, True).numpy())
+  np.testing.assert_array_equal(images.eval_crop(tf.constant(image), 20, 0.5, 3).numpy(),
+                                images.eval_crop(png, 20, 0.5, 3).numpy())
+  as_float = images.eval_crop(tf.constant(image / 255, tf.float32), 20, 0.5, 3)  # Resized 24 -> 20: interpolated.
+  assert as_float.dtype == tf.float32 and 0 < float(tf.reduce_max(as_float)) <= 1.01
+
+
+def test_arrays_from_python_train_and_evaluate_with_image_size(tmp_path):
+  rng = np.random.RandomState(0)
+  arrays = {"inputs": rng.randint(0, 256, (96, 20, 28, 3)).astype(np.uint8), "labels": np.arange(96) % 3}
+  config = runs.config_with({"dataset.image_size": SIZE, "dataset.flip": True, "model.name": "mlp",
+                             "num_train_steps": 3, "eval_every_steps": 3, "batch_size": 16})
+  result = train.train_and_evaluate(config, str(tmp_path), train_data=arrays, eval_data=arrays)
+  assert result.eval_metrics["eval/num_examples"] == 96
+  assert result.params["hidden"][0]["kernel"].shape[0] == SIZE * SIZE * 3  # The model saw the crops.
+
+
 def test_varying_sizes_need_image_size(jpeg_dir):
   with pytest.raises(ConfigError, match=r"vary in shape .*set dataset.image_size"):
     data.load(ml_collections.ConfigDict({"name": "varsize_jpegs", "data_dir": jpeg_dir}))

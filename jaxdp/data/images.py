@@ -3,7 +3,8 @@
 Train: a random-resized ("Inception") crop, 8% to 100% of the area, aspect ratio 3/4 to 4/3 (as the
 Flax ImageNet example and torchvision), resized to image_size, then a random horizontal flip. Eval: the
 central square of side crop_ratio * min(height, width), resized. JPEGs decode only the crop window
-(`decode_and_crop_jpeg`); other formats decode whole, then crop. The draws of an example come from a
+(`decode_and_crop_jpeg`); other formats decode whole, then crop; images already decoded (arrays given from Python)
+are cropped as they are and keep their dtype. The draws of an example come from a
 stateless seed of (seed, step, row): its global position, never the process or device that reads it.
 """
 
@@ -29,7 +30,8 @@ def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
 
 
 def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
-  """Random-resized crop (and random flip) of one encoded image -> uint8 [image_size, image_size, channels]."""
+  """Random-resized crop (and random flip) of one image, encoded (-> uint8) or decoded (its dtype), to
+  [image_size, image_size, channels]."""
   import tensorflow as tf
   crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
   shape = _shape(encoded, channels)
@@ -43,7 +45,8 @@ def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: in
 
 
 def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
-  """Central square of side crop_ratio * min(height, width), resized -> uint8 [image_size, image_size, channels]."""
+  """Central square of side crop_ratio * min(height, width), resized to [image_size, image_size, channels] (dtype as
+  in `train_crop`)."""
   import tensorflow as tf
   shape = _shape(encoded, channels)
   side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
@@ -52,16 +55,21 @@ def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: 
 
 
 def _shape(encoded: tf.Tensor, channels: int) -> tf.Tensor:
-  """[height, width, channels] of an encoded image, reading only a JPEG's header."""
+  """[height, width, channels] of an image, reading only a JPEG's header."""
   import tensorflow as tf
+  if encoded.dtype != tf.string:  # Already decoded.
+    return tf.shape(encoded)
   return tf.cond(tf.io.is_jpeg(encoded), lambda: tf.io.extract_jpeg_shape(encoded),
                  lambda: tf.shape(tf.io.decode_image(encoded, channels, expand_animations=False)))
 
 
 def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
                    channels: int) -> tf.Tensor:
-  """The window of an encoded image, uint8 [height, width, channels]; JPEGs decode only that window."""
+  """The window of an image, [height, width, channels]; JPEGs decode only that window."""
   import tensorflow as tf
+  if encoded.dtype != tf.string:  # Already decoded.
+    return tf.slice(encoded, [top, left, 0], [height, width, channels])
+
   def jpeg() -> tf.Tensor:
     return tf.io.decode_and_crop_jpeg(encoded, tf.stack([top, left, height, width]), channels=channels)
 
@@ -73,7 +81,10 @@ def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: 
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
-  """Bicubic resize to a square, back to uint8 (a quarter of float32's bytes on the way to the device)."""
+  """Bicubic resize to a square, back to the image's dtype (uint8: a quarter of float32's bytes on the way to the
+  device)."""
   import tensorflow as tf
   resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
-  return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  if image.dtype == tf.uint8:
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  return tf.cast(resized, image.dtype)
