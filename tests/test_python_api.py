@@ -19,6 +19,7 @@ import my_train
 import user_models
 from jaxdp import build, models, train
 from jaxdp import objects
+from jaxdp.config import ConfigError
 from jaxdp.report import metrics
 from jaxdp.tools import audit, evaluate, restore
 
@@ -66,7 +67,6 @@ def test_an_nnx_instance_is_the_init_whatever_the_seed(config):
 
 
 def test_a_model_that_is_no_module_is_one_config_error(config):
-  from jaxdp.config import ConfigError
   with pytest.raises(ConfigError, match="is not a Flax NNX or linen Module"):
     build.build(_digits(config), model=lambda x: x)
 
@@ -241,3 +241,14 @@ def test_a_linen_module_of_two_inputs_is_initialized_on_what_the_task_feeds_it()
   bound = lambda *a, **k: model.apply(params, {}, *a, train=False, **k)[0]  # noqa: E731
   loss, found = my_train.huber(bound, jax.tree.map(jax.numpy.asarray, data))
   assert loss.shape == (4,) and set(found) == {"abs_err", "max_err"}
+
+
+def test_a_task_that_never_calls_its_linen_model_is_one_config_error():
+  spec = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in my_train.make_data(1, 0).items()}
+
+  def constant(model, batch):
+    return jax.numpy.zeros(batch["image"].shape[0]), {}
+
+  with pytest.raises(ConfigError, match="task 'constant' never calls the model"):
+    models.get_model(ml_collections.ConfigDict({"name": "mlp"}), (), 0, module=_TwoInputLinen(), task=constant,
+                     element_spec=spec)

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import linen, nnx
 
+from jaxdp.config import ConfigError
+
 PyTree = Any
 
 
@@ -147,7 +149,8 @@ def linen_call(module: linen.Module, task: Callable, element_spec: dict[str, jax
   batch = {k: jax.ShapeDtypeStruct((1, *v.shape), v.dtype) for k, v in element_spec.items()}
   jax.eval_shape(lambda b: task(Probe(), b), batch)
   if not calls:
-    raise ValueError("the task never calls the model")
+    raise ConfigError(f"task {getattr(task, '__name__', task)!r} never calls the model: a linen module is "
+                      f"initialized on the inputs the task feeds it")
   return calls[0]
 
 
