@@ -37,6 +37,14 @@ def test_shuffle_is_tfs(seed):
     np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
 
 
+def test_shuffle_drawn_in_chunks_is_tfs(monkeypatch):
+  monkeypatch.setattr(philox, "DRAW_CHUNK", 12)  # Chunk edges inside the draws of every size below.
+  for seed in SEEDS[:4]:
+    for n in (2, 13, 14, 25, 100, 1797):
+      want = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), tf.constant(seed, tf.int64))
+      np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
+
+
 @pytest.mark.parametrize("keyed", [True, False])
 @pytest.mark.parametrize("pattern", ["random", "none", "all_to_the_end", "each_to_the_next"])
 def test_swapped_is_the_swaps_done_in_turn(pattern, keyed, monkeypatch):

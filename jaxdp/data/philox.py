@@ -13,6 +13,7 @@ _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)  # Philox-4x32's round m
 _W0, _W1 = np.uint64(0x9E3779B9), np.uint64(0xBB67AE85)  # Its key increments (Weyl sequence).
 _SCRAMBLE_KEY = np.array([0x3EC8F720, 0x02461E29], np.uint64)  # TF's key for turning a seed into (key, counter).
 _LOW = np.uint64(0xFFFFFFFF)
+DRAW_CHUNK = 2**20  # `shuffle`'s draws at a time (a multiple of 4: Philox makes 4 a counter).
 KEYED_MAX = 2**31  # `swapped` sorts targets * n + step as int64 up to this n; beyond, the keys would overflow.
 _32 = np.uint64(32)
 
@@ -42,14 +43,16 @@ def key_counter(seeds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   return mix[:, :2], np.stack([zeros, zeros, mix[:, 2], mix[:, 3]], axis=-1)
 
 
-def draws(seeds: np.ndarray, n: int) -> np.ndarray:
-  """The first `n` uint32 draws of the stateless generator of each seed (int64 [m, 2]): uint32 [m, n], TF's order.
+def draws(seeds: np.ndarray, n: int, first: int = 0) -> np.ndarray:
+  """Draws first, ..., first + n - 1 (`first` a multiple of 4) of the stateless generator of each seed (int64
+  [m, 2]): uint32 [m, n], TF's order.
 
   A seed's counters are its (key, counter)'s counter plus 0, 1, ...: its low 64 bits start at 0, so for fewer
   than 2**34 draws they never carry into the high ones.
   """
+  assert first % 4 == 0, first
   keys, start = key_counter(np.asarray(seeds, np.int64).reshape(-1, 2))
-  groups = np.arange(-(-n // 4), dtype=np.uint64)
+  groups = np.arange(first // 4, first // 4 + -(-n // 4), dtype=np.uint64)
   counters = np.broadcast_to(start[:, None, :], (len(start), len(groups), 4)).copy()
   counters[..., 0] = groups
   return philox(counters, keys[:, None, :]).reshape(len(start), -1)[:, :n]
@@ -74,9 +77,14 @@ def shuffle(n: int, seed: np.ndarray) -> np.ndarray:
   """`tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), seed)` as int64 [n]."""
   if n <= 1:
     return np.arange(n, dtype=np.int64)
-  sizes = np.arange(n, 1, -1, dtype=np.uint64)  # TF's Fisher-Yates: position i swaps with i + draw % (n - i).
-  targets = np.arange(n - 1, dtype=np.uint64) + draws(seed, n - 1)[0].astype(np.uint64) % sizes
-  return swapped(targets.astype(np.int64))
+  # TF's Fisher-Yates: position i swaps with i + draw % (n - i). Drawn in chunks: Philox's temporaries are a few
+  # times the draws' size, which for a split of millions of rows would be hundreds of MiB at once.
+  targets = np.empty(n - 1, np.int64)
+  for lo in range(0, n - 1, DRAW_CHUNK):
+    hi = min(lo + DRAW_CHUNK, n - 1)
+    positions = np.arange(lo, hi, dtype=np.uint64)
+    targets[lo:hi] = positions + draws(seed, hi - lo, first=lo)[0].astype(np.uint64) % (np.uint64(n) - positions)
+  return swapped(targets)
 
 
 def swapped(targets: np.ndarray) -> np.ndarray:
@@ -91,23 +99,37 @@ def swapped(targets: np.ndarray) -> np.ndarray:
   untouched targets[i]; with targets[i] == i, V(i) stays.
   """
   n = len(targets) + 1
-  steps = np.arange(n - 1, dtype=np.int64)
+  # Each temporary is n int64s and a split may have millions of rows: they are made in place and dropped as soon
+  # as they are used: at most six are alive at once (experiments/data_notes.md, "The shuffle's memory").
   if n <= KEYED_MAX:  # The steps grouped by target, each group in step order: one fast sort of int64 keys.
-    keys = np.sort(targets * n + steps)
-    by_target, sorted_targets = keys % n, keys // n
+    keys = targets * n
+    keys += np.arange(n - 1, dtype=np.int64)
+    keys.sort()
+    sorted_targets = keys // n
+    by_target = np.remainder(keys, n, out=keys)
+    del keys
   else:  # The keys would overflow int64: a stable sort, twice as slow.
     by_target = np.argsort(targets, kind="stable")
     sorted_targets = targets[by_target]
   same = sorted_targets[1:] == sorted_targets[:-1]
+  del sorted_targets
   before = np.full(n - 1, -1, np.int64)  # The last earlier step with the same target.
   before[by_target[1:][same]] = by_target[:-1][same]
+  del by_target, same
+  steps = np.arange(n - 1, dtype=np.int64)
   moved = targets != steps
   parent = np.full(n, -1, np.int64)  # A target's groups hold only steps <= it: the largest one that moved.
   np.maximum.at(parent, targets[moved], steps[moved])
-  root = np.where(parent >= 0, parent, np.arange(n))
+  del steps
+  root = np.arange(n)
+  np.copyto(root, parent, where=parent >= 0)
+  del parent
   while not np.array_equal(jumped := root[root], root):
     root = jumped
-  order = np.empty(n, np.int64)
-  order[:-1] = np.where(moved, np.where(before >= 0, root[np.maximum(before, 0)], targets), root[:-1])
-  order[-1] = root[-1]
-  return order
+  del jumped
+  earlier = before >= 0
+  taken = root[np.maximum(before, 0, out=before)]
+  del before
+  np.copyto(taken, targets, where=~earlier)
+  np.copyto(root[:-1], taken, where=moved)  # The last position is never a step's: it keeps its root.
+  return root
