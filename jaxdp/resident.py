@@ -67,9 +67,9 @@ def describe(nbytes: int, local_devices: int, steps: int, setting: Any, prefetch
   mib = nbytes / 2**20
   copies = f", a copy on each of {local_devices} devices" if local_devices > 1 else ""
   ahead = f"{prefetch} ahead by a thread" if prefetch > 0 else "placed when the step asks"
+  ids = "1 step's row ids" if steps == 1 else f"{steps} steps' row ids"
   return (f"the train split held on the devices ({mib:,.{0 if mib >= 10 else 1}f} MiB{copies}; "
-          f"parallel.resident_mb={setting}); {steps} steps' row ids per transfer, {ahead}; "
-          f"the step gathers its rows on the devices")
+          f"parallel.resident_mb={setting}); {ids} per transfer, {ahead}; the step gathers its rows on the devices")
 
 
 def place(backend: parallel.Backend,

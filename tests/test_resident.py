@@ -129,3 +129,19 @@ def test_the_gather_takes_the_rows_of_the_states_step():
   ids = ({"_rows": np.array([[1, 2], [3, 4], [9, 0]], np.int32)}, np.int32(4))  # Steps 4..6.
   got = resident.select(lambda state, batch, axis: batch["x"])(State(), (ids, split), axis=None)
   np.testing.assert_array_equal(got, [90, 0])  # Step 6 - 4 = 2: rows 9 and 0.
+
+
+def test_a_block_carries_as_many_steps_of_int32_row_ids_as_fit():
+  assert resident.steps_per_block(32, 10 * 32 * ID_BYTES / 2**20) == 10  # 128 bytes a step.
+  assert resident.steps_per_block(32, 10.5 * 32 * ID_BYTES / 2**20) == 10
+  assert resident.steps_per_block(32, 0) == 1
+
+
+def test_the_input_line_names_the_copies_the_setting_and_how_blocks_come():
+  line = resident.describe(3 * 2**20, 8, 16, "auto", 2)
+  assert line == ("the train split held on the devices (3.0 MiB, a copy on each of 8 devices; "
+                  "parallel.resident_mb=auto); 16 steps' row ids per transfer, 2 ahead by a thread; "
+                  "the step gathers its rows on the devices")
+  line = resident.describe(12 * 2**20, 1, 1, 64, 0)
+  assert line.startswith("the train split held on the devices (12 MiB; parallel.resident_mb=64); 1 step's row ids per")
+  assert "placed when the step asks" in line
