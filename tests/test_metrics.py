@@ -61,3 +61,33 @@ def test_multi_writer_fans_out():
   writer.write(5, {"train/loss": 0.5})
   writer.close()
   assert seen == [(5, {"train/loss": 0.5})] * 2 + ["closed"] * 2
+
+
+def test_eval_sums_become_means_sums_maxima_with_the_loss_first_and_helpers_hidden():
+  sums = {"mean": {"accuracy": np.float32(3.0), "loss": np.float32(6.0), "masked": np.float32(0.0)},
+          "weight": {"accuracy": np.float32(4.0), "loss": np.float32(4.0), "masked": np.float32(0.0)},
+          "sum": {"_tokens": np.float32(8.0)}, "max": {"worst": np.float32(2.5)}, "num_examples": np.int32(4)}
+
+  class Task:
+    def finalize(self, scalars):
+      return {"per_token": scalars["loss"] / scalars["_tokens"]}  # Sees the helpers it derives from.
+
+  out = metrics.summarize_eval(sums, Task())
+  assert list(out)[0] == "eval/loss"  # First in the logs, whatever the task's order.
+  assert np.isnan(out.pop("eval/masked"))  # No weight at all: undefined, never a plausible 0.
+  assert out == {"eval/loss": 1.5, "eval/accuracy": 0.75, "eval/worst": 2.5, "eval/per_token": 1.5 / 8,
+                 "eval/num_examples": 4}
+  assert type(out["eval/num_examples"]) is int
+
+
+def test_metrics_jsonl_holds_numpy_scalars_as_numbers(tmp_path):
+  writer = metrics.JsonlWriter(str(tmp_path))
+  writer.write(np.int64(2), {"a": np.float32(1.5), "b": np.int32(3), "c": np.array(0.25), "d": "text"})
+  assert metrics.read(str(tmp_path)) == [{"step": 2, "a": 1.5, "b": 3, "c": 0.25, "d": "text"}]
+
+
+def test_tensorboard_scalars_are_on_disk_before_the_writer_closes(tmp_path):
+  writer = metrics.TensorBoardWriter(str(tmp_path))
+  writer.write(1, {"train/loss": 2.0})  # A run killed now keeps what it logged.
+  assert metrics.read_tensorboard(str(tmp_path)) == {"train/loss": [(1, 2.0)]}
+  writer.close()

@@ -86,6 +86,16 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.
   assert "[Gloo]" not in out and "connected to" not in out  # The launcher keeps gloo's connection lines out.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
+  evals, ref_evals = _evals(workdir), _evals(ref_dir)  # Each process evaluates its own rows of every batch.
+  assert evals.keys() == ref_evals.keys() and evals[2 * K]["eval/num_examples"] == 360
+  for step, scalars in ref_evals.items():
+    assert evals[step] == pytest.approx(scalars, rel=1e-4), step
+
+
+def _evals(workdir) -> dict[int, dict[str, float]]:
+  """step -> the eval scalars logged then."""
+  return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/")}
+          for r in metrics.read(str(workdir)) if "eval/loss" in r}
 
 
 def _init_for(config):

@@ -186,6 +186,21 @@ def test_summary_describes_the_run(config):
   assert summary.describe(config, backend, layout, ds, model)["schedule"].startswith("1 step, ")
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_summary_names_processes_and_their_batch_and_the_epochs_to_a_tenth(config, monkeypatch, processes):
+  monkeypatch.setattr(jax, "process_count", lambda: processes)
+  backend = parallel.make_backend("mesh")
+  layout = config_lib.validate(config, backend.num_devices, processes)
+  ds = data.load(config.dataset)
+  config.num_train_steps = 3 * (ds.num_examples("train") // 32) // 2  # One and a half epochs.
+  lines = summary.describe(config, backend, layout, ds, models.get_model(config.model, ds.input_shape, 10))
+  assert lines["schedule"].endswith("(= 1.5 epochs)")
+  if processes == 1:
+    assert "; 1 process, " in lines["devices"] and "per process" not in lines["batch"]
+  else:
+    assert "; 2 processes, " in lines["devices"] and "global 32 = 8 devices x 4 (16 per process);" in lines["batch"]
+
+
 def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   workdir = tmp_path / "run"
   env = {**os.environ, "JAXDP_CPU_DEVICES": "4", "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
