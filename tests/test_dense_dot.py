@@ -62,6 +62,36 @@ def test_other_products_go_to_lax_and_keep_forward_mode():
   jax.tree.map(np.testing.assert_array_equal, ours, theirs)
 
 
+def test_a_product_contracting_the_kernels_last_dimension_is_lax_s():
+  """x @ W^T written as one dot_general is no Linear's product: lax.dot_general's value and forward mode."""
+  x, kernel = _inputs((8, 4), jnp.float32, out=3)
+  nt = (((1,), (1,)), ((), ()))
+  ours = jax.jvp(lambda x: dense_dot(x, kernel.T, nt), (x,), (x,))
+  theirs = jax.jvp(lambda x: lax.dot_general(x, kernel.T, nt), (x,), (x,))
+  jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+
+
+def test_a_wider_result_type_gives_cotangents_of_the_inputs_dtype():
+  x, kernel = _inputs((64, 32), jnp.bfloat16)
+
+  def loss(dot, x, kernel):
+    y = dot(x, kernel, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return jnp.sum(jnp.tanh(y))
+
+  ours = jax.jit(jax.grad(functools.partial(loss, dense_dot), argnums=(0, 1)))(x, kernel)
+  theirs = jax.jit(jax.grad(functools.partial(loss, lax.dot_general), argnums=(0, 1)))(x, kernel)
+  assert [g.dtype for g in ours] == [g.dtype for g in theirs] == [jnp.bfloat16, jnp.bfloat16]
+  for a, b in zip(ours, theirs):
+    _close(a, b, jnp.bfloat16)
+
+
+def test_no_rows_give_lax_s_zero_gradients():
+  x, kernel = _inputs((0, 32), jnp.float32)
+  ours = jax.jit(jax.grad(functools.partial(_loss, dense_dot), argnums=(0, 1)))(x, kernel)
+  assert ours[0].shape == (0, 32)
+  np.testing.assert_array_equal(ours[1], np.zeros_like(kernel))
+
+
 def _dots(fn, *args):
   return [line for line in jax.jit(fn).lower(*args).compile().as_text().splitlines() if TN_DOT.search(line)]
 

@@ -94,3 +94,12 @@ def test_parameter_tree_is_unchanged():
   assert shapes["blocks/3/attn/out/bias"] == (128,)
   assert shapes["blocks/1/fc/kernel"] == (128, 512)
   assert shapes["ln_f/scale"] == (128,) and shapes["head/kernel"] == (128, 256)
+
+
+def test_the_init_is_gpt2s_with_residual_projections_scaled_by_depth():
+  model = gpt.GPT((64,), 256, num_layers=8, embed_dim=256, rngs=nnx.Rngs(0))
+  block = model.blocks[5]
+  for kernel, std in [(block.attn.qkv.kernel, 0.02), (block.fc.kernel, 0.02), (model.head.kernel, 0.02),
+                      (block.attn.out.kernel, 0.02 / 4), (block.proj.kernel, 0.02 / 4)]:  # 0.02 / sqrt(2 x 8).
+    assert float(jnp.std(kernel[...])) == pytest.approx(std, rel=0.05)
+  assert float(jnp.std(model.embed.embedding[...])) == pytest.approx(0.02, rel=0.05)

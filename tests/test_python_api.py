@@ -71,6 +71,16 @@ def test_a_model_that_is_no_module_is_one_config_error(config):
     build.build(_digits(config), model=lambda x: x)
 
 
+@pytest.mark.parametrize("model, words", [
+    ({"name": "collections:OrderedDict"}, "model 'collections:OrderedDict' is not a Flax NNX or linen Module class"),
+    ({"name": "mlp", "widths": (8,)}, "model 'mlp' does not accept the config's fields: .*'widths'"),
+    ({"name": "user_models:LinenBNNet", "depth": 2}, "model 'user_models:LinenBNNet' does not accept the config's"),
+])
+def test_a_model_name_or_field_that_does_not_fit_is_one_config_error(model, words):
+  with pytest.raises(ConfigError, match=words):
+    models.get_model(ml_collections.ConfigDict(model), (8, 8, 1), 10)
+
+
 @pytest.fixture(scope="module")
 def object_workdir(data_dir, tmp_path_factory):
   """A run whose model was an NNX class passed from Python (stored as '<object user_models.NNXNet>')."""
@@ -252,3 +262,12 @@ def test_a_task_that_never_calls_its_linen_model_is_one_config_error():
   with pytest.raises(ConfigError, match="task 'constant' never calls the model"):
     models.get_model(ml_collections.ConfigDict({"name": "mlp"}), (), 0, module=_TwoInputLinen(), task=constant,
                      element_spec=spec)
+
+
+def test_the_configs_own_input_shape_and_num_classes_win_over_the_datasets():
+  config = ml_collections.ConfigDict({"name": "mlp", "hidden": (4,), "num_classes": 7, "input_shape": (3, 2)})
+  params, _ = models.get_model(config, (8, 8, 1), 10).init(jax.random.PRNGKey(0))
+  assert params["hidden"][0]["kernel"].shape == (6, 4) and params["head"]["kernel"].shape == (4, 7)
+  del config.num_classes, config.input_shape
+  params, _ = models.get_model(config, (8, 8, 1), 10).init(jax.random.PRNGKey(0))
+  assert params["hidden"][0]["kernel"].shape == (64, 4) and params["head"]["kernel"].shape == (4, 10)

@@ -7,8 +7,10 @@ import ml_collections
 import numpy as np
 import pytest
 import runs
+from flax import nnx
 
 from jaxdp import build, data, train
+from jaxdp.models.adapter import from_nnx
 from jaxdp.report import metrics
 
 
@@ -94,3 +96,30 @@ def test_each_step_draws_new_masks(config):
   config.parallel.backend, config.batch_size = "pmap", 8
   # The step's key folds in its number: one key for all would repeat the masks.
   assert not np.array_equal(*_masks(_model(config, "MaskNNX"), steps=2))
+
+
+class _TwoStreams(nnx.Module):
+  """Two dropouts of the same input, one drawing from the "dropout" stream, one from a stream of its own."""
+
+  def __init__(self, *, rngs: nnx.Rngs):
+    self.a = nnx.Dropout(0.5, rng_collection="dropout", rngs=rngs)
+    self.b = nnx.Dropout(0.5, rng_collection="noise", rngs=nnx.Rngs(noise=0))
+
+  def __call__(self, x):
+    return self.a(x), self.b(x)
+
+
+def test_an_nnx_modules_streams_draw_apart_from_the_one_key_and_eval_draws_nothing():
+  model = from_nnx(_TwoStreams, {})
+  params, state = model.init(jax.random.PRNGKey(0))
+  x = jax.numpy.ones((4, 64))
+  (a, b), _ = model.apply(params, state, x, train=True, rng=jax.random.PRNGKey(3))
+  (again, _), _ = model.apply(params, state, x, train=True, rng=jax.random.PRNGKey(3))
+  (other, _), _ = model.apply(params, state, x, train=True, rng=jax.random.PRNGKey(4))
+  assert 0.3 < float((a == 0).mean()) < 0.7 and 0.3 < float((b == 0).mean()) < 0.7
+  assert not np.array_equal(a == 0, b == 0)  # Each stream its own key: never the same mask.
+  np.testing.assert_array_equal(a, again)
+  assert not np.array_equal(a, other)
+  (a, b), _ = model.apply(params, state, x, train=False, rng=jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(a, x)  # Eval: no dropout, whatever the key.
+  np.testing.assert_array_equal(b, x)
