@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -216,3 +217,90 @@ def test_a_launcher_removes_its_own_state_dir_when_it_ends(tmp_path, monkeypatch
   with launch_state.state_dir() as path:
     assert os.listdir(path) == [launch_state.OWNER]
   assert os.listdir(tmp_path) == []
+
+
+def test_a_rank_is_left_out_only_when_the_same_process_fails_again_before_joining(capsys):
+  launcher = _launcher("--num_processes", "3", "--max_restarts", "9", "--min_processes", "1")
+  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3
+  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3  # It had joined: restarted, not left out.
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 3
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # Left out; the ranks are numbered anew, ...
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # ... so the new rank 0 fails a first time.
+
+
+def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thread_count(monkeypatch):
+  monkeypatch.setenv(goodput.ENV_RESTARTED, "1")  # Inherited from a launcher started by a restarted one.
+  monkeypatch.setenv("OMP_NUM_THREADS", "7")
+  args = launch.parse(["--num_processes", "2", "--pin_cpus", "--", "x"])
+  assert goodput.ENV_RESTARTED not in launch._env(0, args, 1234, None)
+  assert launch._env(0, args, 1234, None, restarted=True)[goodput.ENV_RESTARTED] == "1"
+  assert launch._env(0, args, 1234, [0])["OMP_NUM_THREADS"] == "7"  # The user's own count wins over the share's.
+
+
+def test_the_workdir_is_found_in_either_spelling():
+  assert launch.workdir_of(["--config", "c.py", "--workdir=/w"]) == "/w"
+  assert launch.workdir_of(["--workdir", "/v", "--config", "c.py"]) == "/v"
+  assert launch.workdir_of(["--config", "c.py", "--workdir"]) is None
+
+
+class _Exited:
+  """A process that has exited with `returncode` (what Group reads of a Popen)."""
+
+  def __init__(self, returncode: int):
+    self.returncode, self.pid = returncode, -1
+
+  def poll(self) -> int:
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    return self.returncode
+
+
+def _group(tmp_path, *codes: int) -> launch.Group:
+  group = object.__new__(launch.Group)  # Its processes, without starting any.
+  group.procs, group.relays = [_Exited(c) for c in codes], []
+  group.joined_files = [str(tmp_path / f"joined-{r}") for r in range(len(codes))]
+  return group
+
+
+def test_of_two_failures_found_at_once_the_signalled_one_is_named(tmp_path):
+  (tmp_path / "joined-1").touch()
+  assert _group(tmp_path, 1, -9).wait() == launch.Failure(1, -9, joined=True)
+  assert _group(tmp_path, -15, 1).wait() == launch.Failure(0, -15, joined=False)
+
+
+def test_an_interrupted_group_exits_1_if_any_process_failed(tmp_path):
+  assert _group(tmp_path, 0, -2).interrupt() == 1
+  assert _group(tmp_path, 0, 0).interrupt() == 0
+
+
+def test_by_default_no_rank_is_left_out(capsys):
+  launcher = _launcher("--num_processes", "2", "--max_restarts", "9")
+  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2
+  assert launcher.after(launch.Failure(0, 3, joined=False)).status == 3
+  assert "--min_processes=2 allows no fewer than 2" in capsys.readouterr().err
+
+
+def test_a_launcher_first_removes_the_state_dirs_of_launchers_that_died(tmp_path, monkeypatch):
+  monkeypatch.setattr(launch_state.tempfile, "tempdir", str(tmp_path))
+  dead = tmp_path / f"{launch_state.PREFIX}dead"
+  dead.mkdir()
+  (dead / launch_state.OWNER).touch()  # Its owner file, locked by no one.
+  with launch_state.state_dir() as path:
+    assert os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
+  proc = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                           "print('ready', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  try:
+    assert proc.stdout.readline().strip() == "ready"
+    stopping = threading.Thread(target=launch.stop, args=([proc], signal.SIGTERM, 0.5), daemon=True)
+    stopping.start()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive() and proc.returncode == -signal.SIGKILL
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()

@@ -211,6 +211,8 @@ def test_npz_keras_layout_uint8_images(tmp_path):
     ({"x_train": np.zeros((4, 2)), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 2)), "m_train": np.zeros(4)},
      ["missing: m_test, y_test"]),
     ({"x": np.zeros((8, 2)), "y": np.zeros(8, int), "label": np.zeros(8)}, ["'label'", "rename one"]),
+    ({"x_train": np.zeros((4, 2)), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int),
+      "meta": np.zeros(4)}, ["without a suffix: meta"]),
 ])
 def test_bad_npz_is_a_config_error_naming_it(arrays, words, tmp_path):
   np.savez(tmp_path / "bad.npz", **arrays)
@@ -319,3 +321,86 @@ def test_float_labels_are_targets(tmp_path):
   batch = next(data.train_batches(ds, "train", seed=0, global_batch=16, start_step=0, process_index=0,
                                   process_count=1))
   assert set(np.unique(batch["labels"])) <= {0.0, 0.5, 1.0} and batch["labels"].dtype == np.float32
+
+
+def test_npz_split_sizes_round_and_every_example_falls_in_one_split(tmp_path):
+  x, y = np.arange(94, dtype=np.float32).reshape(47, 2), np.arange(47) % 2
+  np.savez(tmp_path / "odd.npz", x=x, y=y)
+  builder = prepared(builder_for(str(tmp_path / "odd.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.1}))
+  order = np.random.RandomState(0).permutation(47)  # 4.7 test examples round to 5.
+  for split, rows in (("test", order[:5]), ("train", order[5:])):
+    source = builder.as_data_source(split)
+    assert sorted(tuple(source[i]["inputs"]) for i in range(len(source))) == sorted(map(tuple, x[rows])), split
+
+
+def test_npz_arrays_that_are_neither_images_nor_classes_are_tensors(tmp_path):
+  rng = np.random.RandomState(0)
+  x = rng.randint(0, 255, (12, 4, 4, 2), np.uint8)  # Two channels: no image format holds them.
+  np.savez(tmp_path / "pairs.npz", x=x, y=rng.randint(0, 3, (12, 2)))  # Two integers per example: targets.
+  builder = builder_for(str(tmp_path / "pairs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.25})
+  features = builder.info.features
+  assert type(features["inputs"]) is tfds.features.Tensor and features["inputs"].shape == (4, 4, 2)
+  assert type(features["label"]) is tfds.features.Tensor and features["label"].shape == (2,)
+
+
+def test_a_held_out_fraction_or_file_of_more_arrays_is_a_prepared_copy_of_its_own(tmp_path):
+  np.savez(tmp_path / "c.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2, w=np.zeros(10))
+  path = str(tmp_path / "c.npz")
+  names = {f: builder_for(path, str(tmp_path), {"test_fraction": f}).builder_config.name for f in (0.1, 0.2)}
+  assert names[0.1] != names[0.2]
+  as_classic = fingerprint.config_name(path, fingerprint.file_stats([path]), {"test_fraction": 0.1})
+  assert names[0.1] != as_classic  # Its features are part of its name: never read as the x/y file it once was.
+
+
+@pytest.mark.parametrize("fraction", [True, 0, 1, "0.1"])
+def test_a_bad_test_fraction_is_a_config_error_naming_it(tmp_path, fraction):
+  np.savez(tmp_path / "c.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2)
+  with pytest.raises(ConfigError, match=f"test_fraction must be in \\(0, 1\\), got {fraction!r}"):
+    builder_for(str(tmp_path / "c.npz"), str(tmp_path), {"test_fraction": fraction})
+
+
+def test_an_npz_whose_fraction_leaves_a_split_empty_is_a_config_error(tmp_path):
+  np.savez(tmp_path / "few.npz", x=np.zeros((5, 2)), y=np.arange(5) % 2)
+  with pytest.raises(ConfigError, match="test_fraction 0.05 of the 5 examples .* leaves a split empty"):
+    builder_for(str(tmp_path / "few.npz"), str(tmp_path), {"test_fraction": 0.05})
+
+
+def test_an_npz_counts_the_classes_of_both_splits(tmp_path):
+  arrays = {"x_train": np.zeros((4, 2)), "y_train": np.array([0, 1, 1, 0]), "x_test": np.zeros((2, 2)),
+            "y_test": np.array([4, 0])}  # A class seen in test only still counts.
+  np.savez(tmp_path / "k.npz", **arrays)
+  assert builder_for(str(tmp_path / "k.npz"), str(tmp_path), {}).info.features["label"].num_classes == 5
+
+
+def test_hidden_folders_and_files_are_not_classes_or_images(tmp_path):
+  root = make_folder(tmp_path / "photos", per_class=2)
+  for hidden in (os.path.join(root, ".ipynb_checkpoints"), os.path.join(root, "cat")):
+    os.makedirs(hidden, exist_ok=True)
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(os.path.join(hidden, ".thumb.png"))
+  classes, splits = image_folder.list_files(root, 0.1)
+  assert classes == list(CLASSES) and sum(len(f) for f in splits.values()) == 6
+
+
+def test_an_image_folder_of_16_bit_grayscale_is_grayscale(tmp_path):
+  for c in CLASSES[:2]:
+    os.makedirs(tmp_path / "deep" / c)
+    Image.fromarray(np.full((4, 4), 40, np.uint8)).save(tmp_path / "deep" / c / "a.png")
+    Image.fromarray(np.full((4, 4), 300, np.uint16)).save(tmp_path / "deep" / c / "b.png")  # Mode I;16 (or I).
+  shape, unreadable = image_folder.image_shape(_files(tmp_path / "deep"))
+  assert shape == (4, 4, 1) and not unreadable
+
+
+def test_skipping_bad_files_prepares_a_copy_of_its_own(tmp_path):
+  root, data_dir = make_folder(tmp_path / "photos", per_class=2), str(tmp_path / "tfds")
+  strict = builder_for(root, data_dir, {})
+  skipping = kinds.find(root).make(root, data_dir, {}, skip_bad=True)
+  assert skipping.data_dir != strict.data_dir  # A copy that left files out is never read as the whole folder.
+
+
+def test_a_split_that_gets_no_file_is_left_out(tmp_path):
+  os.makedirs(tmp_path / "few" / "cat")
+  for i in range(2):
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "few" / "cat" / f"{i}.png")
+  assert not _digest_test_files(["cat/0.png", "cat/1.png"], 0.01)
+  _, splits = image_folder.list_files(str(tmp_path / "few"), 0.01)
+  assert list(splits) == ["train"]
