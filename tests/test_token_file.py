@@ -45,6 +45,11 @@ def test_uint32_vocabulary_and_sidecar(tmp_path):
     token_file.Writer(str(tmp_path / "x.bin"), vocab_size=100_000).append([100_000])
 
 
+def test_ids_take_uint16_up_to_a_vocabulary_of_2_16(tmp_path):
+  with token_file.Writer(str(tmp_path / "a.bin"), 2**16) as a, token_file.Writer(str(tmp_path / "b.bin"), 2**16 + 1) as b:
+    assert (a.dtype, b.dtype) == ("uint16", "uint32")
+
+
 def test_nanogpt_file_without_sidecar_needs_vocab_size(tmp_path):
   path = tmp_path / "train.bin"
   (np.arange(100) % 50).astype(np.uint16).tofile(path)  # As nanoGPT's prepare.py writes it.

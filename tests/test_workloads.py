@@ -76,13 +76,22 @@ def test_text_file_windows_are_next_token_pairs_over_a_held_out_tail(text_path, 
     np.testing.assert_array_equal(x[1:], y[:-1])
   other = tfds.builder("text_file", data_dir=str(tmp_path), path=text_path, seq_len=40)
   assert other.builder_config.name != builder.builder_config.name  # Other windows: never the stale copy.
+  strided = tfds.builder("text_file", data_dir=str(tmp_path), path=text_path, seq_len=50, stride=10)
+  assert strided.builder_config.name != builder.builder_config.name  # Other train windows too.
 
 
-def test_text_file_reports_a_missing_path_as_a_config_error(tmp_path):
+def test_text_file_reports_a_bad_path_stride_or_encoding_as_a_config_error(tmp_path):
   with pytest.raises(config_lib.ConfigError, match="needs a path"):
     tfds.builder("text_file", data_dir=str(tmp_path))
   with pytest.raises(config_lib.ConfigError, match="not found"):
     tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "missing.txt"))
+  (tmp_path / "t.txt").write_text("some text " * 20)
+  with pytest.raises(config_lib.ConfigError, match="stride must be a non-negative integer, got -1"):
+    tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "t.txt"), seq_len=8, stride=-1)
+  (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 20)
+  with pytest.raises(config_lib.ConfigError, match="latin1.txt' is not UTF-8"):
+    tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "latin1.txt"),
+                 seq_len=8).download_and_prepare()
 
 
 def test_encode_decode_round_trip_utf8():
