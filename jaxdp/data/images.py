@@ -29,55 +29,55 @@ def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
   return tf.random.experimental.stateless_fold_in(seed_for(seed, AUGMENT, step), tf.cast(row, tf.int64))
 
 
-def train_crop(encoded: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
+def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
   """Random-resized crop (and random flip) of one image, encoded (-> uint8) or decoded (its dtype), to
   [image_size, image_size, channels]."""
   import tensorflow as tf
   crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
-  shape = _shape(encoded, channels)
+  shape = _shape(image, channels)
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
       shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]), seed=crop_key, min_object_covered=0.1,
       aspect_ratio_range=ASPECT, area_range=AREA, max_attempts=ATTEMPTS, use_image_if_no_bounding_boxes=True)
-  image = _resize(_decode_window(encoded, begin[0], begin[1], size[0], size[1], channels), image_size)
+  crop = _resize(_window(image, begin[0], begin[1], size[0], size[1], channels), image_size)
   if not flip:
-    return image
-  return tf.cond(tf.random.stateless_uniform([], flip_key) < 0.5, lambda: tf.reverse(image, [1]), lambda: image)
+    return crop
+  return tf.cond(tf.random.stateless_uniform([], flip_key) < 0.5, lambda: tf.reverse(crop, [1]), lambda: crop)
 
 
-def eval_crop(encoded: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
+def eval_crop(image: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
   """Central square of side crop_ratio * min(height, width), resized to [image_size, image_size, channels] (dtype as
   in `train_crop`)."""
   import tensorflow as tf
-  shape = _shape(encoded, channels)
+  shape = _shape(image, channels)
   side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
   top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
-  return _resize(_decode_window(encoded, top, left, side, side, channels), image_size)
+  return _resize(_window(image, top, left, side, side, channels), image_size)
 
 
-def _shape(encoded: tf.Tensor, channels: int) -> tf.Tensor:
+def _shape(image: tf.Tensor, channels: int) -> tf.Tensor:
   """[height, width, channels] of an image, reading only a JPEG's header."""
   import tensorflow as tf
-  if encoded.dtype != tf.string:  # Already decoded.
-    return tf.shape(encoded)
-  return tf.cond(tf.io.is_jpeg(encoded), lambda: tf.io.extract_jpeg_shape(encoded),
-                 lambda: tf.shape(tf.io.decode_image(encoded, channels, expand_animations=False)))
+  if image.dtype != tf.string:  # Already decoded.
+    return tf.shape(image)
+  return tf.cond(tf.io.is_jpeg(image), lambda: tf.io.extract_jpeg_shape(image),
+                 lambda: tf.shape(tf.io.decode_image(image, channels, expand_animations=False)))
 
 
-def _decode_window(encoded: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
-                   channels: int) -> tf.Tensor:
+def _window(image: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
+            channels: int) -> tf.Tensor:
   """The window of an image, [height, width, channels]; JPEGs decode only that window."""
   import tensorflow as tf
-  if encoded.dtype != tf.string:  # Already decoded.
-    return tf.slice(encoded, [top, left, 0], [height, width, channels])
-
-  def jpeg() -> tf.Tensor:
-    return tf.io.decode_and_crop_jpeg(encoded, tf.stack([top, left, height, width]), channels=channels)
-
-  def other() -> tf.Tensor:
-    image = tf.io.decode_image(encoded, channels, expand_animations=False)
+  if image.dtype != tf.string:  # Already decoded.
     return tf.slice(image, [top, left, 0], [height, width, channels])
 
-  return tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+  def jpeg() -> tf.Tensor:
+    return tf.io.decode_and_crop_jpeg(image, tf.stack([top, left, height, width]), channels=channels)
+
+  def other() -> tf.Tensor:
+    decoded = tf.io.decode_image(image, channels, expand_animations=False)
+    return tf.slice(decoded, [top, left, 0], [height, width, channels])
+
+  return tf.cond(tf.io.is_jpeg(image), jpeg, other)
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
