@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -22,10 +23,15 @@ from jaxdp.data import cache, held
 STEPS = 8  # Two epochs of 64 examples in batches of 16: each bad example is met twice.
 
 
-def _load(data_dir, cache_mb: float, **fields) -> data.Dataset:
-  """`bad_datasets:BadPngs` (or `fields["name"]`) with `dataset.cache_mb` and other `dataset` fields."""
+def _config(data_dir, cache_mb: float, **fields) -> ml_collections.ConfigDict:
+  """A run on `bad_datasets:BadPngs` (or `fields["name"]`) with `dataset.cache_mb` and other `dataset` fields."""
   fields = {"name": "bad_datasets:BadPngs", "data_dir": str(data_dir), "cache_mb": cache_mb, **fields}
-  return data.load(runs.config_with({f"dataset.{k}": v for k, v in fields.items()}).dataset)
+  return runs.config_with({f"dataset.{k}": v for k, v in fields.items()})
+
+
+def _load(data_dir, cache_mb: float, **fields) -> data.Dataset:
+  """The dataset of `_config(data_dir, cache_mb, **fields)`."""
+  return data.load(_config(data_dir, cache_mb, **fields).dataset)
 
 
 def _train(ds: data.Dataset, process_count: int = 1) -> tuple[list[dict], int]:
@@ -139,9 +145,8 @@ def test_a_bad_example_in_a_split_kept_on_disk_is_named_and_skipped_by_later_ope
 
 @pytest.mark.parametrize("bad", [(), (5,)])
 def test_a_cached_split_with_a_bad_example_is_never_held_on_the_devices(tmp_path, bad):
-  fields = {"name": "bad_datasets:BadPngs", "data_dir": str(tmp_path), "cache_mb": 64, "skip_bad_examples": True,
-            "builder_kwargs": {"bad_train": bad}}
-  config = runs.config_with({**{f"dataset.{k}": v for k, v in fields.items()}, "parallel.resident_mb": 8})
+  config = _config(tmp_path, 64, skip_bad_examples=True, builder_kwargs={"bad_train": bad})
+  config.parallel.resident_mb = 8
   parts = build.build(config)
   assert held.nbytes(parts.ds, "train") is not None  # Small, decoded, not augmented: it fits, ...
   assert (parts.feed.held is None) == bool(bad)  # ... but a held copy could not name (or skip) a bad example.

@@ -24,9 +24,9 @@ TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2**-7}
 TN_DOT = re.compile(r"\bdot\(.*lhs_contracting_dims=\{0\}")
 
 
-def _loss(dot, x, kernel):
-  """A scalar of a Linear-shaped product (nonlinear, so that every cotangent differs)."""
-  y = dot(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+def _loss(dot, x, kernel, **kwargs):
+  """A scalar of a Linear-shaped product (nonlinear, so that every cotangent differs); `kwargs` go to `dot`."""
+  y = dot(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), **kwargs)
   return jnp.sum(jnp.tanh(y.astype(jnp.float32)))
 
 
@@ -73,13 +73,9 @@ def test_a_product_contracting_the_kernels_last_dimension_is_lax_s():
 
 def test_a_wider_result_type_gives_cotangents_of_the_inputs_dtype():
   x, kernel = _inputs((64, 32), jnp.bfloat16)
-
-  def loss(dot, x, kernel):
-    y = dot(x, kernel, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    return jnp.sum(jnp.tanh(y))
-
-  ours = jax.jit(jax.grad(functools.partial(loss, dense_dot), argnums=(0, 1)))(x, kernel)
-  theirs = jax.jit(jax.grad(functools.partial(loss, lax.dot_general), argnums=(0, 1)))(x, kernel)
+  wide = {"preferred_element_type": jnp.float32}
+  ours = jax.jit(jax.grad(functools.partial(_loss, dense_dot, **wide), argnums=(0, 1)))(x, kernel)
+  theirs = jax.jit(jax.grad(functools.partial(_loss, lax.dot_general, **wide), argnums=(0, 1)))(x, kernel)
   assert [g.dtype for g in ours] == [g.dtype for g in theirs] == [jnp.bfloat16, jnp.bfloat16]
   for a, b in zip(ours, theirs):
     _close(a, b, jnp.bfloat16)
