@@ -1,4 +1,5 @@
-"""Weight decay reaches matrices only (by default), also under ZeRO-1's raveled optimizer state."""
+"""The learning-rate schedule and its scaling rule; weight decay reaches matrices only (by default), also under
+ZeRO-1's raveled optimizer state."""
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,16 @@ def test_only_matrices_decay(config, optimizer, shards):
   assert _decayed(new) == {"fc": {"kernel": True, "bias": False}, "norm": {"scale": False, "bias": False},
                            "embed": {"embedding": True}}
   np.testing.assert_allclose(new["fc"]["kernel"], 1.0 - LR * WD, rtol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_without_the_shapes_the_mask_is_computed_from_the_parameters_optax_sees(config, optimizer):
+  config.optimizer, config.learning_rate, config.weight_decay = optimizer, LR, WD
+  params = _params()
+  tx = optim.make(config)  # Right for every layout but ZeRO-1's, whose optimizer sees raveled leaves.
+  updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+  assert _decayed(jax.tree.map(jnp.add, params, updates)) == {
+      "fc": {"kernel": True, "bias": False}, "norm": {"scale": False, "bias": False}, "embed": {"embedding": True}}
 
 
 def test_mask_all_and_regex(config):
@@ -115,3 +126,35 @@ def test_no_weight_decay_leaves_the_optimizer_state_unmasked(config, optimizer):
   lr = optim.schedule(config)
   plain = optax.adamw(lr, weight_decay=0.0) if optimizer == "adamw" else optax.sgd(lr)
   assert jax.tree.structure(optim.make(config, params).init(params)) == jax.tree.structure(plain.init(params))
+
+
+def _schedule(**fields) -> optax.Schedule:
+  """The schedule of a config of these fields (a 0.1 peak, 10 warmup steps of 110, constant, unscaled)."""
+  return optim.schedule(ml_collections.ConfigDict({
+      "learning_rate": 0.1, "batch_size": 64, "base_batch_size": 0, "warmup_steps": 10, "num_train_steps": 110,
+      "lr_schedule": "constant", **fields}))
+
+
+def test_the_peak_learning_rate_scales_with_the_batch_only_when_a_base_batch_is_given():
+  assert float(_schedule(warmup_steps=0)(5)) == pytest.approx(0.1)
+  assert float(_schedule(warmup_steps=0, base_batch_size=256, batch_size=1024)(5)) == pytest.approx(0.4)
+  for bad in (True, -1, 2.5):
+    with pytest.raises(ConfigError, match=f"base_batch_size must be a non-negative integer, got {bad!r}"):
+      _schedule(base_batch_size=bad)
+
+
+@pytest.mark.parametrize("kind", ["constant", "cosine"])
+def test_warmup_rises_linearly_from_zero_to_the_peak(kind):
+  lr = _schedule(lr_schedule=kind)
+  np.testing.assert_allclose([float(lr(s)) for s in (0, 5, 10)], [0.0, 0.05, 0.1], rtol=1e-6, atol=1e-9)
+
+
+def test_constant_stays_at_the_peak_and_cosine_decays_to_zero_at_the_last_step():
+  constant, cosine = _schedule(), _schedule(lr_schedule="cosine")
+  assert float(constant(60)) == float(constant(110)) == pytest.approx(0.1)
+  np.testing.assert_allclose([float(cosine(s)) for s in (60, 110)], [0.05, 0.0], rtol=1e-6, atol=1e-9)
+
+
+def test_a_warmup_as_long_as_the_run_still_reaches_the_peak():
+  lr = _schedule(lr_schedule="cosine", warmup_steps=10, num_train_steps=10)
+  assert float(lr(10)) == pytest.approx(0.1)

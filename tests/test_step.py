@@ -8,7 +8,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxdp import build, data, models, optim, parallel, tasks
+from jaxdp import build, data, models, optim, parallel, strategies, tasks
+from jaxdp.batch import REAL
 from jaxdp import step as step_lib
 from jaxdp.tasks.classification import cross_entropy
 
@@ -119,3 +120,23 @@ def test_label_smoothing_trains_against_smoothed_targets(config):
   params1 = backend.get(train(backend.init(init), backend.put_batch(batch))[0]).params
   got = jax.tree.map(lambda a, b: a - b, state.params, params1)
   jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6), got, grads)
+
+
+def test_the_model_sees_its_parameters_in_the_compute_dtype_in_train_and_eval(config):
+  """bfloat16 compute casts the parameters too: bfloat16 inputs alone would promote every matmul back to float32."""
+  model, tx, batch, init = _setup(config, "sgd")
+  seen = []
+
+  def apply(params, *args, **kwargs):
+    seen.append({x.dtype.name for x in jax.tree.leaves(params)})
+    return model.apply(params, *args, **kwargs)
+
+  spy = models.Model(model.init, apply)
+  strategy = strategies.DataParallel(strategies.StrategyOptions(compute_dtype="bfloat16"))
+  backend = parallel.make_backend("mesh", 2)
+  state = backend.init(init)
+  backend.map_eval(functools.partial(step_lib.eval_step, model=spy, strategy=strategy))(
+      state, backend.put_batch({**batch, REAL: np.ones(len(batch["labels"]), bool)}))
+  backend.map_train(functools.partial(step_lib.train_step, model=spy, tx=tx, strategy=strategy))(
+      state, backend.put_batch(batch))
+  assert seen == [{"bfloat16"}, {"bfloat16"}], seen

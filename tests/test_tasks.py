@@ -124,13 +124,13 @@ def test_a_user_task_with_zero1_and_accumulation_matches_the_plain_step(config, 
 
 def test_best_metric_may_be_a_user_eval_metric_and_keeps_its_best_checkpoint(tmp_path, data_dir):
   records = _cli(tmp_path, data_dir, f"--config.task.name={FOCAL}", "--config.num_train_steps=8",
-                 "--config.eval_every_steps=2", "--config.checkpoint_every_steps=2", "--config.keep_checkpoints=1",
+                 "--config.eval_every_steps=2", "--config.checkpoint_every_steps=1", "--config.keep_checkpoints=1",
                  "--config.keep_best_checkpoints=1", "--config.best_metric=eval/worst", "--config.best_mode=max",
                  "--config.async_checkpointing=False")
   worst = {r["step"]: r["eval/worst"] for r in records if "eval/worst" in r}
   best = max(worst, key=worst.get)
   assert best != 8, worst  # Else keeping the newest would pass too.
-  assert set(checkpoint.steps(str(tmp_path))) == {best, 8}
+  assert set(checkpoint.steps(str(tmp_path))) == {best, 8}  # Not the odd steps, saved without eval metrics.
 
 
 def test_best_metric_not_of_the_task_is_one_config_error_naming_the_choices(config):
@@ -160,6 +160,8 @@ def test_the_regression_builtin_is_inferred_for_float_labels_and_reports_mse_mae
       parts.ds, "test", global_batch=24, process_index=0, process_count=1)]).astype(np.float64)
   np.testing.assert_allclose(got["eval/r2"], 1 - got["eval/mse"] / y.var(), rtol=1e-4)
   assert got["eval/r2"] > 0.8 and got["eval/mse"] == pytest.approx(got["eval/loss"])
+  logged = {k for record in metrics.read(str(tmp_path / "run")) for k in record}
+  assert {"train/mse", "train/mae"} <= logged and not any("/_" in k for k in logged), sorted(logged)  # No helpers.
 
 
 def test_regression_reports_mse_mae_and_r2_over_real_rows_only():
@@ -263,7 +265,7 @@ def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
   seen = []
 
   def task(model, batch):
-    seen.append(sorted(batch))
+    seen.append((model.train, sorted(batch)))
     return cross_entropy(model(batch["inputs"]), batch["labels"]), {}
 
   parts = build.build(config, task=task)
@@ -271,5 +273,7 @@ def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
   batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
                                   process_index=0, process_count=1, with_ids=True))
   assert INDEX in batch  # The audit's ids ride with the batch ...
-  parts.train_step(state, parts.backend.put_batch(batch))
-  assert seen and all(keys == ["inputs", "labels"] for keys in seen), seen  # ... but never reach the task.
+  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  evaluate.run(parts, state)  # Eval batches carry which rows are real (padding), ...
+  assert {train for train, _ in seen} == {True, False}, seen  # ... but never give it to the task.
+  assert all(keys == ["inputs", "labels"] for _, keys in seen), seen
