@@ -120,6 +120,21 @@ def test_a_checkpoint_that_does_not_fit_is_named_and_kept(data_dir, tmp_path, ca
   assert sorted(os.listdir(tmp_path / "checkpoints")) == before
 
 
+def test_a_checkpoint_of_other_shapes_names_each_difference_in_path_order(config, tmp_path):
+  """Widths changed (two shapes) and a layer added (two paths): three named in path order, the fourth counted."""
+  config.optimizer, config.num_train_steps, config.checkpoint_every_steps = "sgd", 2, 2
+  train.train_and_evaluate(config, str(tmp_path))
+  config.model.hidden = (64, 32)
+  with pytest.raises(ConfigError) as e:
+    train.train_and_evaluate(config, str(tmp_path))
+  assert str(e.value) == (
+      f"checkpoint {tmp_path}/checkpoints/2 does not fit the config: params/hidden/0/bias is float32[32] in the "
+      "checkpoint, float32[64] in the config; params/hidden/0/kernel is float32[64, 32] in the checkpoint, "
+      "float32[64, 64] in the config; params/hidden/1/bias is missing from the checkpoint (and 1 more) (use another "
+      "--workdir; the checkpoint is left untouched)")
+  assert checkpoint.steps(str(tmp_path)) == [2]
+
+
 def test_keeps_the_newest_and_the_best(data_dir, tmp_path):
   config = _config(data_dir, num_train_steps=100, checkpoint_every_steps=10, eval_every_steps=10,
                    keep_checkpoints=2, keep_best_checkpoints=1, best_metric="eval/loss", best_mode="min")
@@ -171,11 +186,12 @@ def test_a_workdir_names_its_checkpoints_in_one_message(tmp_path):
   assert checkpoint.steps(str(tmp_path)) == []
   with pytest.raises(ConfigError, match="no checkpoint in workdir"):
     checkpoint.pick_step(str(tmp_path))
-  for name in ("2", "10", "12.orbax-checkpoint-tmp-1"):  # A save cut off by a kill is never listed.
+  # Steps in numeric order, whatever order the directory lists them in; a save cut off by a kill is never listed.
+  for name in ("10", "2", "100", "9", "30", "12.orbax-checkpoint-tmp-1"):
     (tmp_path / "checkpoints" / name).mkdir(parents=True)
-  assert checkpoint.steps(str(tmp_path)) == [2, 10]
-  assert checkpoint.pick_step(str(tmp_path)) == 10 and checkpoint.pick_step(str(tmp_path), 2) == 2
-  with pytest.raises(ConfigError, match=r"^no checkpoint 3 in .*/checkpoints \(have: \[2, 10\]\)$"):
+  assert checkpoint.steps(str(tmp_path)) == [2, 9, 10, 30, 100]
+  assert checkpoint.pick_step(str(tmp_path)) == 100 and checkpoint.pick_step(str(tmp_path), 2) == 2
+  with pytest.raises(ConfigError, match=r"^no checkpoint 3 in .*/checkpoints \(have: \[2, 9, 10, 30, 100\]\)$"):
     checkpoint.pick_step(str(tmp_path), 3)
 
 

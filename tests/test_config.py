@@ -56,3 +56,10 @@ def test_each_bad_value_is_one_config_error_naming_it(key, value, named):
                                         ("eval_batch_size", 16), ("grad_accum_steps", 16), ("dtype", "bfloat16")])
 def test_good_edge_values_pass(key, value):
   config_lib.validate(_config(key, value), num_devices=8, num_processes=1)
+
+
+def test_defaults_fill_jaxdps_own_fields_never_the_models_arguments():
+  """A model's fields are its keyword arguments: the default model's name would be one the user never gave."""
+  full = config_lib.with_defaults(ml_collections.ConfigDict({"model": {"hidden": (64,)}, "dataset": {"name": "x"}}))
+  assert full.model.to_dict() == {"hidden": (64,)}
+  assert full.dataset.name == "x" and full.dataset.train_split == default.get_config().dataset.train_split

@@ -1,6 +1,7 @@
 """The stateless train order (`jaxdp.data.sampler`): a pure function of (seed, step), from any thread, in any order."""
 
 import random
+import threading
 from concurrent import futures
 
 import numpy as np
@@ -58,6 +59,29 @@ def test_only_a_few_epochs_are_held():
   assert len(sampler._held) == sampler.EPOCHS_HELD < EPOCHS  # The newest epochs stay: the next one, a straggler.
 
 
+def test_the_least_recently_used_epoch_is_the_one_let_go():
+  """An epoch asked for again (the audit behind the stream) stays held; the one nobody asked for since goes."""
+  order = sampler.GlobalOrder(N, B, SEED + 100, "train")  # A seed no other test holds epochs of.
+  first = {epoch: order.permutation(epoch) for epoch in range(sampler.EPOCHS_HELD)}
+  assert order.permutation(0) is first[0]
+  order.permutation(sampler.EPOCHS_HELD)  # One epoch more than are held: epoch 1 is the least recently used.
+  assert order.permutation(0) is first[0] and order.permutation(1) is not first[1]
+
+
+def test_threads_asking_for_a_new_epoch_at_once_share_one_array():
+  """However many workers compute an epoch at the same moment, all keep the one held: n int64, not n per thread."""
+  barrier = threading.Barrier(8)
+
+  def ask(epoch: int) -> np.ndarray:
+    barrier.wait()
+    return sampler.permutation(200_000, SEED, epoch)
+
+  for epoch in range(3):
+    with futures.ThreadPoolExecutor(8) as pool:
+      got = list(pool.map(ask, [epoch] * 8))
+    assert all(order is got[0] for order in got)
+
+
 def test_orders_of_the_same_split_and_seed_share_each_epochs_permutation():
   """The train stream and the audit each hold an order: the epoch the stream shuffled, the audit must not redo."""
   stream, audit = sampler.GlobalOrder(N, B, SEED, "train"), sampler.GlobalOrder(N, 2 * B, SEED, "train")
@@ -74,6 +98,12 @@ def test_shard_order_is_thread_safe_too():
     for step, rows in pool.map(lambda s: (s, order.rows(s, 0, B)), calls):
       np.testing.assert_array_equal(rows, expected[step])
       assert rows.min() >= N  # Process 1's half of the split.
+
+
+def test_each_process_shuffles_its_shard_its_own_way():
+  """Shards are equal ranges: the same shuffle in each would pair the examples N apart in every batch."""
+  first, second = (sampler.ShardOrder(2 * N, B, SEED, "train", process_index=p, process_count=2) for p in (0, 1))
+  assert any(not np.array_equal(first.rows(s, 0, B) + N, second.rows(s, 0, B)) for s in range(N // B))
 
 
 def test_a_batch_larger_than_the_split_names_the_flag_to_change():
