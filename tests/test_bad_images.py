@@ -4,6 +4,7 @@ and index when met in training or eval, every completed step kept, and skipped (
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -149,14 +150,15 @@ def test_with_skipping_on_the_run_finishes_and_counts_the_bad_examples(tmp_path)
 
 
 def test_the_count_of_skipped_examples_goes_on_over_a_resume(tmp_path):
+  """Steps 1..4 and 5..8 each meet both bad examples; a resume from step 4 counts on from step 4's count."""
   config = _bad_jpegs_config(tmp_path, **{"dataset.builder_kwargs": {"bad_train": (5, 17)},
-                                          "dataset.skip_bad_examples": True, "num_train_steps": 4,
+                                          "dataset.skip_bad_examples": True, "num_train_steps": 8,
                                           "log_every_steps": 4, "eval_every_steps": 8, "checkpoint_every_steps": 4})
   train.train_and_evaluate(config, str(tmp_path / "run"))
-  config.num_train_steps = 8  # Resumes at 4: steps 5..8 meet each bad example once more.
+  shutil.rmtree(tmp_path / "run" / "checkpoints" / "8")  # As if a kill cut its save off: the run resumes at 4.
   train.train_and_evaluate(config, str(tmp_path / "run"))
   logged = [r for r in metrics.read(str(tmp_path / "run")) if "train/skipped_examples" in r]
-  assert [(r["step"], r["train/skipped_examples"]) for r in logged] == [(4, 2.0), (8, 4.0)]  # As one run of 8.
+  assert [(r["step"], r["train/skipped_examples"]) for r in logged] == [(4, 2.0), (8, 4.0), (8, 4.0)]
 
 
 def test_the_count_of_skipped_examples_is_over_every_process(tmp_path):

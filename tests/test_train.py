@@ -1,9 +1,11 @@
 """End-to-end training: device-count and backend equivalence, identical replicas, user models."""
 
+import glob
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import jax
@@ -85,15 +87,17 @@ def test_user_models_of_either_api_train(config, tmp_path, name, extra):
 
 
 def test_metrics_jsonl_has_the_contract_keys(config, tmp_path):
-  config.eval_every_steps = 2
+  """Logs, evals and checkpoints every so many steps, and at the last step whatever its number."""
+  config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps = 5, 2, 3
   train.train_and_evaluate(config, str(tmp_path))
   records = metrics.read(str(tmp_path))
   assert all("step" in r for r in records)
-  assert [r["step"] for r in records if "train/loss" in r] == [2, 4]
+  assert [r["step"] for r in records if "train/loss" in r] == [2, 4, 5]
   evals = [r for r in records if "eval/loss" in r]
-  assert [r["step"] for r in evals] == [2, 4]
+  assert [r["step"] for r in evals] == [2, 4, 5]
+  assert checkpoint.steps(str(tmp_path)) == [3, 5]
   assert all({"eval/accuracy", "eval/num_examples"} <= set(r) for r in evals)
-  assert evals[-1]["eval/num_examples"] == 360
+  assert evals[-1]["eval/num_examples"] == 360 and all(r["time/eval"] > 0 for r in evals)
 
 
 def _record_closes(monkeypatch, *classes) -> list[str]:
@@ -127,6 +131,17 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
   assert set(closed) == expected
   if how != "restore":  # The train line of step 2 reached TensorBoard's files.
     assert [s for s, _ in metrics.read_tensorboard(str(tmp_path))["train/loss"]] == [2]
+
+
+def test_a_run_stopped_inside_its_profiled_steps_ends_as_a_finished_one(config, tmp_path, monkeypatch):
+  """The trace of the steps profiled so far, the run's time record at the stop, and no input thread left behind."""
+  monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 3)
+  config.profile_steps, config.parallel.resident_mb = (2, 4), 0  # Batches from the host, placed by a thread.
+  assert train.train_and_evaluate(config, str(tmp_path)).preempted
+  assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
+  last = metrics.read(str(tmp_path))[-1]
+  assert last["step"] == 3 and last["time/total/wall"] > 0, last
+  assert not [t for t in threading.enumerate() if t.name == "jaxdp-prefetch" and t.is_alive()]
 
 
 def test_checkpoint_saves_are_timed_apart_from_the_steps(config, tmp_path, monkeypatch):
@@ -199,6 +214,31 @@ def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, m
   with pytest.raises(OSError, match="disk gone"):
     train.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4, 5]
+
+
+def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, tmp_path, monkeypatch, caplog):
+  _failing_stream(monkeypatch, 5, OSError("disk gone"))
+  config.num_train_steps, config.checkpoint_every_steps, config.parallel.prefetch = 10, 4, 0
+  save = checkpoint.Checkpointer.save
+
+  def full_disk(self, *args, force: bool = False, **kwargs):
+    if force:  # The save on the way out; the periodic one at step 4 is written.
+      raise OSError("no space left")
+    return save(self, *args, force=force, **kwargs)
+
+  monkeypatch.setattr(checkpoint.Checkpointer, "save", full_disk)
+  with pytest.raises(OSError, match="disk gone"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert "step 5: could not checkpoint before stopping: no space left" in caplog.text
+  assert checkpoint.steps(str(tmp_path)) == [4]
+
+
+def test_an_error_in_a_run_that_checkpoints_nothing_saves_nothing(config, tmp_path, monkeypatch):
+  _failing_stream(monkeypatch, 5, OSError("disk gone"))
+  config.num_train_steps, config.checkpoint_every_steps, config.parallel.prefetch = 10, 0, 0
+  with pytest.raises(OSError, match="disk gone"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert checkpoint.steps(str(tmp_path)) == []
 
 
 def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, monkeypatch):
