@@ -95,6 +95,12 @@ def test_zero1_argument_bytes_are_params_plus_a_shard_of_adam(analyzed, devices)
     assert p <= ops[kind]["tensor_bytes"] <= p + 4 * devices * 4, (kind, ops[kind])
 
 
+def test_zero1_reduce_scatters_even_where_the_flat_all_reduce_is_asked_for(analyzed):
+  """`parallel.flat_allreduce` flattens plain data parallelism's all-reduce; ZeRO-1 keeps its reduce-scatter."""
+  ops = analyzed(parallel__shard_optimizer_state=True, parallel__flat_allreduce="true")["collectives"]["compiled"]
+  assert ops["all-reduce"]["tensor_bytes"] == 0 and ops["reduce-scatter"]["tensor_bytes"] >= _params(analyzed())
+
+
 @pytest.mark.parametrize("overrides", [{}, {"parallel__backend": "pmap"}, {"parallel__shard_optimizer_state": True}])
 def test_donation_aliases_parameters_and_optimizer_state(analyzed, overrides):
   r = analyzed(**overrides)
