@@ -68,8 +68,9 @@ def test_accumulation_still_all_reduces_once_per_step(analyzed):
   assert any("counts a loop body once" in note for note in four["notes"])
 
 
-def test_bfloat16_all_reduce_sends_half_the_parameter_bytes(analyzed):
-  r = analyzed(parallel__allreduce_dtype="bfloat16")
+@pytest.mark.parametrize("flat", ["false", "true"])  # One operand per leaf, or one flat buffer.
+def test_bfloat16_all_reduce_sends_half_the_parameter_bytes(analyzed, flat):
+  r = analyzed(parallel__allreduce_dtype="bfloat16", parallel__flat_allreduce=flat)
   lowered, compiled = r["collectives"]["lowered"]["all-reduce"], r["collectives"]["compiled"]["all-reduce"]
   assert lowered["tensor_bytes"] == _params(r) // 2 == lowered["dtypes"]["bfloat16"]
   if "bfloat16" not in compiled["dtypes"]:  # XLA:CPU promotes it back to float32: the report must say so.

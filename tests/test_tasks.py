@@ -277,3 +277,17 @@ def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
   evaluate.run(parts, state)  # Eval batches carry which rows are real (padding), ...
   assert {train for train, _ in seen} == {True, False}, seen  # ... but never give it to the task.
   assert all(keys == ["inputs", "labels"] for _, keys in seen), seen
+
+
+def test_a_max_metric_below_zero_is_the_max_over_micro_batches(config):
+  """Accumulation combines micro-batches' maxima from -inf: every value here is below 0, the maximum too."""
+  def task(model, batch):
+    lowest = tasks.Metric(-1.0 - batch["labels"].astype(jnp.float32), reduce="max")
+    return cross_entropy(model(batch["inputs"]), batch["labels"]), {"lowest": lowest}
+
+  config.grad_accum_steps = 2
+  parts = build.build(config, task=task)
+  batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
+                                  process_index=0, process_count=1))
+  _, got = parts.train_step(parts.backend.init(parts.init), parts.backend.put_batch(batch))
+  assert float(np.asarray(parts.backend.get(got)["lowest"])) == -1.0 - batch["labels"].min()
