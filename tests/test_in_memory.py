@@ -27,7 +27,7 @@ B, STEPS = 8, 9  # 60 train examples: 7 steps an epoch, so STEPS crosses into a 
 def _arrays(n, seed=0):
   rng = np.random.RandomState(seed)
   return {"inputs": rng.randn(n, 3), "labels": rng.randn(n), "mask": rng.rand(n, 4) > 0.5,
-          "meta": {"id": np.arange(n) + 1000 * seed}}
+          "meta": {"id": np.arange(n) + 1000 * seed}, "text": np.array([f"row {i}" for i in range(n)])}
 
 
 class Rows:
@@ -133,7 +133,10 @@ def test_the_resume_guard_refuses_changed_data():
 
 @pytest.mark.parametrize("train, words", [
     ({"inputs": np.zeros((4, 2)), "labels": np.zeros(3)}, ["train_data", "one leading length", "(3,)"]),
+    ({"inputs": np.float32(1.0)}, ["train_data", "one leading length", "inputs () float32"]),
+    ({"text": np.array(["a", "b"])}, ["train_data", "dict of numeric arrays", "text (2,) <U1"]),
     ([1, 2, 3], ["train_data", "an example must be a dict", "int"]),
+    ([], ["train_data ('train') has no examples"]),
     (object(), ["train_data", "random-access source", "object"]),
 ])
 def test_bad_in_memory_data_is_a_config_error_naming_it(train, words):
