@@ -70,3 +70,41 @@ class NestedInputScenes(Scenes):
   def _generate_examples(self, n: int, first_id: int) -> Iterator[tuple[int, dict]]:
     for i, e in super()._generate_examples(n, first_id):
       yield i, {"scene": {"image": e["image"], "mask": e["mask"]}, "target": e["target"]}
+
+
+class TaggedRows(Scenes):
+  """Rows of 4 token ids, each tagged with one of 5 classes (a Sequence of ClassLabel): labels [4], 5 classes."""
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "tokens": tfds.features.Tensor(shape=(4,), dtype=np.int32),
+            "tags": tfds.features.Sequence(tfds.features.ClassLabel(num_classes=5), length=4),
+        }),
+        supervised_keys=("tokens", "tags"),
+    )
+
+  def _generate_examples(self, n: int, first_id: int) -> Iterator[tuple[int, dict]]:
+    for i in range(first_id, first_id + n):
+      yield i, {"tokens": np.arange(i, i + 4, dtype=np.int32), "tags": [(i + k) % 5 for k in range(4)]}
+
+
+class ClashingScenes(Scenes):
+  """Scenes with a feature named "inputs" besides the supervised input: two features a batch would call "inputs"."""
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(8, 8, 3)),
+            "inputs": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+            "target": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+        }),
+        supervised_keys=("image", "target"),
+    )
+
+  def _generate_examples(self, n: int, first_id: int) -> Iterator[tuple[int, dict]]:
+    for i in range(first_id, first_id + n):
+      scene = example(i)
+      yield i, {"image": scene["image"], "inputs": scene["target"], "target": scene["target"]}

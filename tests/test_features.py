@@ -119,3 +119,23 @@ def test_a_supervised_input_that_is_a_features_dict_gives_its_features_by_name(t
   assert sorted(ds.element_spec()) == ["scene/image", "scene/mask", "target"]
   for batch in _train(ds, steps=2):
     np.testing.assert_array_equal(batch["scene/mask"], batch["scene/image"][..., 0] > 127)
+
+
+def test_tfds_images_are_pixels_never_ids_and_never_held_while_encoded(data_dir):
+  """uint8 images reach the model in the compute dtype; kept encoded (to crop), their decoded size is unknown."""
+  import tensorflow_datasets as tfds
+  from jaxdp.data import source
+  builder = tfds.builder("digits", data_dir=data_dir)
+  decoded, encoded = source.TfdsCorpus(builder), source.TfdsCorpus(builder, keep_encoded=True)
+  assert (decoded.facts.image, decoded.facts.integer_inputs) == (True, False)
+  assert decoded.decoded_mib() == pytest.approx(1797 * (8 * 8 * 1 + 8) / 2**20) and encoded.decoded_mib() is None
+
+
+def test_sequence_labels_count_the_classes_of_their_elements(tfds_dir):
+  ds = _load(tfds_dir, "feature_datasets:TaggedRows")
+  assert (ds.num_classes, ds.label_shape, ds.integer_inputs) == (5, (4,), True)
+
+
+def test_a_feature_named_as_a_supervised_key_is_renamed_to_is_a_config_error(tfds_dir):
+  with pytest.raises(ConfigError, match="feature 'inputs' and its supervised key are both 'inputs' in a batch"):
+    _load(tfds_dir, "feature_datasets:ClashingScenes")

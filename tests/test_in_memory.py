@@ -125,6 +125,10 @@ def test_the_resume_guard_refuses_changed_data():
     data.check_resume(saved, spec(changed))
   with pytest.raises(ConfigError, match="dataset '<in-memory>@"):
     data.check_resume(saved, spec(BatchedRows(changed)))  # A source's sample of rows holds row 17's label too.
+  longer, last_changed = _arrays(200), _arrays(200)
+  last_changed["labels"][-1] += 1e-3  # A source's sample spans its rows, the last one among them.
+  with pytest.raises(ConfigError, match="dataset '<in-memory>@"):
+    data.check_resume(spec(BatchedRows(longer)), spec(BatchedRows(last_changed)))
   retyped = _arrays(60)
   retyped["labels"] = retyped["labels"].view(np.int64)  # float64 labels' bytes, as integers.
   with pytest.raises(ConfigError, match="dataset '<in-memory>@"):  # The same bytes read as another dtype.
@@ -150,6 +154,28 @@ def test_splits_of_different_features_are_a_config_error():
   del test["mask"]
   with pytest.raises(ConfigError, match="different features"):
     _load(_arrays(60), test)
+
+
+def test_classes_are_counted_over_every_row_and_float_labels_have_none():
+  arrays = _arrays(100)
+  assert _load(arrays).num_classes == 0 and _load(BatchedRows(arrays)).num_classes == 0  # Regression targets.
+  arrays["labels"] = np.zeros(100, np.int64)
+  arrays["labels"][50] = 9  # Not the first row of any read.
+  assert _load(arrays).num_classes == _load(BatchedRows(arrays)).num_classes == 10
+
+
+def test_train_and_eval_data_need_two_split_names():
+  with pytest.raises(ConfigError, match="dataset.train_split and dataset.eval_split are both 'all'"):
+    _load(_arrays(60), _arrays(8), train_split="all", eval_split="all")
+
+
+def test_uint8_inputs_are_images_only_with_height_width_and_channels():
+  """uint8 [N, H, W, C] are pixels (cast to the compute dtype); uint8 of another rank are ids, kept exact."""
+  labels = np.arange(8) % 2
+  images = _load({"inputs": np.zeros((8, 4, 4, 3), np.uint8), "labels": labels})
+  ids = _load({"inputs": np.zeros((8, 4), np.uint8), "labels": labels})
+  assert (images.corpus.facts.image, images.integer_inputs) == (True, False)
+  assert (ids.corpus.facts.image, ids.integer_inputs) == (False, True)
 
 
 # Acceptance (issue 24): a regression on in-memory arrays through the Python API, on 8 fake devices.
