@@ -1,4 +1,4 @@
-"""`python -m jaxdp.evaluate`: a finished run's last eval metrics, reproduced exactly on any device count."""
+"""`python -m jaxdp.evaluate`: a run's eval metrics reproduced exactly on any device count, from any checkpoint."""
 
 import json
 
@@ -14,22 +14,25 @@ from jaxdp import train
 def finished(data_dir, tmp_path_factory):
   """A short run that evaluates and checkpoints at its last step, with a non-default (stored) model width."""
   config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "batch_size": 32,
-                             "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
-                             "checkpoint_every_steps": 4, "check_replicas_every_steps": 0,
+                             "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 2,
+                             "checkpoint_every_steps": 2, "check_replicas_every_steps": 0,
                              "eval_batch_size": 48})  # 360 test examples: the last batch is padded.
   # Plain data parallelism: eval sums the global batch's per-example values in one order for any device
   # count (a psum of per-device sums gave 2.29305030 on 4 devices for 2.29305013 on 8).
   with config.model.unlocked():
     config.model.hidden = (24,)  # Not in the config file: evaluate must take it from the checkpoint.
+  with config.parallel.unlocked():
+    del config.parallel["flat_allreduce"]  # As a config file of one's own may write it: not the default's "auto".
+    config.parallel.flat_allreduce = False
   workdir = tmp_path_factory.mktemp("finished")
   train.train_and_evaluate(config, str(workdir))
-  last = [r for r in metrics.read(str(workdir)) if "eval/loss" in r][-1]
-  return workdir, last
+  evals = {r["step"]: r for r in metrics.read(str(workdir)) if "eval/loss" in r}
+  return workdir, evals[4], evals[2]
 
 
 @pytest.mark.parametrize("devices", [8, 4])
 def test_reproduces_the_last_eval_metrics_exactly(finished, capsys, devices):
-  workdir, last = finished
+  workdir, last, _ = finished
   status = evaluate.main(["jaxdp.evaluate", "--workdir", str(workdir), f"--config.parallel.num_devices={devices}"])
   out = capsys.readouterr().out.strip().splitlines()
   assert status == 0
@@ -38,6 +41,35 @@ def test_reproduces_the_last_eval_metrics_exactly(finished, capsys, devices):
   for key in ("eval/loss", "eval/accuracy", "eval/num_examples"):
     assert record[key] == last[key], key
   assert record["eval/num_examples"] == 360
+
+
+def test_the_stored_config_comes_back_with_the_runs_own_types(finished):
+  """A model's keyword arguments as the config files write them (tuples, not JSON's lists); a value of another type
+  than the default's as the run had it."""
+  stored = restore.stored_config(str(finished[0]))
+  assert type(stored.model.hidden) is tuple and stored.model.hidden == (24,)
+  assert stored.parallel.flat_allreduce is False
+
+
+def _results(workdir) -> list[dict]:
+  """The records of WORKDIR/evaluate.jsonl, oldest first."""
+  path = workdir / evaluate.RESULTS_FILE
+  return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_an_older_step_is_the_one_evaluated_and_its_record_appended(finished, capsys):
+  workdir, _, second = finished
+  before = _results(workdir)
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(workdir), "--step", "2"]) == 0
+  record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert (record["step"], record["split"], record["eval/loss"]) == (2, "test", second["eval/loss"]), (record, second)
+  assert _results(workdir) == before + [record]
+
+
+def test_another_split_is_evaluated_whole(finished, capsys):
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(finished[0]), "--split", "train"]) == 0
+  record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert (record["split"], record["eval/num_examples"]) == ("train", 1797 - 360)
 
 
 def test_a_missing_step_is_one_line(finished, capsys):
@@ -63,7 +95,7 @@ def test_sample_restores_a_zero1_checkpoint_from_its_stored_config(data_dir, tmp
 
 
 def test_sampling_a_checkpoint_that_is_no_language_model_is_one_error_line(finished, capsys):
-  workdir, _ = finished  # An MLP on digits: no text to continue (was an IndexError's 31-line traceback).
+  workdir = finished[0]  # An MLP on digits: no text to continue (was an IndexError's 31-line traceback).
   status = sample.main(["jaxdp.sample", "--workdir", str(workdir), "--num_chars", "4"])
   err = capsys.readouterr().err
   errors = [line for line in err.splitlines() if line.startswith("error:")]

@@ -225,7 +225,11 @@ def test_a_two_input_model_trains_on_in_memory_features_and_evaluates_from_pytho
   assert np.mean(losses[-6:]) < 0.6 * np.mean(losses[:6]), losses
   assert evaluate.main(["jaxdp.evaluate", "--workdir", str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert len(err) == 1 and "model=Net, task=huber, eval_data=dict(...))" in err[0], err
+  assert len(err) == 1 and err[0].endswith("model=Net, task=huber, eval_data=dict(...)) from Python with the same "
+                                          "objects"), err
+  stored = restore.stored_config(str(tmp_path))  # The train split passed in place of the eval split's name will do.
+  given = objects.Objects(my_train.Net, my_train.huber, train_data={})
+  restore.check_objects(stored, str(tmp_path), given, "evaluate")
   step, results = evaluate.evaluate(restore.stored_config(str(tmp_path)), str(tmp_path), model=my_train.Net,
                                     task=my_train.huber, eval_data=my_train.make_data(20, 1))
   last = [r for r in records if "eval/loss" in r][-1]
