@@ -92,9 +92,9 @@ def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
   config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps = 10, 10, 10
   config.parallel.block_mb = 0  # A batch a transfer: each step waits for its own.
   train.train_and_evaluate(config, str(tmp_path))
-  # At most 4 batches are read ahead while the step compiles: the other 6 are waited for, 0.25 s less a step each;
-  # none for longer than it took to read (a wait counted from the run's start would sum to 5 s).
-  assert 0.6 <= metrics.read(str(tmp_path))[-1]["time/total/input"] <= 10 * 0.25
+  # At most 4 batches are read ahead while the step compiles: the other 6 are waited for, 0.25 s less a step each,
+  # and about 1.5 s in all; waits counted from the run's start would sum to over 5 s.
+  assert 0.6 <= metrics.read(str(tmp_path))[-1]["time/total/input"] <= 4.0
 
 
 def test_tracing_counts_as_compilation_wherever_it_happens(config, tmp_path, monkeypatch):

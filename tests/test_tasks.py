@@ -274,13 +274,13 @@ def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
                                   process_index=0, process_count=1, with_ids=True))
   assert INDEX in batch  # The audit's ids ride with the batch ...
   state, _ = parts.train_step(state, parts.backend.put_batch(batch))
-  evaluate.run(parts, state)  # Eval batches carry which rows are real (padding), ...
-  assert {train for train, _ in seen} == {True, False}, seen  # ... but never give it to the task.
-  assert all(keys == ["inputs", "labels"] for _, keys in seen), seen
+  evaluate.run(parts, state)  # ... as eval batches carry which rows are real (padding) ...
+  assert {train for train, _ in seen} == {True, False}, seen
+  assert all(keys == ["inputs", "labels"] for _, keys in seen), seen  # ... but neither reaches the task.
 
 
 def test_a_max_metric_below_zero_is_the_max_over_micro_batches(config):
-  """Accumulation combines micro-batches' maxima from -inf: every value here is below 0, the maximum too."""
+  """Micro-batches' maxima start from -inf and replicas take the largest of theirs: all values here are below 0."""
   def task(model, batch):
     lowest = tasks.Metric(-1.0 - batch["labels"].astype(jnp.float32), reduce="max")
     return cross_entropy(model(batch["inputs"]), batch["labels"]), {"lowest": lowest}
