@@ -4,6 +4,7 @@ import functools
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -49,6 +50,11 @@ def wait_for(predicate, timeout: float = 120.0, every: float = 0.005) -> None:
   while not predicate():
     assert time.time() < deadline, "timed out"
     time.sleep(every)
+
+
+def prefetch_threads() -> set[threading.Thread]:
+  """The input prefetch threads alive now (`jaxdp.parallel.Prefetcher`'s)."""
+  return {t for t in threading.enumerate() if t.name == "jaxdp-prefetch"}
 
 
 def trainer_pids(workdir) -> dict[int, int]:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import jax
 import numpy as np
 import pytest
+import runs
 
 from jaxdp import parallel
 
@@ -37,18 +38,14 @@ def _batches(n: int, delay_s: float = 0.0, fail_at: int | None = None, read: lis
     yield {"x": np.full([8], i)}
 
 
-def _threads() -> list[threading.Thread]:
-  return [t for t in threading.enumerate() if t.name == "jaxdp-prefetch"]
-
-
 @pytest.fixture(autouse=True)
 def _no_thread_left():
   yield
   gc.collect()
   deadline = time.monotonic() + 5
-  while _threads() and time.monotonic() < deadline:
+  while runs.prefetch_threads() and time.monotonic() < deadline:
     time.sleep(0.01)
-  assert not _threads(), "a prefetch thread outlived its iterator"
+  assert not runs.prefetch_threads(), "a prefetch thread outlived its iterator"
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 5])
@@ -128,7 +125,7 @@ def test_close_stops_a_thread_waiting_for_room_at_once():
   time.sleep(0.05)
   began = time.monotonic()
   batches.close()
-  assert time.monotonic() - began < 1.0 and not _threads()
+  assert time.monotonic() - began < 1.0 and not runs.prefetch_threads()
   assert read == [0, 1, 2, 3] and batches._queue.empty()
   time.sleep(0.1)
   assert len(read) == 4  # Nothing read after close.
@@ -140,7 +137,7 @@ def test_close_waits_for_a_slow_read_to_end_then_stops():
   batches = parallel.prefetch(Placing(), _batches(10**6, delay_s=0.3), 2)
   next(batches)  # The thread is now inside the next slow read.
   batches.close()
-  assert not _threads()
+  assert not runs.prefetch_threads()
 
 
 def test_dropping_the_iterator_stops_its_thread():
@@ -149,9 +146,9 @@ def test_dropping_the_iterator_stops_its_thread():
   del batches
   gc.collect()
   deadline = time.monotonic() + 2
-  while _threads() and time.monotonic() < deadline:
+  while runs.prefetch_threads() and time.monotonic() < deadline:
     time.sleep(0.01)
-  assert not _threads()
+  assert not runs.prefetch_threads()
 
 
 def test_device_batches_of_a_real_backend_in_order():

@@ -5,13 +5,13 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
+import runs
 
 from jaxdp import checkpoint, data, train
 from jaxdp.runtime import compilation_cache
@@ -136,17 +136,15 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
 def test_a_run_stopped_inside_its_profiled_steps_ends_as_a_finished_one(config, tmp_path, monkeypatch):
   """The trace of the steps profiled so far, the run's time record at the stop, and no input thread left behind."""
   monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 3)
-  config.profile_steps, config.parallel.resident_mb = (2, 4), 0  # Batches from the host, placed by a thread.
-  before = _prefetch_threads()  # Other tests' runs may still be letting theirs go.
+  config.profile_steps, config.num_train_steps = (2, 4), 100
+  # Batches from the host, one a transfer, placed by a thread that still has batches to read at the stop.
+  config.parallel.resident_mb = config.parallel.block_mb = 0
+  before = runs.prefetch_threads()  # Other tests' runs may still be letting theirs go.
   assert train.train_and_evaluate(config, str(tmp_path)).preempted
   assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
   last = metrics.read(str(tmp_path))[-1]
   assert last["step"] == 3 and last["time/total/wall"] > 0, last
-  assert _prefetch_threads() <= before
-
-
-def _prefetch_threads() -> set[threading.Thread]:
-  return {t for t in threading.enumerate() if t.name == "jaxdp-prefetch" and t.is_alive()}
+  assert runs.prefetch_threads() <= before
 
 
 def test_checkpoint_saves_are_timed_apart_from_the_steps(config, tmp_path, monkeypatch):
@@ -212,13 +210,14 @@ def _failing_stream(monkeypatch, at_step: int, error: Exception | None = None, n
   monkeypatch.setattr(data, "train_batches", stream)
 
 
-def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, monkeypatch):
+@pytest.mark.parametrize("every, kept", [(4, [4, 5]), (0, [])])  # Checkpointing off: nothing saved either.
+def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, monkeypatch, every, kept):
   _failing_stream(monkeypatch, 5, OSError("disk gone"))  # Batch 5 is step 6's.
-  config.num_train_steps, config.checkpoint_every_steps = 10, 4
+  config.num_train_steps, config.checkpoint_every_steps = 10, every
   config.parallel.prefetch = 0  # Else the error surfaces while placing batches ahead, before step 5 runs.
   with pytest.raises(OSError, match="disk gone"):
     train.train_and_evaluate(config, str(tmp_path))
-  assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4, 5]
+  assert checkpoint.steps(str(tmp_path)) == kept
 
 
 def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, tmp_path, monkeypatch, caplog):
@@ -236,14 +235,6 @@ def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, 
     train.train_and_evaluate(config, str(tmp_path))
   assert "step 5: could not checkpoint before stopping: no space left" in caplog.text
   assert checkpoint.steps(str(tmp_path)) == [4]
-
-
-def test_an_error_in_a_run_that_checkpoints_nothing_saves_nothing(config, tmp_path, monkeypatch):
-  _failing_stream(monkeypatch, 5, OSError("disk gone"))
-  config.num_train_steps, config.checkpoint_every_steps, config.parallel.prefetch = 10, 0, 0
-  with pytest.raises(OSError, match="disk gone"):
-    train.train_and_evaluate(config, str(tmp_path))
-  assert checkpoint.steps(str(tmp_path)) == []
 
 
 def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, monkeypatch):
