@@ -13,7 +13,7 @@ import pytest
 from jax import monitoring
 
 from jaxdp import config as config_lib, train
-from jaxdp.loop import goodput, replicas, step_metrics
+from jaxdp.loop import goodput, preemption, replicas, step_metrics
 from jaxdp.report import metrics
 from jaxdp.runtime import compilation_cache
 
@@ -51,7 +51,6 @@ def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsy
 
 def test_the_runs_time_is_on_disk_from_its_first_log_step(config, tmp_path, monkeypatch):
   """A run killed between checkpoints still adds its time to the workdir's totals: the clock is saved at each log."""
-  from jaxdp.loop import preemption
   on_disk = []
 
   def peek(self, step: int) -> bool:
