@@ -28,8 +28,9 @@ def test_windows_are_next_token_shifts_at_stride(tmp_path):
   np.testing.assert_array_equal(batch["inputs"], expected[:, :-1])
   np.testing.assert_array_equal(batch["labels"], expected[:, 1:])
   np.testing.assert_array_equal(w[3]["inputs"], expected[1, :-1])
-  with pytest.raises(IndexError):
-    w.read(np.array([len(w)]))
+  for outside in (len(w), -1):
+    with pytest.raises(IndexError):
+      w.read(np.array([0, outside]))
 
 
 def test_uint32_vocabulary_and_sidecar(tmp_path):
@@ -79,6 +80,32 @@ def test_split_by_fraction_and_by_two_files(tmp_path):
     token_windows.splits(path, seq_len=4, eval_path=str(tmp_path / "other.bin"))
   with pytest.raises(ConfigError, match="fewer than seq_len"):
     token_windows.splits(path, seq_len=30, test_fraction=0.2)
+  for fraction in (0, 1):
+    with pytest.raises(ConfigError, match="test_fraction must be in"):
+      token_windows.splits(path, seq_len=4, test_fraction=fraction)
+  assert token_windows.splits(path, seq_len=4, test_fraction=0.157)["test"].start == 84  # 15.7 test tokens: 16.
+
+
+def test_the_config_may_widen_the_vocabulary_but_not_contradict_the_sidecar(tmp_path):
+  path = str(tmp_path / "t.bin")
+  token_file.write(np.arange(100) % 50, path, vocab_size=50)  # uint16, vocabulary 50.
+  for vocab_size in (50, 64):  # The file's, or padded (as nanoGPT's 50304).
+    assert token_windows.TokenWindows(path, seq_len=4, vocab_size=vocab_size).vocab_size == vocab_size
+  assert token_windows.TokenWindows(path, seq_len=4, dtype="uint16").dtype == "uint16"
+  with pytest.raises(ConfigError, match="holds uint16 tokens .* not dataset dtype 'uint32'"):
+    token_windows.TokenWindows(path, seq_len=4, dtype="uint32")
+  with pytest.raises(ConfigError, match="vocab_size 40 is smaller than .* vocabulary \\(50"):
+    token_windows.TokenWindows(path, seq_len=4, vocab_size=40)
+
+
+def test_the_datasets_name_changes_with_either_file(tmp_path):
+  train_path, val_path = str(tmp_path / "train.bin"), str(tmp_path / "val.bin")
+  token_file.write(np.arange(300) % 50, train_path, vocab_size=50)
+  token_file.write(np.arange(100) % 50, val_path, vocab_size=50)
+  name = lambda: data.load(tiny_gpt_on(train_path, eval_path=val_path, seq_len=8).dataset).name
+  before = name()
+  token_file.write(np.arange(120) % 50, val_path, vocab_size=50)
+  assert name() != before and name().startswith("token_file:train.bin@")
 
 
 def test_text_file_converts_to_byte_tokens(tmp_path):

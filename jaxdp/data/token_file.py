@@ -53,10 +53,11 @@ class TokenWindows:
     if not (stride is None or (isinstance(stride, int) and stride >= 0)):
       raise ConfigError(f"dataset stride must be a non-negative integer, got {stride!r}")
     meta = read_meta(path)
+    _check_against_sidecar(path, meta, dtype, vocab_size)
     dtype = dtype or meta.get("dtype", "uint16")
     if dtype not in DTYPES:
       raise ConfigError(f"token file dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    self.vocab_size = vocab_size or meta.get("vocab_size")
+    self.vocab_size = vocab_size or meta.get("vocab_size")  # Larger than the sidecar's: padded, as nanoGPT's 50304.
     if not (isinstance(self.vocab_size, int) and self.vocab_size > 0):
       raise ConfigError(f"token file {path!r} has no sidecar {meta_path(path)!r} giving its vocabulary: set "
                         f"dataset.builder_kwargs.vocab_size (and dtype, if not uint16)")
@@ -100,6 +101,17 @@ class TokenWindows:
     st = os.stat(self.path)
     return {"path": self.path, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "dtype": self.dtype,
             "seq_len": self.seq_len, "stride": self.stride, "start": self.start, "stop": self.stop}
+
+
+def _check_against_sidecar(path: str, meta: dict, dtype: str | None, vocab_size: int | None) -> None:
+  """A dtype or vocabulary given in the config must not contradict the file's sidecar: other bytes per token
+  read as garbage ids, and ids past the model's vocabulary embed as NaN (every such step skipped), not refused."""
+  if dtype and meta.get("dtype") and dtype != meta["dtype"]:
+    raise ConfigError(f"token file {path!r} holds {meta['dtype']} tokens (its sidecar {meta_path(path)!r}), "
+                      f"not dataset dtype {dtype!r}")
+  if vocab_size and meta.get("vocab_size") and vocab_size < meta["vocab_size"]:
+    raise ConfigError(f"dataset vocab_size {vocab_size} is smaller than token file {path!r}'s vocabulary "
+                      f"({meta['vocab_size']}, its sidecar {meta_path(path)!r})")
 
 
 def splits(path: str | None = None, seq_len: int = 128, stride: int = 0, eval_path: str | None = None,
