@@ -61,6 +61,7 @@ def test_a_split_decoded_once_is_mapped_from_its_files_by_every_later_open(own_d
   first = _load(own_dir)
   runs.assert_bitwise(_batches(first), expected)
   assert len(decodes) == 2 and _files(own_dir, "train") and _files(own_dir, "test")
+  assert all(isinstance(a.base, np.memmap) for a in first.source("train")._arrays.values())  # The writer's too.
   again = _load(own_dir)
   runs.assert_bitwise(_batches(again), expected)
   assert len(decodes) == 2  # Nothing decoded again: mapped.
@@ -139,3 +140,31 @@ def test_openers_at_once_decode_the_split_once_and_read_the_same(own_dir, decode
   for result in results:
     runs.assert_bitwise(result, expected)
   assert len(decodes) == 2  # One opener decoded each split; the others waited and mapped its files.
+
+
+def test_the_files_name_changes_with_the_decoded_features(tmp_path):
+  (tmp_path / "a.array_record").write_bytes(b"x")
+  files = [str(tmp_path / "a.array_record")]
+  digests = {cache_files.identity("train", files, {"inputs": (shape, dtype)})
+             for shape, dtype in [((8, 8, 1), np.float32), ((8, 8, 1), np.uint8), ((8, 8, 3), np.float32)]}
+  assert len(digests) == 3
+
+
+def test_the_files_give_back_the_bad_examples_and_refuse_another_shape(tmp_path):
+  stem = str(tmp_path / "v1-abc")
+  arrays = {"inputs": np.arange(24, dtype=np.float32).reshape(4, 3, 2), "labels": np.arange(4, dtype=np.int32)}
+  cache_files._write(stem, arrays, {2: "not a JPEG"})
+  mapped, bad = cache_files.read(stem)
+  assert bad == {2: "not a JPEG"} and set(mapped) == set(arrays)
+  runs.assert_bitwise(mapped, arrays)
+  np.save(stem + ".0.npy", arrays["inputs"].reshape(4, 2, 3))  # The same bytes and rows, another shape.
+  assert cache_files.read(stem) is None
+
+
+def test_a_write_that_fails_leaves_no_temporary_files(tmp_path, caplog):
+  arrays = {"inputs": np.zeros((2, 3), np.float32), "text": np.array([["a"], ["b"]], object)}  # Not savable.
+  with caplog.at_level(logging.WARNING, logger="jaxdp"):
+    held, bad = cache_files.load_or_decode(str(tmp_path), "train", "abc", lambda: (arrays, {}))
+  assert held is arrays and bad == {} and "writing its decoded copy" in caplog.text
+  left = os.listdir(tmp_path / cache_files.FOLDER / "train")
+  assert left == [".lock"], left

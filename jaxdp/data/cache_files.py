@@ -65,8 +65,9 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
       _write(stem, arrays, bad)
     except (OSError, ValueError) as e:  # A full disk; a feature numpy cannot save without pickling.
       log.warning("dataset split %r is decoded in memory: writing its decoded copy in %s failed (%s)", split, here,
-                  e.strerror or e)
-      _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p)
+                  getattr(e, "strerror", None) or e)  # A ValueError has no strerror.
+      # Its own complete files too: without their .json nothing reads them, and each may be a feature's size.
+      _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p or p.startswith(stem + "."))
       return arrays, bad
     return read(stem) or (arrays, bad)  # Mapped: this process's decoded copy is released.
 
