@@ -5,14 +5,16 @@ import itertools
 
 import ml_collections
 import numpy as np
+import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import jaxdp.datasets  # noqa: F401  Registers digits.
 import runs
 from jaxdp.tools import audit
 from jaxdp import data, train
-from jaxdp.data import convert
-from jaxdp.data.reader import INDEX
+from jaxdp.data import convert, streamed
+from jaxdp.data.reader import INDEX, REAL
 
 
 def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
@@ -37,7 +39,6 @@ def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
     runs.assert_bitwise(stream(start, 99, stop), whole[start:stop])
 
 
-
 def test_the_streamed_audit_records_the_examples_the_stream_delivered(config, tmp_path):
   path = str(tmp_path / "tfrecord")
   builder = tfds.builder("digits", data_dir=path, file_format="tfrecord")
@@ -59,3 +60,54 @@ def test_the_streamed_audit_records_the_examples_the_stream_delivered(config, tm
     rows = by_index.read(ids)  # Each recorded id is the example the stream delivered in that row.
     np.testing.assert_array_equal(np.round(batch["inputs"] * 255).astype(np.uint8), rows["inputs"])
     np.testing.assert_array_equal(batch["labels"], rows["labels"])
+
+
+@pytest.fixture(scope="module")
+def tfrecord_path(tmp_path_factory) -> str:
+  path = str(tmp_path_factory.mktemp("tfrecord"))
+  tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
+  return path
+
+
+def _streamed(path: str, **fields) -> data.Dataset:
+  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": path, "shard_by_process": True,
+                                              "shuffle_buffer": 64, **fields}))
+
+
+def test_each_process_shuffles_its_shard_its_own_way(tfrecord_path):
+  ds = _streamed(tfrecord_path)
+  ids = [next(data.train_batches(ds, "train", seed=3, global_batch=256, start_step=0, process_index=p,
+                                 process_count=2, with_ids=True))[INDEX] for p in range(2)]
+  shard = 1437 // 2  # Process 1's shard starts at 718: the same draws would give it the same offsets.
+  assert ids[0].max() < shard <= ids[1].min()
+  assert not np.array_equal(ids[0], ids[1] - shard)
+
+
+def test_a_slice_of_a_split_streams_its_positions_in_the_slice(tfrecord_path):
+  ds = _streamed(tfrecord_path)
+  batches = data.train_batches(ds, "train[100:]", seed=0, global_batch=64, start_step=0, process_index=0,
+                               process_count=1, stop_step=20, with_ids=True)  # 1337 examples: 20 steps of 64.
+  ids = np.concatenate([b[INDEX] for b in batches])
+  assert len(ids) == len(set(ids.tolist())) == 1280 and ids.min() >= 0 and ids.max() < 1337
+
+
+def test_the_streamed_eval_splits_the_padded_batches_between_processes(tfrecord_path):
+  ds = _streamed(tfrecord_path)
+  whole = list(data.eval_batches(ds, "test", global_batch=64, process_index=0, process_count=1))
+  halves = [list(data.eval_batches(ds, "test", global_batch=64, process_index=p, process_count=2)) for p in range(2)]
+  assert len(whole) == 6 and sum(int(b[REAL].sum()) for b in whole) == 360  # 384 rows, 24 of them padding.
+  for b, first, second in zip(whole, *halves):
+    for k in b:
+      np.testing.assert_array_equal(b[k], np.concatenate([first[k], second[k]]))
+
+
+def test_a_failure_to_find_the_bad_examples_leaves_the_streams_own_error():
+  def failing():
+    raise tf.errors.DataLossError(None, None, "corrupted record at 12")
+    yield
+
+  def bad() -> list[int]:
+    raise RuntimeError("cannot read the split again")
+
+  with pytest.raises(tf.errors.DataLossError, match="corrupted record at 12"):
+    next(streamed._Named(failing(), bad, "train"))
