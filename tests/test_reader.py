@@ -3,11 +3,13 @@ source read per step, whatever the features."""
 
 import threading
 
+import ml_collections
 import numpy as np
 import pytest
 
 from jaxdp import data
-from jaxdp.batch import REAL
+from jaxdp.batch import INDEX, REAL
+from jaxdp.data import train_stream
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import ArrayCorpus, Facts
 
@@ -56,3 +58,15 @@ def test_the_eval_stream_reads_once_per_step(counted, tf_data):
   assert len(batches) == -(-N // batch)
   assert source.reads == len(batches) + tf_data
   assert sum(int(b[REAL].sum()) for b in batches) == N
+
+
+@pytest.mark.parametrize("fields", [{"cache_mb": 0}, {}], ids=["decoded_by_tf_data", "held_decoded"])
+def test_each_rows_id_comes_through_the_decode(data_dir, fields):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
+  held = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir})).source("train")
+  order = train_stream.train_order(ds, "train", 0, 32, 1, 2)
+  batches = data.train_batches(ds, "train", seed=0, global_batch=32, start_step=0, process_index=1, process_count=2,
+                               stop_step=3, with_ids=True)
+  for step, batch in enumerate(batches):
+    np.testing.assert_array_equal(batch[INDEX], order.rows(step, 16, 32))
+    np.testing.assert_array_equal(batch["labels"], held.read(batch[INDEX])["labels"])
