@@ -1,5 +1,7 @@
 """Real multi-process runs on 127.0.0.1 (jax.distributed, gloo): 2 processes x 4 devices vs 1 x 8, 2 x 1 to stop."""
 
+import glob
+import json
 import os
 import shutil
 import signal
@@ -86,6 +88,11 @@ def test_two_processes_train_like_one(data_dir, one_by_eight, two_by_four):
   assert steps == sorted(set(steps))  # ... and writes each metrics line once.
   assert "[Gloo]" not in out and "connected to" not in out  # The launcher keeps gloo's connection lines out.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
+  [saves] = glob.glob(str(workdir / "audit" / "*.saves"))
+  assert open(saves).read().split() == [str(K), str(2 * K)]  # Process 0's notes alone: each save once.
+  headers = [json.load(open(f)) for f in sorted(glob.glob(str(workdir / "audit" / "*.p*.json")))]
+  half = headers[0]["global_batch"] // 2
+  assert [h["rows"] for h in headers] == [[0, half], [half, 2 * half]]  # Each process's rows of a batch.
   evals, ref_evals = _evals(workdir), _evals(ref_dir)  # Each process evaluates its own rows of every batch.
   assert evals.keys() == ref_evals.keys() and evals[2 * K]["eval/num_examples"] == 360
   for step, scalars in ref_evals.items():
