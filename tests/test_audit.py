@@ -187,3 +187,15 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
     for entry, rows in zip(entries, gathered):
       np.testing.assert_array_equal(entry.ids, rows)
   assert "steps 1..6 in 1 segment(s)" in audit.check(str(tmp_path))  # The shard order's batches, once per epoch.
+
+
+def test_a_steps_ids_are_on_disk_once_recorded_and_a_step_without_ids_is_an_error(tmp_path):
+  recorder = recording.Recorder({"segment": "0001", "process_index": 0}, str(tmp_path))
+  batches = recorder.take_ids(iter([{INDEX: np.array([5, 9]), "inputs": np.zeros(2)}]))
+  assert INDEX not in next(batches)
+  recorder.record(1)
+  path = recording.stem(str(tmp_path), "0001", 0) + ".ids"
+  np.testing.assert_array_equal(np.fromfile(path, recording.IDS_DTYPE), [1, 5, 9])  # Not closed: a kill keeps it.
+  with pytest.raises(RuntimeError, match="step 2: no example ids were read for it"):
+    recorder.record(2)
+  recorder.close()

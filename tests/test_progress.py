@@ -107,6 +107,8 @@ def test_first_log_at_the_first_step_has_no_throughput_yet():
   assert reporter.on_log(1, {"train/loss": 1.0}) == {}
   assert reporter.eta_seconds(1) is None
   assert out.getvalue() == "step  1/10  10% | loss 1.0000\n"
+  reporter.done()  # A run that stopped before any timed step: no average to print.
+  assert out.getvalue() == "step  1/10  10% | loss 1.0000\n"
 
 
 def test_terminal_gets_a_bar_redrawn_in_place_with_jaxdps_figures(bar_reporter):
