@@ -52,6 +52,14 @@ def test_missing_config_file(tmp_path, capsys):
   assert status == 2 and err.startswith("error: ") and "nope.py" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["--workdir", "run"], "error: --config is required (e.g. --config jaxdp/configs/default.py)"),
+    (["--config", CONFIG], "error: --workdir is required"),
+])
+def test_a_missing_flag_is_named(capsys, argv, error):
+  assert _run(argv, capsys) == (2, error)
+
+
 def test_unwritable_workdir(data_dir, tmp_path, capsys):
   blocker = tmp_path / "a_file"
   blocker.write_text("")

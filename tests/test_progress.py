@@ -304,3 +304,9 @@ def test_skipped_steps_are_named_in_the_train_figures():
   assert "2 non-finite steps skipped" in progress.figures({"train/loss": 1.0, "train/nonfinite": 2.0}, {}, None,
                                                           per_device=False)
   assert not any("non-finite" in f for f in progress.figures({"train/nonfinite": 0.0}, {}, None, per_device=False))
+
+
+def test_a_closed_stream_is_not_a_terminal():
+  stream = io.StringIO()
+  stream.close()  # isatty() on it raises ValueError.
+  assert progress.is_terminal(stream) is False and progress.is_terminal(object()) is False
