@@ -128,9 +128,11 @@ def test_model_takes_new_keys_from_the_command_line():
 def test_task_takes_new_keys_from_the_command_line():
   """A user task's keyword arguments (not declared by any config) come from flags, as a model's do."""
   config, _ = cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", "--config.task.name=my_tasks:focal",
-                         "--config.task.gamma=2.0", "--config.task.alpha=(1, 2)", "--config.task.mode=hard"])
+                         "--config.task.gamma=2.0", "--config.task.alpha=(1, 2)", "--config.task.mode=hard",
+                         "--config.task.weights=gs://bucket/w.npy"])  # Not Python: a name, a syntax error.
   assert config.task.name == "my_tasks:focal"
   assert config.task.gamma == 2.0 and config.task.alpha == (1, 2) and config.task.mode == "hard"
+  assert config.task.weights == "gs://bucket/w.npy"
   with pytest.raises(ConfigError, match=re.escape("unknown config key 'config.task.x.y'")):
     cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", "--config.task.x.y=1"])
 
