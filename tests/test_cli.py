@@ -137,6 +137,21 @@ def test_task_takes_new_keys_from_the_command_line():
     cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", "--config.task.x.y=1"])
 
 
+def test_a_model_taking_any_keyword_takes_new_keys(monkeypatch):
+  from flax import nnx
+
+  from jaxdp import models
+
+  class Options(nnx.Module):
+    def __init__(self, num_classes: int, *, rngs: nnx.Rngs, **options):
+      pass
+
+  monkeypatch.setattr(models, "resolve", lambda name: Options)
+  config, _ = cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", "--config.model.name=mine:Options",
+                         "--config.model.depth=3"])
+  assert config.model.depth == 3
+
+
 @pytest.mark.parametrize("argv, error", [
     (["--config.model.dnse=64"], "unknown config key 'config.model.dnse': model 'cnn' takes no 'dnse' "
                                  "(did you mean 'dense'?)"),
