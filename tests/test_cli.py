@@ -2,6 +2,7 @@
 
 import importlib
 import io
+import json
 import logging
 import os
 import re
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from jaxdp.tools import cli, plot
+from jaxdp.tools import cli, plot, restore
 from jaxdp import train
 from jaxdp.tools import inspect as inspect_cli
 from jaxdp.config import ConfigError
@@ -222,6 +223,35 @@ def test_a_trained_workdirs_command_line_names_its_mistake(tmp_path, argv, error
   argv = [str(tmp_path) if a == "EMPTY" else a for a in argv]
   with pytest.raises(ConfigError, match=re.escape(error)):
     cli.parse_workdir(["jaxdp.evaluate", *argv, "--config.seed=1"], usage="u")
+
+
+@pytest.fixture
+def stored_token_file_run(monkeypatch):
+  """A trained workdir's stored config, as `restore.stored_config` reads it: gpt_token_file's, eval_path unset."""
+  from jaxdp.configs import gpt_token_file
+  trained = gpt_token_file.get_config()
+  trained.dataset.builder_kwargs.path = "train.bin"
+  stored = json.loads(json.dumps(trained.to_dict()))  # As the checkpoint's metadata holds it.
+
+  def stored_config(workdir, step=None):
+    config = default.get_config()
+    restore._merge(config, restore._tuples(stored))
+    return config
+
+  monkeypatch.setattr(restore, "stored_config", stored_config)
+
+
+def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):
+  config, _ = cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", "--config.dataset.builder_kwargs.eval_path=val.bin",
+                                 "--config.dataset.builder_kwargs.vocab_size=300", "--config.seed=3"], usage="u")
+  kwargs = config.dataset.builder_kwargs
+  assert (kwargs.eval_path, kwargs.vocab_size, kwargs.path, config.seed) == ("val.bin", 300, "train.bin", 3)
+
+
+@pytest.mark.parametrize("override", ["--config.batch_size.x=1", "--config.dataset.builder_kwargs.nokey=3"])
+def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override):
+  with pytest.raises(ConfigError, match="bad config override .* for the config stored in 'w'"):
+    cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", override], usage="u")
 
 
 def test_own_flags_leave_the_shared_ones():

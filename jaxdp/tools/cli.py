@@ -15,6 +15,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import ml_collections
 from absl import flags
@@ -82,17 +83,37 @@ def parse_workdir(argv: list[str], *, usage: str, extra_help: str = "",
   if not workdir:
     raise config_lib.ConfigError("--workdir is required")
   stored = restore.stored_config(workdir, step)
+  argv = _set_unset_fields(stored, argv)
   fv = flags.FlagValues()
   flags.DEFINE_string("workdir", None, "", flag_values=fv)
   flags.DEFINE_integer("cpu_devices", None, "", flag_values=fv)
-  config_flags.DEFINE_config_dict("config", stored, flag_values=fv, sys_argv=argv)
-  try:
+  try:  # The overrides are applied as the flag is defined (`sys_argv`), and again when parsed.
+    config_flags.DEFINE_config_dict("config", stored, flag_values=fv, sys_argv=argv)
     fv(argv)
   except flags.Error as e:
     raise config_lib.ConfigError(str(e)) from None
   except (AttributeError, KeyError, TypeError) as e:  # An override names a key the stored config lacks.
     raise config_lib.ConfigError(f"bad config override ({e}) for the config stored in {workdir!r}") from None
   return config_lib.with_defaults(fv.config), workdir
+
+
+def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> list[str]:
+  """Sets the `--config.KEY=VALUE` overrides of fields the stored config holds as None with no type (keys the
+  default config does not declare, which the flag parser cannot read VALUE for) as `_literal`; returns the rest."""
+  rest = []
+  for arg in argv:
+    path, sep, text = arg.removeprefix("--config.").partition("=")
+    *parents, key = path.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    if (arg.startswith("--config.") and sep and isinstance(node, ml_collections.ConfigDict) and key in node
+        and node.get_type(key) is type(None)):
+      with node.unlocked():
+        node[key] = _literal(text)
+    else:
+      rest.append(arg)
+  return rest
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
@@ -229,10 +250,7 @@ def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
     if not sep or "." in path:
       raise config_lib.ConfigError(f"unknown config key 'config.{section}.{path}' (new {section} keys take a value: "
                                    f"--config.{section}.{path.split('.')[0]}=VALUE)")
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      value = text
+    value = _literal(text)
     if section == "model":
       _check_model_key(config.model.get("name", ""), path)
     if section not in config:
@@ -240,6 +258,14 @@ def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
         config[section] = ml_collections.ConfigDict()
     with config[section].unlocked():
       config[section][path] = value
+
+
+def _literal(text: str) -> Any:
+  """An override's VALUE where no declared type says how to read it: a Python literal, else the plain string."""
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def _check_model_key(name: str, key: str) -> None:
