@@ -104,6 +104,36 @@ def test_help_prints_the_flags_and_exits_0(capsys, flag):
   assert all(f"--{name}:" in out for name in ("config", "workdir", "cpu_devices", "config.KEY=VALUE"))
 
 
+@pytest.mark.parametrize("program", ["/site-packages/jaxdp/evaluate.py", "jaxdp.evaluate"])
+def test_help_names_the_module_it_was_run_as(capsys, program):
+  with pytest.raises(SystemExit):
+    cli.exit_if_help([program, "--help"])
+  assert capsys.readouterr().out.startswith("usage: python -m jaxdp.evaluate --config CONFIG.py [flags]\n")
+
+
+@pytest.mark.parametrize("source, why", [
+    ("def get_config(:\n", "invalid syntax"),
+    ("import no_such_module\n", "No module named 'no_such_module'"),
+    ("def get_config():\n  raise ValueError('batch_size must be even')\n", "ValueError: batch_size must be even"),
+])
+def test_a_broken_config_file_is_one_error_line_naming_it(tmp_path, capsys, source, why):
+  broken = tmp_path / "broken.py"
+  broken.write_text(source)
+  status, err = _run(["--config", str(broken), "--workdir", str(tmp_path / "run")], capsys)
+  assert status == 2 and err.startswith(f"error: could not load config file '{broken}': ") and "\n" not in err, err
+  assert why in err
+
+
+def test_a_failed_distributed_start_is_one_error_line(capsys):
+  from jaxdp.runtime import distributed
+
+  def start():
+    raise distributed.DistributedInitError("process 1 of 2 found no coordinator at 10.0.0.1:1234 within 300 s")
+
+  assert cli.guarded(start) == 1
+  assert capsys.readouterr().err == "error: process 1 of 2 found no coordinator at 10.0.0.1:1234 within 300 s\n"
+
+
 def test_help_of_the_shared_parser_names_the_tools_own_flags(capsys):
   with pytest.raises(SystemExit) as exit_:
     inspect_cli.main(["jaxdp.inspect", "--help"])

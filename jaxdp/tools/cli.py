@@ -203,10 +203,31 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
   try:
     fv(argv)
   except flags.Error as e:
-    raise config_lib.ConfigError(str(e)) from None
+    raise config_lib.ConfigError(_file_error(argv, e) or str(e)) from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
     raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
+  except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
+    raise config_lib.ConfigError(f"could not load config file {_config_arg(argv)!r}: {e}") from None
   return fv
+
+
+def _file_error(argv: list[str], error: Exception) -> str | None:
+  """One line for a TypeError or ValueError of the config file's own code, which ml_collections re-raises with its
+  traceback in the message ("Error whilst parsing config file"); None for any other flag error."""
+  raised = error.__context__
+  if not (isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised)):
+    return None
+  return f"could not load config file {_config_arg(argv)!r}: {str(raised).strip().splitlines()[-1]}"
+
+
+def _config_arg(argv: list[str]) -> str:
+  """The value of `--config FILE` or `--config=FILE` as given (the flag may not have been parsed)."""
+  for arg, following in zip(argv, [*argv[1:], ""]):
+    if arg.startswith("--config="):
+      return arg.removeprefix("--config=")
+    if arg == "--config":
+      return following
+  return ""
 
 
 def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
@@ -291,6 +312,8 @@ def _bad_override(argv: list[str], error: Exception) -> str:
 
 def _program(argv: list[str]) -> str:
   """'jaxdp.train' for argv[0] '.../jaxdp/train.py' (or 'jaxdp.train')."""
-  name = os.path.splitext(os.path.basename(argv[0]))[0] if argv else "train"
-  return name if name.startswith("jaxdp") else f"jaxdp.{name}"
+  base = os.path.basename(argv[0]) if argv else "train"
+  if base.startswith("jaxdp."):  # A module name already (splitext would take ".train" for an extension).
+    return base.removesuffix(".py")
+  return f"jaxdp.{os.path.splitext(base)[0]}"
 
