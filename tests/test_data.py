@@ -15,7 +15,7 @@ from jaxdp import data, parallel
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, reader
-from jaxdp.data.preprocess import Preprocess
+from jaxdp.data.preprocess import Preprocess, batch_dtype
 
 B = 32
 MOCK_EXAMPLES = 96  # Mocked cifar10: 6 global batches of 16 per epoch.
@@ -318,3 +318,29 @@ def test_streams_are_not_autotuned_unless_asked(prefetch, autotuned):
   batches = reader.prefetched(tf.data.Dataset.range(4).map(lambda x: x, num_parallel_calls=tf.data.AUTOTUNE), prefetch)
   assert batches.options().autotune.enabled is autotuned
   assert list(batches.as_numpy_iterator()) == [0, 1, 2, 3]
+
+
+def _preprocess(input_shape: tuple, **fields) -> Preprocess:
+  from jaxdp import config as config_lib
+  from jaxdp.configs import default
+  dataset = config_lib.with_defaults(default.get_config()).dataset
+  dataset.update(fields)
+  return Preprocess.from_config(dataset, input_shape)
+
+
+@pytest.mark.parametrize("input_shape, fields, message", [
+    ((8, 8, 1), {"mean": (0.1, 0.2, 0.3)}, "dataset.mean .* needs 1 or 1 values"),
+    ((64,), {"image_size": 32}, "need images"),
+    ((None, None, 3), {"image_size": 32, "crop_padding": 4}, "crop_padding \\(4\\) is for fixed-size images"),
+])
+def test_preprocessing_that_does_not_fit_the_inputs_is_a_config_error(input_shape, fields, message):
+  with pytest.raises(ConfigError, match=message):
+    _preprocess(input_shape, **fields)
+
+
+def test_preprocessing_that_fits_the_inputs():
+  assert _preprocess((4, 4, 4), mean=(0.1, 0.2, 0.3, 0.4), std=(1.0,) * 4).mean == (0.1, 0.2, 0.3, 0.4)
+  assert _preprocess((None, None, 3), image_size=32, crop_ratio=1.0).crop_ratio == 1.0  # The whole shorter side.
+  varying = _preprocess((None, None, 3), image_size=32, flip=True)
+  assert varying.flip and not varying.augments  # Flipped per example with its crop, not per batch.
+  assert batch_dtype("labels", np.uint8) == np.int32 and batch_dtype("labels", np.float64) == np.float32
