@@ -344,3 +344,16 @@ def test_preprocessing_that_fits_the_inputs():
   varying = _preprocess((None, None, 3), image_size=32, flip=True)
   assert varying.flip and not varying.augments  # Flipped per example with its crop, not per batch.
   assert batch_dtype("labels", np.uint8) == np.int32 and batch_dtype("labels", np.float64) == np.float32
+
+
+@pytest.mark.parametrize("cache_mb", [0, "auto"])
+def test_an_unknown_split_is_a_config_error_naming_it(data_dir, cache_mb):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "cache_mb": cache_mb}))
+  with pytest.raises(ConfigError, match="unknown split 'tran' of dataset 'digits'"):
+    ds.source("tran")
+
+
+def test_nested_features_are_named_by_their_whole_path():
+  from jaxdp.data.source import flatten
+  assert flatten({"scene": {"camera": {"pose": 1}, "depth": 2}, "label": 3}) == {
+      "scene/camera/pose": 1, "scene/depth": 2, "label": 3}
