@@ -139,3 +139,19 @@ def test_sequence_labels_count_the_classes_of_their_elements(tfds_dir):
 def test_a_feature_named_as_a_supervised_key_is_renamed_to_is_a_config_error(tfds_dir):
   with pytest.raises(ConfigError, match="feature 'inputs' and its supervised key are both 'inputs' in a batch"):
     _load(tfds_dir, "feature_datasets:ClashingScenes")
+
+
+def test_features_a_batch_cannot_stack_are_left_out_but_a_varying_input_is_kept():
+  import types
+
+  import tensorflow_datasets as tfds
+
+  from jaxdp.data.source import FeatureNames
+  features = tfds.features.FeaturesDict({
+      "image": tfds.features.Image(shape=(None, None, 3)), "label": tfds.features.ClassLabel(num_classes=2),
+      "boxes": tfds.features.Tensor(shape=(None, 4), dtype=np.float32), "caption": tfds.features.Text(),
+      "weight": tfds.features.Tensor(shape=(), dtype=np.float32)})
+  info = types.SimpleNamespace(supervised_keys=("image", "label"), features=features, full_name="scenes/1.0.0")
+  names = FeatureNames(info)
+  assert names.features == {"inputs": ((None, None, 3), np.dtype(np.uint8)), "labels": ((), np.dtype(np.int64)),
+                            "weight": ((), np.dtype(np.float32))}
