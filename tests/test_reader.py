@@ -11,7 +11,7 @@ from jaxdp import data
 from jaxdp.batch import INDEX, REAL
 from jaxdp.data import train_stream
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import ArrayCorpus, Facts
+from jaxdp.data.source import ArrayCorpus, Facts, UnreadableExample
 
 N, B = 40, 8
 
@@ -70,3 +70,23 @@ def test_each_rows_id_comes_through_the_decode(data_dir, fields):
   for step, batch in enumerate(batches):
     np.testing.assert_array_equal(batch[INDEX], order.rows(step, 16, 32))
     np.testing.assert_array_equal(batch["labels"], held.read(batch[INDEX])["labels"])
+
+
+class UnreadableAtFive(CountingSource):
+  """CountingSource whose example 5 is known not to decode (as a split held decoded says of a bad image)."""
+
+  def read(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+    if 5 in np.asarray(indices):
+      raise UnreadableExample("example 5 of split 'train': not a JPEG")
+    return super().read(indices)
+
+
+@pytest.mark.parametrize("tf_data", [False, True])
+def test_an_unreadable_example_fails_its_step_and_is_never_read_as_another(tf_data):
+  source = UnreadableAtFive()
+  ds = Dataset(ArrayCorpus(Facts("unreadable", (4,), (), 3), {"train": source, "test": source}), Options(prefetch=0),
+               kind="unreadable")
+  batches = data.train_batches(ds, "train", seed=0, global_batch=N, start_step=0, process_index=0, process_count=1,
+                               stop_step=1, _tf_data=tf_data)  # One step: every example, 5 among them.
+  with pytest.raises(Exception, match="example 5 of split 'train'.*not a JPEG"):
+    next(batches)

@@ -106,6 +106,8 @@ def test_the_datasets_name_changes_with_either_file(tmp_path):
   before = name()
   token_file.write(np.arange(120) % 50, val_path, vocab_size=50)
   assert name() != before and name().startswith("token_file:train.bin@")
+  with pytest.raises(ConfigError, match=r"unknown split 'validation' .* \(choose from train, test\)"):
+    data.load(tiny_gpt_on(train_path, seq_len=8).dataset).source("validation")
 
 
 def test_text_file_converts_to_byte_tokens(tmp_path):
