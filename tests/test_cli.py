@@ -37,6 +37,7 @@ def _run(argv, capsys):
     ("--config.parallel.backend=horovod", "horovod"),
     ("--config.optimizer=adagrad9", "adagrad9"),
     ("--config.batch_size=abc", "abc"),
+    ("--config.dataset.name.x=1", "bad config override among --config.dataset.data_dir, --config.dataset.name.x"),
 ])
 def test_config_mistakes(data_dir, tmp_path, capsys, override, named):
   workdir = tmp_path / "run"

@@ -206,6 +206,10 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
     raise config_lib.ConfigError(_file_error(argv, e) or str(e)) from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
     raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
+  except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1); the
+    # file's own TypeErrors come wrapped in a flags.Error.
+    overrides = ", ".join(a.split("=")[0] for a in argv if a.startswith("--config."))
+    raise config_lib.ConfigError(f"bad config override among {overrides} ({e})") from None
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
     raise config_lib.ConfigError(f"could not load config file {_config_arg(argv)!r}: {e}") from None
   return fv
