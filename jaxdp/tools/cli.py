@@ -203,7 +203,8 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
   try:
     fv(argv)
   except flags.Error as e:
-    raise config_lib.ConfigError(_file_error(argv, e) or str(e)) from None
+    why = _file_error(e)
+    raise (_unloadable(_config_arg(argv), why) if why else config_lib.ConfigError(str(e))) from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
     raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
   except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1); the
@@ -211,17 +212,22 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
     overrides = ", ".join(a.split("=")[0] for a in argv if a.startswith("--config."))
     raise config_lib.ConfigError(f"bad config override among {overrides} ({e})") from None
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
-    raise config_lib.ConfigError(f"could not load config file {_config_arg(argv)!r}: {e}") from None
+    raise _unloadable(_config_arg(argv), e) from None
   return fv
 
 
-def _file_error(argv: list[str], error: Exception) -> str | None:
-  """One line for a TypeError or ValueError of the config file's own code, which ml_collections re-raises with its
-  traceback in the message ("Error whilst parsing config file"); None for any other flag error."""
+def _file_error(error: flags.Error) -> str | None:
+  """The last line of a TypeError or ValueError of the config file's own code, which ml_collections re-raises with
+  its traceback in the message ("Error whilst parsing config file"); None for any other flag error."""
   raised = error.__context__
   if not (isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised)):
     return None
-  return f"could not load config file {_config_arg(argv)!r}: {str(raised).strip().splitlines()[-1]}"
+  return str(raised).strip().splitlines()[-1]
+
+
+def _unloadable(path: str, why: object) -> config_lib.ConfigError:
+  """The one error of a config file that failed to load, whichever step of the parse found it."""
+  return config_lib.ConfigError(f"could not load config file {path!r}: {why}")
 
 
 def _config_arg(argv: list[str]) -> str:
@@ -242,7 +248,7 @@ def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
   try:
     return fv.config
   except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
-    raise config_lib.ConfigError(f"could not load config file {path!r}: {e.__cause__ or e}") from None
+    raise _unloadable(path, e.__cause__ or e) from None
 
 
 def _new_key(arg: str) -> tuple[str, str] | None:
