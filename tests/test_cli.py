@@ -116,6 +116,8 @@ def test_help_names_the_module_it_was_run_as(capsys, program):
     ("def get_config(:\n", "invalid syntax"),
     ("import no_such_module\n", "No module named 'no_such_module'"),
     ("def get_config():\n  raise ValueError('batch_size must be even')\n", "ValueError: batch_size must be even"),
+    ("def get_config():\n  return open('/no/such/file')\n", "No such file or directory: '/no/such/file'"),
+    ("def get_config():\n  pass\n", "get_config() returned None, not a ConfigDict"),
 ])
 def test_a_broken_config_file_is_one_error_line_naming_it(tmp_path, capsys, source, why):
   broken = tmp_path / "broken.py"

@@ -246,9 +246,14 @@ def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
     raise config_lib.ConfigError(f"config file {path!r} not found")
   try:
-    return fv.config
+    config = fv.config
+    if not isinstance(config, ml_collections.ConfigDict):
+      if config is not None:  # ml_collections defers an IOError of get_config to the config's first use: here.
+        config.keys()
+      raise TypeError(f"get_config() returned {config!r}, not a ConfigDict")
   except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
     raise _unloadable(path, e.__cause__ or e) from None
+  return config
 
 
 def _new_key(arg: str) -> tuple[str, str] | None:
