@@ -265,13 +265,7 @@ def stored_token_file_run(monkeypatch):
   trained = gpt_token_file.get_config()
   trained.dataset.builder_kwargs.path = "train.bin"
   stored = json.loads(json.dumps(trained.to_dict()))  # As the checkpoint's metadata holds it.
-
-  def stored_config(workdir, step=None):
-    config = default.get_config()
-    restore._merge(config, restore._tuples(stored))
-    return config
-
-  monkeypatch.setattr(restore, "stored_config", stored_config)
+  monkeypatch.setattr(restore, "stored_config", lambda workdir, step=None: restore.config_from(stored))
 
 
 def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):

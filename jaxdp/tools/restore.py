@@ -23,6 +23,11 @@ def stored_config(workdir: str, step: int | None = None) -> ml_collections.Confi
       stored = json.load(f)["config"]
   except (OSError, ValueError, KeyError):
     raise ConfigError(f"checkpoint {entry} stores no config: pass --config CONFIG.py") from None
+  return config_from(stored)
+
+
+def config_from(stored: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A config as a checkpoint stores it (JSON) -> a ConfigDict: the default config with every stored value set."""
   from jaxdp.configs import default  # Its placeholders give unset (None) fields a type to override.
   config = default.get_config()
   _merge(config, _tuples(stored))
