@@ -140,14 +140,6 @@ def test_digits_content_matches_its_version(data_dir):
 
 
 
-@pytest.fixture(scope="module")
-def tfrecord_dir(tmp_path_factory):
-  """`digits` prepared as TFRecord only (as `tfds build` does by default)."""
-  path = str(tmp_path_factory.mktemp("tfrecord"))
-  tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
-  return path
-
-
 def test_a_tfrecord_only_dataset_is_one_error_line_with_the_command(tfrecord_dir, tmp_path, capsys):
   status = train.main(["train", "--config", "jaxdp/configs/default.py", f"--workdir={tmp_path / 'run'}",
                        f"--config.dataset.data_dir={tfrecord_dir}"])

@@ -17,11 +17,13 @@ from jaxdp.data import convert, streamed
 from jaxdp.data.reader import INDEX, REAL
 
 
-def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
-  path = str(tmp_path / "tfrecord")
-  tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
-  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": path, "shard_by_process": True,
-                                            "shuffle_buffer": 64}))
+def _streamed(path: str, **fields) -> data.Dataset:
+  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": path, "shard_by_process": True,
+                                              "shuffle_buffer": 64, **fields}))
+
+
+def test_the_streamed_train_stream_resumes_at_any_step(tfrecord_dir):
+  ds = _streamed(tfrecord_dir)
   assert ds.streamed
 
   def stream(start: int, steps: int, stop: int | None = None) -> list[dict]:
@@ -40,7 +42,7 @@ def test_the_streamed_train_stream_resumes_at_any_step(tmp_path):
 
 
 def test_the_streamed_audit_records_the_examples_the_stream_delivered(config, tmp_path):
-  path = str(tmp_path / "tfrecord")
+  path = str(tmp_path / "tfrecord")  # Its own copy, not tfrecord_dir: converted below.
   builder = tfds.builder("digits", data_dir=path, file_format="tfrecord")
   builder.download_and_prepare()
   config.update(batch_size=256, num_train_steps=7, audit_data=True)  # 5 steps per epoch: into the second.
@@ -62,20 +64,8 @@ def test_the_streamed_audit_records_the_examples_the_stream_delivered(config, tm
     np.testing.assert_array_equal(batch["labels"], rows["labels"])
 
 
-@pytest.fixture(scope="module")
-def tfrecord_path(tmp_path_factory) -> str:
-  path = str(tmp_path_factory.mktemp("tfrecord"))
-  tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
-  return path
-
-
-def _streamed(path: str, **fields) -> data.Dataset:
-  return data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": path, "shard_by_process": True,
-                                              "shuffle_buffer": 64, **fields}))
-
-
-def test_each_process_shuffles_its_shard_its_own_way(tfrecord_path):
-  ds = _streamed(tfrecord_path)
+def test_each_process_shuffles_its_shard_its_own_way(tfrecord_dir):
+  ds = _streamed(tfrecord_dir)
   ids = [next(data.train_batches(ds, "train", seed=3, global_batch=256, start_step=0, process_index=p,
                                  process_count=2, with_ids=True))[INDEX] for p in range(2)]
   shard = 1437 // 2  # Process 1's shard starts at 718: the same draws would give it the same offsets.
@@ -83,16 +73,16 @@ def test_each_process_shuffles_its_shard_its_own_way(tfrecord_path):
   assert not np.array_equal(ids[0], ids[1] - shard)
 
 
-def test_a_slice_of_a_split_streams_its_positions_in_the_slice(tfrecord_path):
-  ds = _streamed(tfrecord_path)
+def test_a_slice_of_a_split_streams_its_positions_in_the_slice(tfrecord_dir):
+  ds = _streamed(tfrecord_dir)
   batches = data.train_batches(ds, "train[100:]", seed=0, global_batch=64, start_step=0, process_index=0,
                                process_count=1, stop_step=20, with_ids=True)  # 1337 examples: 20 steps of 64.
   ids = np.concatenate([b[INDEX] for b in batches])
   assert len(ids) == len(set(ids.tolist())) == 1280 and ids.min() >= 0 and ids.max() < 1337
 
 
-def test_the_streamed_eval_splits_the_padded_batches_between_processes(tfrecord_path):
-  ds = _streamed(tfrecord_path)
+def test_the_streamed_eval_splits_the_padded_batches_between_processes(tfrecord_dir):
+  ds = _streamed(tfrecord_dir)
   whole = list(data.eval_batches(ds, "test", global_batch=64, process_index=0, process_count=1))
   halves = [list(data.eval_batches(ds, "test", global_batch=64, process_index=p, process_count=2)) for p in range(2)]
   assert len(whole) == 6 and sum(int(b[REAL].sum()) for b in whole) == 360  # 384 rows, 24 of them padding.
