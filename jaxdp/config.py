@@ -102,15 +102,11 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
           integer=True)
   _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
   _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
-  flat = config.parallel.flat_allreduce
-  if str(flat).lower() not in ("auto", "true", "false"):
-    raise ConfigError(f"parallel.flat_allreduce must be auto, true or false, got {flat!r}")
   _number(config, "parallel.block_mb", lambda v: v >= 0, "a number >= 0 (0: one transfer per step)")
   resident_mb = config.parallel.resident_mb
   if resident_mb != "auto" and not mib(resident_mb) >= 0:
     raise ConfigError(f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 (0: the train split never held "
                       f"on the devices), got {resident_mb!r}")
-  _number(config, "parallel.bucket_bytes", lambda v: v >= 1, "a positive integer", integer=True)
   for key, value in (("dtype", config.dtype), ("parallel.allreduce_dtype", config.parallel.allreduce_dtype)):
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")

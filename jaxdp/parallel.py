@@ -2,7 +2,7 @@
 a device batch, and how the per-replica step is mapped over them, for the `pmap` and `mesh` backends.
 
 Devices are chosen and laid out here; elsewhere they are only read: the step and the strategies see the
-`DataAxis` a backend gives them (a strategy may ask the platform, e.g. `strategies.base.flat_allreduce`),
+`DataAxis` a backend gives them,
 the loop asks a `Backend` for replicas and copies (and the platform, e.g. to bound steps in flight), and
 `report/` names the device kind.
 """

@@ -53,15 +53,23 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
                task: tasks.Task = CLASSIFICATION, cast_inputs: bool = True) -> tuple[TrainState, Metrics]:
   """One optimizer step on this replica's slice: reduced gradient, optional clipping, update (or skip).
 
+  The loss, its gradient and every mean metric are Σ w·v / Σ w over the whole global batch: each replica
+  sums its micro-batches, the strategy sums over replicas, and one division follows here.
   `cast_inputs`: float features reach the model in the compute dtype (False: token ids carried as floats).
-  Returns {"loss", <the task's metrics, "_" helpers left out>, "nonfinite"}.
+  Returns {"loss", <the task's metrics, "_" helpers left out>, "nonfinite", "zero_weight",
+  "weight": {<mean metric>: its total weight}}.
   """
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
   grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs)
-  grouped, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
-  loss = grouped["mean"]["loss"]
-  finite = strategy.finite(loss, grads, axis)
+  sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
+  weight = sums["weight"]["loss"]
+  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently from program to
+  # program (device count), which broke the invariant mode's bitwise guarantee; a product rounds the same.
+  inverse = 1 / jnp.where(weight > 0, weight, 1)
+  grads = jax.tree.map(lambda g: g * inverse, grads)
+  means = task_lib.means(sums)
+  finite = strategy.finite(means["loss"], grads, axis)
   if options.max_grad_norm > 0:
     grads = _clip(grads, strategy.global_norm(grads, axis), options.max_grad_norm)
 
@@ -70,13 +78,16 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
     return state.replace(params=params, model_state=model_state, opt_state=opt_state)
 
   # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take the
-  # same decision: skip this update (the batch is still consumed). The update is computed inside the
-  # cond, so the old and new states are never both alive (no copy of the state each step), and no
-  # select is fused into it (a fused select rounded the update differently from program to program).
-  new_state = lax.cond(finite, apply, lambda: state)
-  reported = {k: v for k, v in task_lib.flatten(grouped).items() if not k.startswith("_")}
-  return new_state.replace(step=state.step + 1), {
-      "loss": loss, **reported, "nonfinite": 1 - finite.astype(jnp.int32)}
+  # same decision: skip this update (the batch is still consumed), as for a batch that weighs nothing. The
+  # update is computed inside the cond, so the old and new states are never both alive (no copy of the state
+  # each step), and no select is fused into it (a fused select rounded the update differently from program
+  # to program).
+  new_state = lax.cond(finite & (weight > 0), apply, lambda: state).replace(step=state.step + 1)
+  reported = {k: v for k, v in task_lib.flatten({**sums, "mean": means}).items() if not k.startswith("_")}
+  out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),
+         "zero_weight": (finite & (weight == 0)).astype(jnp.int32),
+         "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")}}
+  return new_state, out
 
 
 def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
@@ -85,14 +96,14 @@ def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
 
 
 def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool) -> GradFn:
-  """(params, model_state, batch, rng) -> ((mean loss, (metrics by kind, model_state)), grads), in `compute_dtype`."""
+  """(params, model_state, batch, rng) -> ((Σ w·loss, (metric sums, model_state)), grads), in `compute_dtype`."""
   dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
     bound = task_lib.BoundModel(model.apply, _cast_floats(params, dtype), model_state, train=True, rng=micro_rng,
                                 dtype=dtype, cast_inputs=cast_inputs)
-    grouped = task_lib.by_kind(task_lib.run(task, bound, micro))
-    return grouped["mean"]["loss"], (grouped, bound.state)
+    sums = task_lib.by_kind(task_lib.run(task, bound, micro))
+    return sums["mean"]["loss"], (sums, bound.state)
 
   return jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -38,10 +38,8 @@ def test_the_defaults_pass_and_give_the_layout():
     ("max_grad_norm", -1.0, "max_grad_norm must be a number >= 0"),
     ("max_grad_norm", "1", "max_grad_norm must be a number >= 0 (0: no clipping), got '1'"),
     ("label_smoothing", 1.0, "label_smoothing must be a number in [0, 1), got 1.0"),
-    ("parallel.flat_allreduce", "maybe", "parallel.flat_allreduce must be auto, true or false, got 'maybe'"),
     ("parallel.block_mb", -1, "parallel.block_mb must be a number >= 0"),
     ("parallel.resident_mb", "lots", "parallel.resident_mb must be 'auto' or a number of MiB >= 0"),
-    ("parallel.bucket_bytes", 0, "parallel.bucket_bytes must be a positive integer, got 0"),
     ("dtype", "float8", "unknown dtype 'float8'"),
     ("parallel.allreduce_dtype", "int8", "unknown parallel.allreduce_dtype 'int8'"),
 ])
@@ -51,7 +49,7 @@ def test_each_bad_value_is_one_config_error_naming_it(key, value, named):
   assert named in str(e.value)
 
 
-@pytest.mark.parametrize("key, value", [("parallel.flat_allreduce", True), ("parallel.resident_mb", "64"),
+@pytest.mark.parametrize("key, value", [("parallel.resident_mb", "64"),
                                         ("parallel.block_mb", 0), ("max_grad_norm", 0), ("label_smoothing", 0.1),
                                         ("eval_batch_size", 16), ("grad_accum_steps", 16), ("dtype", "bfloat16")])
 def test_good_edge_values_pass(key, value):

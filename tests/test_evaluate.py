@@ -22,8 +22,8 @@ def finished(data_dir, tmp_path_factory):
   with config.model.unlocked():
     config.model.hidden = (24,)  # Not in the config file: evaluate must take it from the checkpoint.
   with config.parallel.unlocked():
-    del config.parallel["flat_allreduce"]  # As a config file of one's own may write it: not the default's "auto".
-    config.parallel.flat_allreduce = False
+    del config.parallel["resident_mb"]  # As a config file of one's own may write it: not the default's "auto".
+    config.parallel.resident_mb = 0
   workdir = tmp_path_factory.mktemp("finished")
   train.train_and_evaluate(config, str(workdir))
   evals = {r["step"]: r for r in metrics.read(str(workdir)) if "eval/loss" in r}
@@ -48,7 +48,7 @@ def test_the_stored_config_comes_back_with_the_runs_own_types(finished):
   than the default's as the run had it."""
   stored = restore.stored_config(str(finished[0]))
   assert type(stored.model.hidden) is tuple and stored.model.hidden == (24,)
-  assert stored.parallel.flat_allreduce is False
+  assert type(stored.parallel.resident_mb) is int and stored.parallel.resident_mb == 0
 
 
 def _results(workdir) -> list[dict]:

@@ -186,8 +186,7 @@ def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config,
 def test_every_option_comes_from_its_config_field():
   config = config_lib.with_defaults(ml_collections.ConfigDict({
       "grad_accum_steps": 2, "dtype": "bfloat16", "max_grad_norm": 1,
-      "parallel": {"allreduce_dtype": "float16", "invariant_shards": 4, "flat_allreduce": "true",
-                   "bucket_bytes": 1024}}))
+      "parallel": {"allreduce_dtype": "float16", "invariant_shards": 4}}))
   assert strategies.StrategyOptions.from_config(config, num_devices=4) == strategies.StrategyOptions(
       accum_steps=2, compute_dtype="bfloat16", allreduce_dtype="float16", num_shards=4, invariant_shards=4,
-      max_grad_norm=1.0, flat_allreduce=True, bucket_bytes=1024)
+      max_grad_norm=1.0)

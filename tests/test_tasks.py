@@ -242,11 +242,21 @@ def test_a_scalar_metric_is_refused_naming_it():
                  _bound(dtype=jnp.float32, cast_inputs=True), {"inputs": jnp.ones((2, 3))})
 
 
-def test_weighted_metrics_reduce_by_kind():
-  values, weights = jnp.array([1.0, 2.0, 3.0]), jnp.array([1.0, 0.0, 2.0])
-  assert float(task_lib.scalar(tasks.Metric(values, weights, reduce="sum"))) == 7.0
-  assert float(task_lib.scalar(tasks.Metric(values, weights, reduce="mean"))) == pytest.approx(7.0 / 3.0)
-  assert float(task_lib.scalar(tasks.Metric(values, reduce="sum"))) == 6.0
+def test_weighted_metrics_reduce_by_kind_to_sums_and_a_mean_over_its_total_weight():
+  values, weights = jnp.array([1.0, 2.0, 3.0]), jnp.array([1.0, 0.0, 3.0])  # Weights summing to 4, not to 3 rows.
+  sums = task_lib.by_kind({"loss": tasks.Metric(values, weights), "s": tasks.Metric(values, weights, reduce="sum"),
+                           "n": tasks.Metric(values, reduce="sum"), "m": tasks.Metric(values, reduce="max")})
+  assert {k: {n: float(v) for n, v in g.items()} for k, g in sums.items()} == {
+      "mean": {"loss": 10.0}, "weight": {"loss": 4.0}, "sum": {"s": 10.0, "n": 6.0}, "max": {"m": 3.0}}
+  assert float(task_lib.means(sums)["loss"]) == 2.5
+  empty = {**sums, "weight": {"loss": jnp.float32(0)}, "mean": {"loss": jnp.float32(0)}}
+  assert float(task_lib.means(empty)["loss"]) == 0.0  # Nothing to average: 0, never NaN.
+
+
+def test_no_gradient_flows_through_a_weight():
+  def loss(w):
+    return task_lib.by_kind({"loss": tasks.Metric(jnp.array([1.0, 2.0]), weights=w)})["mean"]["loss"]
+  assert jax.grad(loss)(jnp.array([1.0, 3.0])).tolist() == [0.0, 0.0]
 
 
 def test_padded_rows_never_reach_a_max_even_above_every_real_value():

@@ -52,7 +52,6 @@ class StepMetrics:
     self._fetch()
     history, self.history = self.history, []
     out = metrics.mean(history, "train")
-    out["train/nonfinite"] = float(sum(h["nonfinite"] for h in history))  # Skipped updates, not a mean.
     log.debug("step %d: %s", self.last_step, out)  # The progress reporter prints the readable line.
     return out
 

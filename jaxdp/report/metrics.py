@@ -110,9 +110,29 @@ def read_tensorboard(workdir: str) -> dict[str, list[tuple[int, float]]]:
   return scalars
 
 
-def mean(history: Sequence[Mapping[str, np.ndarray]], prefix: str) -> dict[str, float]:
-  """Averages per-step train metrics, named `prefix/key`."""
-  return {f"{prefix}/{k}": float(np.mean([h[k] for h in history])) for k in history[0]}
+COUNTS = ("nonfinite", "zero_weight")  # Per-step counts of skipped updates: summed over steps.
+
+
+def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
+  """Per-step train metrics over several steps, named `prefix/key`: counts summed, the rest averaged.
+
+  A metric with a total weight per step (`history[i]["weight"]`, a mean's) is Σ w·v / Σ w over all the steps'
+  examples, and left out where they weigh nothing; sums and maxima are averaged over steps.
+  """
+  out = {}
+  for k in history[0]:
+    if k == "weight":
+      continue
+    values = np.array([h[k] for h in history], np.float64)
+    if k in COUNTS:
+      out[f"{prefix}/{k}"] = float(values.sum())
+    elif k in history[0].get("weight", {}):
+      weights = np.array([h["weight"][k] for h in history], np.float64)
+      if weights.sum() > 0:
+        out[f"{prefix}/{k}"] = float((values * weights).sum() / weights.sum())
+    else:
+      out[f"{prefix}/{k}"] = float(values.mean())
+  return out
 
 
 def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float]:

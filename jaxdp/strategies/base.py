@@ -18,17 +18,19 @@ from jax.sharding import PartitionSpec as P
 
 from jaxdp.config import Layout
 from jaxdp.strategies import zero1_layout
+from jaxdp.tasks.base import reduce_rows
 
 PyTree = Any
-# A micro-batch's task metrics as scalars grouped by how they combine: {"mean": {"loss": ..., ...}, "sum": {...},
-# "max": {...}} (`jaxdp.tasks.base.by_kind`): means are averaged over micro-batches and devices, sums summed,
-# maxima maxed.
+# Task metrics as mergeable scalars grouped by how they combine (`jaxdp.tasks.base.by_kind`): {"mean": {name: Σ w·v},
+# "weight": {name: Σ w}, "sum": {name: Σ w·v}, "max": {name: max}}. Every group but "max" is summed over
+# micro-batches and devices, maxima maxed; a mean is divided once, over the global batch (`tasks.base.means`).
 Scalars = dict[str, dict[str, jax.Array]]
-# (params, model_state, micro-batch, rng) -> ((mean loss, (Scalars, model_state)), grads), no communication.
+# (params, model_state, micro-batch, rng) -> ((Σ w·loss, (Scalars, model_state)), grads of Σ w·loss), no communication.
 GradFn = Callable[[PyTree, PyTree, dict, jax.Array], tuple]
 # (rows) -> per-row eval values by kind (`jaxdp.tasks.base.per_row`): the "max" group maxed over rows, the rest summed.
 EvalFn = Callable[[dict], dict[str, Any]]
-# (metrics, model_state, grads): the metrics of the global batch, combined by kind, as the strategy reduced them.
+# (metrics, model_state, grads): the global batch's metric sums (Scalars) and the gradient of its Σ w·loss, reduced
+# over every replica; the step divides both by the total weight once.
 Gradients = tuple[Scalars, PyTree, PyTree]
 
 
@@ -59,29 +61,13 @@ class StrategyOptions:
   num_shards: int = 1                  # Devices on the data axis.
   invariant_shards: int = 8            # Fixed micro-shards of the global batch in the invariant strategy.
   max_grad_norm: float = 0.0           # Clip the reduced gradient to this global norm; 0: no clipping.
-  flat_allreduce: bool = False         # All-reduce one flat buffer (per bucket), not one operand per leaf.
-  bucket_bytes: int = 25 << 20         # Flat all-reduce: at most this many bytes per collective (DDP's 25 MB).
 
   @classmethod
   def from_config(cls, config: Any, num_devices: int = 1) -> "StrategyOptions":
     """The options of a config with its defaults filled (`jaxdp.config.with_defaults`), over `num_devices`."""
     return cls(accum_steps=config.grad_accum_steps, compute_dtype=config.dtype,
                allreduce_dtype=config.parallel.allreduce_dtype, num_shards=num_devices,
-               invariant_shards=config.parallel.invariant_shards, max_grad_norm=float(config.max_grad_norm),
-               flat_allreduce=flat_allreduce(config.parallel.flat_allreduce),
-               bucket_bytes=int(config.parallel.bucket_bytes))
-
-
-def flat_allreduce(setting: Any) -> bool:
-  """`parallel.flat_allreduce`: "auto" flattens across CPU processes, where XLA runs each operand as a gloo call.
-
-  On GPU and TPU XLA combines per-leaf all-reduces into few collectives itself, so "auto" keeps them; so
-  it does for CPU devices of one process, where one buffer measured slower than per leaf
-  (experiments/strategy_notes.md).
-  """
-  if str(setting).lower() == "auto":
-    return jax.devices()[0].platform == "cpu" and jax.process_count() > 1
-  return str(setting).lower() == "true"
+               invariant_shards=config.parallel.invariant_shards, max_grad_norm=float(config.max_grad_norm))
 
 
 class Strategy(abc.ABC):
@@ -122,7 +108,7 @@ class Strategy(abc.ABC):
 
   @abc.abstractmethod
   def gradients(self, grad_fn: GradFn, state: Any, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
-    """The task's metrics (by kind), model state and the reduced gradient of the global batch (this replica's slice in)."""
+    """The global batch's metric sums, model state and gradient of Σ w·loss (this replica's slice in), reduced."""
 
   def finite(self, loss: jax.Array, grads: PyTree, axis: DataAxis) -> jax.Array:
     """Whether loss and gradient are finite, the same answer on every replica."""
@@ -148,11 +134,6 @@ class Strategy(abc.ABC):
     """Eval sums (the "max" group: maxima) over the global batch's rows from this replica's slice."""
     return {group: jax.tree.map(lambda v: reduce_rows(group, _global_rows(v, axis.name)), values)
             for group, values in per_example(batch).items()}
-
-
-def reduce_rows(group: str, rows: jax.Array) -> jax.Array:
-  """[rows] -> one value: the maximum for the "max" group of eval values, the sum for every other group."""
-  return rows.max() if group == "max" else rows.sum()
 
 
 def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
@@ -201,9 +182,9 @@ def replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
 
 
 def reduce_metrics(metrics: Scalars, axis_name: str) -> Scalars:
-  """Each replica's combined metrics over all replicas: pmean of the means, psum of the sums, pmax of the maxima."""
-  ops = {"mean": lax.pmean, "sum": lax.psum, "max": lax.pmax}
-  return {kind: {k: ops[kind](v, axis_name) for k, v in values.items()} for kind, values in metrics.items()}
+  """Each replica's metric sums over all replicas: psum of every group, pmax of the maxima."""
+  return {kind: {k: (lax.pmax if kind == "max" else lax.psum)(v, axis_name) for k, v in values.items()}
+          for kind, values in metrics.items()}
 
 
 def micro_batches(batch: dict, k: int) -> dict:

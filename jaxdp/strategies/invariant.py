@@ -72,17 +72,16 @@ class Invariant(Strategy):
       outputs.append(one(p, start))
     per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
     metrics, rest = per_piece[0], per_piece[1:]
-    # Maxima combine by max (exact in any order); everything else is summed in the fixed order, then means
-    # (the mean-kind metrics, float state, gradients) are divided by the piece count.
+    # Maxima combine by max (exact in any order); everything else is summed in the fixed order. Float model
+    # state is then averaged over the pieces; the metric and gradient sums are divided by the step, once.
     maxima = {name: jnp.max(v) for name, v in metrics["max"].items()}
     summed = ({kind: metrics[kind] for kind in metrics if kind != "max"}, *rest)
     per_shard = jax.tree.map(lambda x: _shard_total(x.reshape(m_local, k, *x.shape[1:])), summed)
     subtree = jax.tree.map(_tree_total, per_shard)
     gathered, maxima = lax.all_gather(subtree, axis.name), {n: lax.pmax(v, axis.name) for n, v in maxima.items()}
     (sums, model_state, grads) = jax.tree.map(_tree_total, gathered)
-    model_state, grads = jax.tree.map(functools.partial(_mean, count=m * k), (model_state, grads))
-    means = {name: _mean(v, m * k) for name, v in sums["mean"].items()}
-    return {**sums, "mean": means, "max": maxima}, model_state, grads
+    model_state = jax.tree.map(functools.partial(_mean, count=m * k), model_state)
+    return {**sums, "max": maxima}, model_state, grads
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, Any]:
     m_local = self.options.invariant_shards // self.options.num_shards

@@ -2,7 +2,7 @@
 
 Each parameter leaf is flattened and padded to a multiple of N (devices, `zero1_layout`); device i owns
 slice i of every leaf's optimizer state. A step reduce-scatters the gradients (each device receives
-the mean of its slice only), updates its slice of the parameters with its slice of the optimizer
+the sum of its slice only), updates its slice of the parameters with its slice of the optimizer
 state, and all-gathers the new parameters. Elementwise optimizers (SGD, momentum, Adam, AdamW) give
 the same result as unsharded training; per-device optimizer memory drops from 2P to 2P/N for Adam.
 """
@@ -30,10 +30,10 @@ class ZeRO1(DataParallel):
     return layout.state_specs(abstract_state)
 
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
-    """Reduce-scatter: this device's slice of the mean gradient (flattened, padded with zeros)."""
+    """Reduce-scatter: this device's slice of the gradient sum (flattened, padded with zeros)."""
     n, dtype = self.options.num_shards, self.options.allreduce_dtype
     sums = jax.tree.map(lambda g: lax.psum_scatter(g.astype(dtype), axis.name, tiled=True), layout.flatten(grads, n))
-    return jax.tree.map(lambda s: s.astype(jnp.float32) / n, sums)
+    return jax.tree.map(lambda s: s.astype(jnp.float32), sums)
 
   def finite(self, loss: jax.Array, grads: PyTree, axis: DataAxis) -> jax.Array:
     # Every device checked only its slice: agree collectively, so all skip (or apply) together.

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxdp.config import ConfigError
 
 KINDS = ("mean", "sum", "max")  # How a metric combines: weighted mean over elements, sum, maximum.
+GROUPS = ("mean", "weight", "sum", "max")  # Mergeable sums of metrics: a mean is its "mean" (Σ w·v) over its "weight".
 PyTree = Any
 
 
@@ -75,22 +76,20 @@ def run(task: Task, model: BoundModel, batch: dict[str, jax.Array]) -> dict[str,
   return out
 
 
-def scalar(metric: Metric) -> jax.Array:
-  """A micro-batch's metric as one float32 scalar, by its kind (an unweighted mean: `jnp.mean`, as ever)."""
-  v = metric.values
-  if metric.reduce == "max":
-    return jnp.max(v).astype(jnp.float32)
-  if metric.weights is None:
-    total = jnp.mean(v) if metric.reduce == "mean" else jnp.sum(v, dtype=jnp.float32)
-    return total.astype(jnp.float32)
-  w = jnp.broadcast_to(metric.weights, v.shape).astype(jnp.float32)
-  weighted = jnp.sum(v.astype(jnp.float32) * w)
-  return weighted / jnp.sum(w) if metric.reduce == "mean" else weighted
-
-
 def by_kind(metrics: Mapping[str, Metric]) -> dict[str, dict[str, jax.Array]]:
-  """{kind: {name: scalar}}: a micro-batch's metrics grouped by how they combine (the strategies' input)."""
-  return {kind: {k: scalar(m) for k, m in metrics.items() if m.reduce == kind} for kind in KINDS}
+  """A micro-batch's metrics as mergeable float32 scalars, `per_row`'s groups over all its rows (the strategies' input).
+
+  {"mean": {name: Σ w·v}, "weight": {name: Σ w}, "sum": {name: Σ w·v}, "max": {name: max}}: sums add over
+  micro-batches and devices, maxima max, and a mean is divided once, over the global batch (`means`).
+  """
+  rows = per_row(metrics, jnp.ones(jnp.shape(metrics["loss"].values)[:1], bool))
+  return {group: {k: reduce_rows(group, v) for k, v in rows[group].items()} for group in GROUPS}
+
+
+def means(sums: Mapping[str, Mapping[str, jax.Array]]) -> dict[str, jax.Array]:
+  """{name: Σ w·v / Σ w} of each mean metric's global sums; 0 where its total weight is 0 (nothing to average)."""
+  weights = sums["weight"]
+  return {k: jnp.where(weights[k] > 0, s / jnp.where(weights[k] > 0, weights[k], 1), 0) for k, s in sums["mean"].items()}
 
 
 def flatten(grouped: Mapping[str, Mapping[str, jax.Array]]) -> dict[str, jax.Array]:
@@ -98,27 +97,30 @@ def flatten(grouped: Mapping[str, Mapping[str, jax.Array]]) -> dict[str, jax.Arr
   return {k: v for kind in KINDS for k, v in grouped[kind].items()}
 
 
+def reduce_rows(group: str, rows: jax.Array) -> jax.Array:
+  """[rows] -> one value: the maximum for the "max" group, the sum for every other group."""
+  return rows.max() if group == "max" else rows.sum()
+
+
 def per_row(metrics: Mapping[str, Metric], real: jax.Array) -> dict[str, Any]:
-  """Eval: each metric per row over its elements, real rows only, as the strategies sum (and max) rows.
+  """Each metric per row over its elements, real rows only, as the strategies sum (and max) rows.
 
   {"mean": {name: Σ w·v}, "weight": {name: Σ w}, "sum": {name: Σ v·w}, "max": {name: max}, "num_examples"}:
-  each [B]. Padded rows give 0 (max: -inf), whatever the task computed on them.
+  each [B]. Padded rows give 0 (max: -inf), whatever the task computed on them. No gradient flows through a
+  weight: it says how much an element counts, as a mask does.
   """
   out: dict[str, Any] = {"mean": {}, "weight": {}, "sum": {}, "max": {}, "num_examples": real.astype(jnp.int32)}
   for name, m in metrics.items():
-    v = m.values
+    v = m.values.astype(jnp.float32)
     mask = jnp.broadcast_to(real.reshape(real.shape + (1,) * (v.ndim - 1)), v.shape)
     if m.reduce == "max":
-      out["max"][name] = _rows(jnp.where(mask, v.astype(jnp.float32), -jnp.inf), jnp.max)
+      out["max"][name] = _rows(jnp.where(mask, v, -jnp.inf), jnp.max)
       continue
-    if m.weights is None:
-      weighted, weight = jnp.where(mask, v, 0), mask.astype(jnp.float32)
-    else:
-      w = jnp.broadcast_to(m.weights, v.shape).astype(jnp.float32)
-      weighted, weight = jnp.where(mask, v.astype(jnp.float32) * w, 0.0), jnp.where(mask, w, 0.0)
-    out[m.reduce][name] = _rows(weighted.astype(jnp.float32), jnp.sum)
+    w = jnp.ones_like(v) if m.weights is None else jax.lax.stop_gradient(
+        jnp.broadcast_to(m.weights, v.shape).astype(jnp.float32))
+    out[m.reduce][name] = _rows(jnp.where(mask, v * w, 0.0), jnp.sum)
     if m.reduce == "mean":
-      out["weight"][name] = _rows(weight, jnp.sum)
+      out["weight"][name] = _rows(jnp.where(mask, w, 0.0), jnp.sum)
   return out
 
 

@@ -147,15 +147,12 @@ def model(counts: list[int], compute_s: float, batch: int, grad_bytes: float, ca
 
 # --- Measurements on this machine -------------------------------------------------------------------
 
-def gradient_bytes(config: ml_collections.ConfigDict, link: Interconnect | None = None) -> dict[str, Any]:
+def gradient_bytes(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """What one step all-reduces: tensor bytes, tensor operands, all-reduce instructions, and the source.
 
   From the step compiled for 2 devices where this machine has them; on 1 device XLA drops the all-reduce: the
-  gradients are then the parameters' leaves. On a gloo link `parallel.flat_allreduce=auto` compiles as CPU
-  processes compile it (one flat buffer), not as this process's devices would (per leaf)."""
+  gradients are then the parameters' leaves."""
   trial = config_lib.with_defaults(config)
-  if link is not None and link.per_operand and str(trial.parallel.flat_allreduce).lower() == "auto":
-    trial.parallel.flat_allreduce = "true"
   two = jax.device_count() >= 2
   trial.parallel.num_devices = 2 if two else 1
   trial.batch_size = trial.eval_batch_size = trial.batch_size * trial.parallel.num_devices
@@ -196,7 +193,7 @@ def project(config: ml_collections.ConfigDict, counts: list[int], name: str = DE
             compute_s: float | None = None) -> dict[str, Any]:
   """The projection for `counts` devices on interconnect `name` (compute measured here unless given)."""
   link = interconnect(name)
-  grads = gradient_bytes(config, link)
+  grads = gradient_bytes(config)
   # gloo (XLA:CPU) runs every tensor operand of an all-reduce as its own call (a flat buffer: one);
   # NCCL and TPU run each instruction as one.
   calls = grads["tensors"] if link.per_operand else grads["instructions"]
