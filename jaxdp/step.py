@@ -15,6 +15,7 @@ import optax
 from flax import struct
 from jax import lax
 
+from jaxdp import loss_scale as loss_scale_lib
 from jaxdp import tasks
 from jaxdp.batch import INDEX, REAL
 from jaxdp.models import Model
@@ -37,6 +38,7 @@ class TrainState:
   model_state: PyTree      # Non-trainable module state (e.g. BatchNorm statistics); never RNG state.
   opt_state: PyTree        # optax state, laid out as the strategy wants it.
   rng: jax.Array           # Base PRNG key (raw uint32[2]); each step folds in its number.
+  loss_scale: loss_scale_lib.LossScale | None = None  # float16 compute only: the dynamic loss scale.
 
 
 def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation,
@@ -45,7 +47,8 @@ def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation
   init_rng, state_rng = jax.random.split(rng)
   params, model_state = model.init(init_rng)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=model_state,
-                    opt_state=strategy.init_opt_state(tx, params), rng=state_rng)
+                    opt_state=strategy.init_opt_state(tx, params), rng=state_rng,
+                    loss_scale=loss_scale_lib.initial(strategy.options.compute_dtype))
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
@@ -54,19 +57,22 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   """One optimizer step on this replica's slice: reduced gradient, optional clipping, update (or skip).
 
   The loss, its gradient and every mean metric are Σ w·v / Σ w over the whole global batch: each replica
-  sums its micro-batches, the strategy sums over replicas, and one division follows here.
+  sums its micro-batches, the strategy sums over replicas, and one division follows here. Under float16 the
+  loss is scaled before the backward pass and the gradient unscaled by the same division (`jaxdp.loss_scale`).
   `cast_inputs`: float features reach the model in the compute dtype (False: token ids carried as floats).
   Returns {"loss", <the task's metrics, "_" helpers left out>, "nonfinite", "zero_weight",
-  "weight": {<mean metric>: its total weight}}.
+  "weight": {<mean metric>: its total weight}}, and under float16 "overflow" and "loss_scale".
   """
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
-  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs)
+  scale = None if state.loss_scale is None else state.loss_scale.scale
+  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale)
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
   # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently from program to
   # program (device count), which broke the invariant mode's bitwise guarantee; a product rounds the same.
-  inverse = 1 / jnp.where(weight > 0, weight, 1)
+  # Dividing it by the scale, a power of two, is exact.
+  inverse = 1 / jnp.where(weight > 0, weight, 1) / (1 if scale is None else scale)
   grads = jax.tree.map(lambda g: g * inverse, grads)
   means = task_lib.means(sums)
   finite = strategy.finite(means["loss"], grads, axis)
@@ -87,6 +93,13 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),
          "zero_weight": (finite & (weight == 0)).astype(jnp.int32),
          "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")}}
+  if scale is not None:
+    # A finite loss with a non-finite scaled gradient is the scale's overflow, not a failing run, until the
+    # scale is down to 1: it only halves the scale (the NaN guard counts "nonfinite" steps).
+    overflow = ~finite & jnp.isfinite(means["loss"]) & (scale > 1)
+    new_state = new_state.replace(loss_scale=state.loss_scale.update(finite))
+    out.update(nonfinite=(~finite & ~overflow).astype(jnp.int32), overflow=overflow.astype(jnp.int32),
+               loss_scale=scale)
   return new_state, out
 
 
@@ -95,15 +108,17 @@ def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
   return jax.tree.map(lambda g: lax.select(norm < max_norm, g, (g / norm.astype(g.dtype)) * max_norm), grads)
 
 
-def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool) -> GradFn:
-  """(params, model_state, batch, rng) -> ((Σ w·loss, (metric sums, model_state)), grads), in `compute_dtype`."""
+def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool,
+             scale: jax.Array | None = None) -> GradFn:
+  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (metric sums, model_state)), grads), in `compute_dtype`."""
   dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
     bound = task_lib.BoundModel(model.apply, _cast_floats(params, dtype), model_state, train=True, rng=micro_rng,
                                 dtype=dtype, cast_inputs=cast_inputs)
     sums = task_lib.by_kind(task_lib.run(task, bound, micro))
-    return sums["mean"]["loss"], (sums, bound.state)
+    loss = sums["mean"]["loss"]
+    return (loss if scale is None else loss * scale), (sums, bound.state)
 
   return jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -110,11 +110,12 @@ def read_tensorboard(workdir: str) -> dict[str, list[tuple[int, float]]]:
   return scalars
 
 
-COUNTS = ("nonfinite", "zero_weight")  # Per-step counts of skipped updates: summed over steps.
+COUNTS = ("nonfinite", "zero_weight", "overflow")  # Per-step counts of skipped updates: summed over steps.
+LAST = ("loss_scale",)  # State after the steps, not a statistic of them: the last step's value.
 
 
 def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
-  """Per-step train metrics over several steps, named `prefix/key`: counts summed, the rest averaged.
+  """Per-step train metrics over several steps, named `prefix/key`: counts summed, state last, the rest averaged.
 
   A metric with a total weight per step (`history[i]["weight"]`, a mean's) is Σ w·v / Σ w over all the steps'
   examples, and left out where they weigh nothing; sums and maxima are averaged over steps.
@@ -126,6 +127,8 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
     values = np.array([h[k] for h in history], np.float64)
     if k in COUNTS:
       out[f"{prefix}/{k}"] = float(values.sum())
+    elif k in LAST:
+      out[f"{prefix}/{k}"] = float(values[-1])
     elif k in history[0].get("weight", {}):
       weights = np.array([h["weight"][k] for h in history], np.float64)
       if weights.sum() > 0:

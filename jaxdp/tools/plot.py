@@ -19,7 +19,7 @@ from jaxdp.tools import cli
 SPLITS = (("train", "-"), ("eval", "--"))  # A panel's curves: the split and its line style.
 # Counts jaxdp keeps about the run itself, not curves of the task: the examples of each eval (the same
 # every time), updates skipped for NaN/Inf, bad examples skipped (the summary and the log say them).
-BOOKKEEPING = ("num_examples", "nonfinite", "zero_weight", "skipped_examples")
+BOOKKEEPING = ("num_examples", "nonfinite", "zero_weight", "overflow", "skipped_examples")
 COLUMNS = 3  # Panels per row.
 DEFAULT_NAME = "curves.png"
 
