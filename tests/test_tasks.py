@@ -203,6 +203,82 @@ def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_sm
   assert tasks.headline(my_tasks.focal) == ("confidence",) and tasks.headline(tasks.Regression()) == ("mse",)
 
 
+INTEGER_LABELS = type("Facts", (), {"float_labels": False})()
+
+
+def _loss_and_metrics(task, seed: int = 0) -> tuple[np.ndarray, dict]:
+  """`task` on 6 examples of 5 classes, the model returning its inputs as logits."""
+  logits = jax.random.normal(jax.random.PRNGKey(seed), (6, 5))
+  batch = {"inputs": logits, "labels": jnp.arange(6) % 5}
+  loss, got = task(_bound(dtype=jnp.float32, cast_inputs=True), batch)
+  return np.asarray(loss), {k: np.asarray(getattr(v, "values", v)) for k, v in got.items()}
+
+
+def test_config_task_fields_bind_to_a_task_function_passed_from_python():
+  config = default.get_config()
+  config.task.gamma = 0.0  # Focal loss with gamma 0 is cross-entropy.
+  loss, _ = _loss_and_metrics(tasks.get(config, INTEGER_LABELS, task=my_tasks.focal))
+  logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5))
+  ce = np.asarray(cross_entropy(logits, jnp.arange(6) % 5))
+  np.testing.assert_allclose(loss, ce, rtol=1e-6)
+  assert not np.allclose(_loss_and_metrics(my_tasks.focal)[0], ce, rtol=1e-3)  # Else gamma's default would pass.
+  config = default.get_config()
+  config.task.gama = 0.0
+  with pytest.raises(ConfigError, match=r"task '<object my_tasks.focal>' takes no field config\.task\.gama \(its keyword arguments: "
+                                        r"gamma\)$"):
+    tasks.get(config, INTEGER_LABELS, task=my_tasks.focal)
+
+
+@pytest.mark.parametrize("passed", [False, True])
+def test_a_task_taking_kwargs_is_given_every_field(passed):
+  config = default.get_config()
+  config.task.scale, config.task.anything = 3.0, 0.5
+  task = my_tasks.loose if passed else None
+  if not passed:
+    config.task.name = "my_tasks:loose"
+  loss, got = _loss_and_metrics(tasks.get(config, INTEGER_LABELS, task=task))
+  plain, _ = _loss_and_metrics(my_tasks.loose)
+  np.testing.assert_allclose(loss, 3.0 * plain, rtol=1e-6)
+  assert sorted(got) == ["anything", "scale"] and got["anything"].tolist() == [0.5] * 6
+
+
+def test_top_level_label_smoothing_defaults_the_classification_field_only_however_the_task_is_reached():
+  """One rule: config.label_smoothing is the default of Classification's (and its subclasses') own field, named,
+  inferred or passed as a class; config.task.label_smoothing wins over it; no other task receives it."""
+  config = default.get_config()
+  config.label_smoothing = 0.1
+  for name in ("", "classification", "my_tasks:MyClassification"):
+    config.task.name = name
+    assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.1, name
+  assert tasks.get(config, INTEGER_LABELS, task=my_tasks.MyClassification).label_smoothing == 0.1
+  assert tasks.get(config, INTEGER_LABELS, task=tasks.NextToken) == tasks.NextToken(label_smoothing=0.1)
+  config.task.label_smoothing = 0.2  # The task's own field, set: the top-level default gives way.
+  for name in ("", "classification", "next_token", "my_tasks:MyClassification"):
+    config.task.name = name
+    assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.2, name
+  assert tasks.get(config, INTEGER_LABELS, task=tasks.Classification).label_smoothing == 0.2
+  # A function with a label_smoothing field of its own: the same value named or passed, never the top-level one.
+  for task_fields, want in (({}, 0.0), ({"label_smoothing": 0.3}, 0.3)):
+    config = default.get_config()
+    config.label_smoothing = 0.1
+    config.task.update(task_fields)
+    passed = tasks.get(config, INTEGER_LABELS, task=my_tasks.smoothed)
+    config.task.name = "my_tasks:smoothed"
+    named = tasks.get(config, INTEGER_LABELS)
+    assert [_loss_and_metrics(t)[1]["smoothing"][0] for t in (passed, named)] == [np.float32(want)] * 2, task_fields
+
+
+def test_metric_keys_that_become_one_name_are_refused_naming_them():
+  batch = {"inputs": jnp.ones((2, 3))}
+  bound = _bound(dtype=jnp.float32, cast_inputs=True)
+  with pytest.raises(ConfigError, match=r"^task metric keys \['1', 1\] name one metric twice") as e:
+    task_lib.run(lambda m, b: (m(b["inputs"]).sum(-1), {1: b["inputs"], "1": b["inputs"], "x": b["inputs"]}),
+                 bound, batch)
+  assert "\n" not in str(e.value) and "'x'" not in str(e.value)
+  with pytest.raises(ConfigError, match=r"^task metric keys \['loss'\] name one metric twice.*'loss' is the loss's"):
+    task_lib.run(lambda m, b: (m(b["inputs"]).sum(-1), {"loss": b["inputs"]}), bound, batch)
+
+
 def _bound(**kwargs) -> task_lib.BoundModel:
   """A model that returns its input: what the task seam hands a task, alone."""
   return task_lib.BoundModel(lambda p, s, x, train, rng: (x, s), {}, {}, train=True, rng=None, **kwargs)
