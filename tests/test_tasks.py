@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 import my_tasks
 import runs
@@ -175,6 +176,53 @@ def test_regression_reports_mse_mae_and_r2_over_real_rows_only():
   np.testing.assert_allclose(got["eval/r2"], 1 - np.square(error).mean() / y.var(), rtol=1e-4)
   constant = _evaluated(tasks.Regression(), preds, jnp.ones_like(labels), real)
   assert np.isnan(constant["eval/r2"]) and constant["eval/mse"] > 0  # No variance to explain: R² is undefined.
+
+
+class _Affine(nnx.Module):
+  """pred = 1000 + 0.7 x0: a regressor of targets far from 0, its parameters set by hand."""
+
+  def __init__(self):
+    self.linear = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    self.linear.kernel[...] = jnp.array([[0.7], [0.0], [0.0], [0.0]])
+    self.linear.bias[...] = jnp.array([1000.0])
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.linear(x)
+
+
+def _far_from_zero(n: int, seed: int) -> dict[str, np.ndarray]:
+  """Targets 1000 + N(0, 1): a variance of 1 under a mean square of 10⁶, which float32 sums of y and y² lose."""
+  x = np.random.RandomState(seed).randn(n, 4).astype(np.float32)
+  return {"inputs": x, "labels": (1000 + 0.7 * x[:, 0] + 0.7 * x[:, 1]).astype(np.float32)}
+
+
+def test_r2_of_targets_with_a_large_mean_matches_numpy_float64_through_the_eval_path():
+  config = default.get_config()
+  config.batch_size, config.eval_batch_size, config.check_replicas_every_steps = 64, 64, 0
+  parts = build.build(config, model=_Affine(), train_data=_far_from_zero(256, 0), eval_data=_far_from_zero(1000, 1))
+  assert parts.task_info.describe() == "regression (inferred from float labels)"
+  first = _far_from_zero(256, 0)["labels"][:64].astype(np.float64)
+  assert parts.task.center == float(np.float32(first.mean()))  # From the first train targets, before any eval.
+  state = parts.backend.init(parts.init)
+  got = evaluate.run(parts, state)
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  test = _far_from_zero(1000, 1)
+  preds = np.asarray(parts.model.apply(params, model_state, jnp.asarray(test["inputs"]), train=False)[0], np.float64)
+  y = test["labels"].astype(np.float64)
+  r2 = 1 - np.mean((preds[:, 0] - y) ** 2) / y.var()
+  assert got["eval/num_examples"] == 1000 and 0.3 < r2 < 0.7, r2
+  assert abs(got["eval/r2"] - r2) < 1e-4, (got["eval/r2"], r2)
+
+
+def test_r2_center_may_be_set_and_does_not_change_r2_where_float32_holds():
+  config = default.get_config()
+  config.task.name, config.task.center = "regression", 3.0
+  assert tasks.get(config, None, targets=lambda: np.full(4, 1000.0)).center == 3.0  # Set: never read from data.
+  preds = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 2))
+  labels = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 2))
+  real = jnp.array([[True, True, False], [True, False, True]])
+  plain, centered = (_evaluated(tasks.Regression(center=c), preds, labels, real)["eval/r2"] for c in (None, 3.0))
+  np.testing.assert_allclose(centered, plain, rtol=1e-5)
 
 
 def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_smoothing():
