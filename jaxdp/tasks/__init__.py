@@ -62,6 +62,7 @@ def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, tar
 
 
 def _resolve(config: ml_collections.ConfigDict, facts: Any, task: Any) -> Resolved:
+  """`resolve` before any field is taken from the data."""
   kwargs = {k: v for k, v in config.task.to_dict().items() if k != "name"}
   if task is not None:
     if not callable(task):
