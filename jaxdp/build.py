@@ -12,11 +12,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 
 from jaxdp import blocks, checkpoint, data, models, optim, parallel, resident, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
+from jaxdp.batch import REAL
+from jaxdp.config import ConfigError
 from jaxdp.data import held
 from jaxdp.report import metrics
 from jaxdp.tasks import base as task_lib
@@ -91,7 +94,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   ds = data.load(config.dataset, **given)
   strategy = strategy_cls(strategies.StrategyOptions.from_config(config, num_devices))
   facts = ds.corpus.facts
-  task_info = tasks.resolve(config, facts, task)
+  task_info = tasks.resolve(config, facts, task, functools.partial(_first_targets, ds, config.dataset))
   num_outputs = getattr(task_info.task, "num_outputs", None)
   module = {"module": model} if model is not None else {}
   net = models.get_model(config.model, ds.input_shape, num_outputs(facts) if num_outputs else ds.num_classes, **module,
@@ -133,6 +136,17 @@ def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend:
   if steps > 1:
     return Feed(steps, *mapped(blocks.select, block=True))
   return Feed(1, train_step, flops_step)
+
+
+def _first_targets(ds: data.Dataset, dataset: ml_collections.ConfigDict, rows: int = 64) -> np.ndarray:
+  """Up to `rows` targets of the train split (else the eval split) in stored order: the same in every process."""
+  for split in dict.fromkeys((dataset.train_split, dataset.eval_split)):
+    try:  # An eval-only run (in-memory eval_data) has no train split to read.
+      batch = next(iter(data.eval_batches(ds, split, global_batch=rows, process_index=0, process_count=1)))
+    except (ConfigError, StopIteration):
+      continue
+    return np.asarray(batch["labels"])[batch[REAL]] if "labels" in batch else np.zeros(0)
+  return np.zeros(0)
 
 
 def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cast_inputs: bool) -> list[str]:

@@ -3,7 +3,7 @@
 import jax
 import jax.numpy as jnp
 
-from jaxdp.tasks import Metric
+from jaxdp.tasks import Classification, Metric
 
 
 def focal(model, batch: dict[str, jax.Array], gamma: float = 2.0) -> tuple[jax.Array, dict]:
@@ -33,3 +33,21 @@ class Scaled:
     logits = model(batch["inputs"]).astype(jnp.float32)
     ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["labels"][:, None], -1)[:, 0]
     return self.scale * ce, {"logit_norm": jnp.linalg.norm(logits, axis=-1)}
+
+
+def loose(model, batch: dict[str, jax.Array], **options: float) -> tuple[jax.Array, dict]:
+  """A task taking any field (`**options`): cross-entropy times `options["scale"]`, each option reported."""
+  logits = model(batch["inputs"]).astype(jnp.float32)
+  ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["labels"][:, None], -1)[:, 0]
+  return options.get("scale", 1.0) * ce, {k: jnp.full(ce.shape, v) for k, v in options.items()}
+
+
+def smoothed(model, batch: dict[str, jax.Array], label_smoothing: float = 0.0) -> tuple[jax.Array, dict]:
+  """A function with a `label_smoothing` field of its own: it reports the value it was given."""
+  logits = model(batch["inputs"]).astype(jnp.float32)
+  ce = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["labels"][:, None], -1)[:, 0]
+  return ce, {"smoothing": jnp.full(ce.shape, label_smoothing)}
+
+
+class MyClassification(Classification):
+  """A user's subclass of the built-in classification task."""

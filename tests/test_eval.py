@@ -1,10 +1,13 @@
 """Eval counts every example of the split exactly once, whatever the device count and batch size."""
 
+import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from jaxdp import build, data, models, train
+from jaxdp.loop import evaluate
 from jaxdp.report import metrics
 from jaxdp.batch import REAL
 from jaxdp.tasks.classification import cross_entropy
@@ -70,3 +73,24 @@ def test_eval_loss_sums_only_real_rows(config, invariant):
   per_row = np.asarray(cross_entropy(logits, jnp.asarray(last["labels"])))
   assert int(sums["weight"]["loss"]) == SIZE % 24
   np.testing.assert_allclose(float(sums["mean"]["loss"]), per_row[last[REAL]].sum(), rtol=1e-5)
+
+
+def test_eval_runs_the_model_in_eval_mode_so_dropout_is_off(config):
+  """An NNX model with dropout: eval must call it with train=False, so its loss and accuracy are the deterministic
+  eval-mode ones computed by hand (a train-mode eval fails no shape check: only these numbers show it)."""
+  config.model = ml_collections.ConfigDict({"name": "dropout_models:DropoutMLP", "rate": 0.5})
+  config.batch_size = config.eval_batch_size = 24
+  config.dataset.eval_split = SPLIT
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  got = evaluate.run(parts, state)
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  rows = list(data.eval_batches(parts.ds, SPLIT, global_batch=24, process_index=0, process_count=1))
+  x = jnp.asarray(np.concatenate([b["inputs"][b[REAL]] for b in rows]))
+  y = np.concatenate([b["labels"][b[REAL]] for b in rows])
+  logits, _ = parts.model.apply(params, model_state, x, train=False)
+  assert got["eval/num_examples"] == SIZE
+  np.testing.assert_allclose(got["eval/loss"], float(cross_entropy(logits, jnp.asarray(y)).mean()), rtol=1e-5)
+  assert got["eval/accuracy"] == pytest.approx(float((np.asarray(logits).argmax(-1) == y).mean()), abs=1e-9)
+  trained, _ = parts.model.apply(params, model_state, x, train=True, rng=jax.random.PRNGKey(0))
+  assert not np.allclose(logits, trained, rtol=1e-2)  # Dropout does change this model's outputs in train mode.

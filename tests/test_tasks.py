@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
 import my_tasks
 import runs
@@ -177,6 +178,53 @@ def test_regression_reports_mse_mae_and_r2_over_real_rows_only():
   assert np.isnan(constant["eval/r2"]) and constant["eval/mse"] > 0  # No variance to explain: R² is undefined.
 
 
+class _Affine(nnx.Module):
+  """pred = 1000 + 0.7 x0: a regressor of targets far from 0, its parameters set by hand."""
+
+  def __init__(self):
+    self.linear = nnx.Linear(4, 1, rngs=nnx.Rngs(0))
+    self.linear.kernel[...] = jnp.array([[0.7], [0.0], [0.0], [0.0]])
+    self.linear.bias[...] = jnp.array([1000.0])
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.linear(x)
+
+
+def _far_from_zero(n: int, seed: int) -> dict[str, np.ndarray]:
+  """Targets 1000 + N(0, 1): a variance of 1 under a mean square of 10⁶, which float32 sums of y and y² lose."""
+  x = np.random.RandomState(seed).randn(n, 4).astype(np.float32)
+  return {"inputs": x, "labels": (1000 + 0.7 * x[:, 0] + 0.7 * x[:, 1]).astype(np.float32)}
+
+
+def test_r2_of_targets_with_a_large_mean_matches_numpy_float64_through_the_eval_path():
+  config = default.get_config()
+  config.batch_size, config.eval_batch_size, config.check_replicas_every_steps = 64, 64, 0
+  parts = build.build(config, model=_Affine(), train_data=_far_from_zero(256, 0), eval_data=_far_from_zero(1000, 1))
+  assert parts.task_info.describe() == "regression (inferred from float labels)"
+  first = _far_from_zero(256, 0)["labels"][:64].astype(np.float64)
+  assert parts.task.center == float(np.float32(first.mean()))  # From the first train targets, before any eval.
+  state = parts.backend.init(parts.init)
+  got = evaluate.run(parts, state)
+  params, model_state = parts.backend.get((state.params, state.model_state))
+  test = _far_from_zero(1000, 1)
+  preds = np.asarray(parts.model.apply(params, model_state, jnp.asarray(test["inputs"]), train=False)[0], np.float64)
+  y = test["labels"].astype(np.float64)
+  r2 = 1 - np.mean((preds[:, 0] - y) ** 2) / y.var()
+  assert got["eval/num_examples"] == 1000 and 0.3 < r2 < 0.7, r2
+  assert abs(got["eval/r2"] - r2) < 1e-4, (got["eval/r2"], r2)
+
+
+def test_r2_center_may_be_set_and_does_not_change_r2_where_float32_holds():
+  config = default.get_config()
+  config.task.name, config.task.center = "regression", 3.0
+  assert tasks.get(config, None, targets=lambda: np.full(4, 1000.0)).center == 3.0  # Set: never read from data.
+  preds = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 2))
+  labels = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 2))
+  real = jnp.array([[True, True, False], [True, False, True]])
+  plain, centered = (_evaluated(tasks.Regression(center=c), preds, labels, real)["eval/r2"] for c in (None, 3.0))
+  np.testing.assert_allclose(centered, plain, rtol=1e-5)
+
+
 def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_smoothing():
   facts = type("Facts", (), {"float_labels": False})()
   config = default.get_config()
@@ -201,6 +249,82 @@ def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_sm
   c.task.name = "my_tasks:Scaled"
   assert tasks.get(c, facts, task=my_tasks.focal) is my_tasks.focal  # An object from Python overrides the name.
   assert tasks.headline(my_tasks.focal) == ("confidence",) and tasks.headline(tasks.Regression()) == ("mse",)
+
+
+INTEGER_LABELS = type("Facts", (), {"float_labels": False})()
+
+
+def _loss_and_metrics(task, seed: int = 0) -> tuple[np.ndarray, dict]:
+  """`task` on 6 examples of 5 classes, the model returning its inputs as logits."""
+  logits = jax.random.normal(jax.random.PRNGKey(seed), (6, 5))
+  batch = {"inputs": logits, "labels": jnp.arange(6) % 5}
+  loss, got = task(_bound(dtype=jnp.float32, cast_inputs=True), batch)
+  return np.asarray(loss), {k: np.asarray(getattr(v, "values", v)) for k, v in got.items()}
+
+
+def test_config_task_fields_bind_to_a_task_function_passed_from_python():
+  config = default.get_config()
+  config.task.gamma = 0.0  # Focal loss with gamma 0 is cross-entropy.
+  loss, _ = _loss_and_metrics(tasks.get(config, INTEGER_LABELS, task=my_tasks.focal))
+  logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5))
+  ce = np.asarray(cross_entropy(logits, jnp.arange(6) % 5))
+  np.testing.assert_allclose(loss, ce, rtol=1e-6)
+  assert not np.allclose(_loss_and_metrics(my_tasks.focal)[0], ce, rtol=1e-3)  # Else gamma's default would pass.
+  config = default.get_config()
+  config.task.gama = 0.0
+  with pytest.raises(ConfigError, match=r"task '<object my_tasks.focal>' takes no field config\.task\.gama \(its keyword arguments: "
+                                        r"gamma\)$"):
+    tasks.get(config, INTEGER_LABELS, task=my_tasks.focal)
+
+
+@pytest.mark.parametrize("passed", [False, True])
+def test_a_task_taking_kwargs_is_given_every_field(passed):
+  config = default.get_config()
+  config.task.scale, config.task.anything = 3.0, 0.5
+  task = my_tasks.loose if passed else None
+  if not passed:
+    config.task.name = "my_tasks:loose"
+  loss, got = _loss_and_metrics(tasks.get(config, INTEGER_LABELS, task=task))
+  plain, _ = _loss_and_metrics(my_tasks.loose)
+  np.testing.assert_allclose(loss, 3.0 * plain, rtol=1e-6)
+  assert sorted(got) == ["anything", "scale"] and got["anything"].tolist() == [0.5] * 6
+
+
+def test_top_level_label_smoothing_defaults_the_classification_field_only_however_the_task_is_reached():
+  """One rule: config.label_smoothing is the default of Classification's (and its subclasses') own field, named,
+  inferred or passed as a class; config.task.label_smoothing wins over it; no other task receives it."""
+  config = default.get_config()
+  config.label_smoothing = 0.1
+  for name in ("", "classification", "my_tasks:MyClassification"):
+    config.task.name = name
+    assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.1, name
+  assert tasks.get(config, INTEGER_LABELS, task=my_tasks.MyClassification).label_smoothing == 0.1
+  assert tasks.get(config, INTEGER_LABELS, task=tasks.NextToken) == tasks.NextToken(label_smoothing=0.1)
+  config.task.label_smoothing = 0.2  # The task's own field, set: the top-level default gives way.
+  for name in ("", "classification", "next_token", "my_tasks:MyClassification"):
+    config.task.name = name
+    assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.2, name
+  assert tasks.get(config, INTEGER_LABELS, task=tasks.Classification).label_smoothing == 0.2
+  # A function with a label_smoothing field of its own: the same value named or passed, never the top-level one.
+  for task_fields, want in (({}, 0.0), ({"label_smoothing": 0.3}, 0.3)):
+    config = default.get_config()
+    config.label_smoothing = 0.1
+    config.task.update(task_fields)
+    passed = tasks.get(config, INTEGER_LABELS, task=my_tasks.smoothed)
+    config.task.name = "my_tasks:smoothed"
+    named = tasks.get(config, INTEGER_LABELS)
+    assert [_loss_and_metrics(t)[1]["smoothing"][0] for t in (passed, named)] == [np.float32(want)] * 2, task_fields
+
+
+def test_metric_keys_that_become_one_name_are_refused_naming_them():
+  batch = {"inputs": jnp.ones((2, 3))}
+  bound = _bound(dtype=jnp.float32, cast_inputs=True)
+  with pytest.raises(ConfigError, match=r"^task metric keys \['1', 1\] name one metric twice") as e:
+    task_lib.run(lambda m, b: (m(b["inputs"]).sum(-1), {1: b["inputs"], "1": b["inputs"], "x": b["inputs"]}),
+                 bound, batch)
+  assert "\n" not in str(e.value) and "'x'" not in str(e.value)
+  with pytest.raises(ConfigError, match=r"^task metric keys \['loss'\] name one metric twice.*'loss' is the loss's"):
+    task_lib.run(lambda m, b: (m(b["inputs"]).sum(-1), {"loss": b["inputs"]}), bound, batch)
 
 
 def _bound(**kwargs) -> task_lib.BoundModel:

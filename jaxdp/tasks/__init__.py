@@ -2,14 +2,19 @@
 
 Built-ins (`classification`, `next_token`, `regression`) use the same seam as a user's task, named by
 `config.task.name = "package.module:function_or_Class"` or passed as an object (`build.build(task=)`).
+Either way the other `config.task.*` fields are the task's keyword arguments, checked against its signature.
+The top-level `label_smoothing` is the default of one field only: `Classification.label_smoothing` (so of
+`next_token` and of a user's subclass too), however the class is reached; no other task ever receives it.
 """
 
 import dataclasses
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from jaxdp import config as config_lib
 from jaxdp import objects
@@ -37,22 +42,37 @@ class Resolved:
     return f"{self.name} ({self.origin})"
 
 
-def get(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> Task:
+Targets = Callable[[], np.ndarray]  # Some targets of the data, read when a task needs them (`Regression.center`).
+
+
+def get(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets: Targets | None = None) -> Task:
   """The run's task: `task` (an object from Python) if given, else `config.task.name`, else inferred from `facts`."""
-  return resolve(config, facts, task).task
+  return resolve(config, facts, task, targets).task
 
 
-def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> Resolved:
-  """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field."""
+def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets: Targets | None = None) -> Resolved:
+  """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field.
+
+  `targets`: the first targets of the data, read only for a `Regression` whose `center` is not set.
+  """
+  resolved = _resolve(config, facts, task)
+  if isinstance(resolved.task, Regression) and resolved.task.center is None and targets is not None:
+    resolved = dataclasses.replace(resolved, task=resolved.task.centered(targets()))
+  return resolved
+
+
+def _resolve(config: ml_collections.ConfigDict, facts: Any, task: Any) -> Resolved:
+  """`resolve` before any field is taken from the data."""
   kwargs = {k: v for k, v in config.task.to_dict().items() if k != "name"}
   if task is not None:
     if not callable(task):
       raise ConfigError(f"task {task!r} is not callable: pass a function task(model, batch) or a task object")
+    name = objects.object_name(task)
     if inspect.isclass(task):
-      return Resolved(_build(task, kwargs, config, objects.object_name(task)), objects.object_name(task), "passed from Python")
-    if kwargs:
-      task = _bind(task, kwargs, config, objects.object_name(task))
-    return Resolved(task, objects.object_name(task), "passed from Python")
+      return Resolved(_build(task, kwargs, config, name), name, "passed from Python")
+    if kwargs:  # Bound and checked as a named task's are.
+      task = _bind(task, kwargs, name)
+    return Resolved(task, name, "passed from Python")
   name = config.task.name
   origin = "config.task.name"
   if not name:
@@ -61,7 +81,7 @@ def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None) -> 
   target = BUILTIN.get(name) or _import(name)
   if inspect.isclass(target):
     return Resolved(_build(target, kwargs, config, name), name, origin)
-  return Resolved(_bind(target, kwargs, config, name), name, origin)
+  return Resolved(_bind(target, kwargs, name), name, origin)
 
 
 def headline(task: Any) -> tuple[str, ...]:
@@ -78,9 +98,9 @@ def _import(name: str) -> Any:
   return target
 
 
-def _with_smoothing(parameters: Any, kwargs: dict, config: ml_collections.ConfigDict) -> dict:
-  """The top-level `label_smoothing` is the default of a task's own `label_smoothing` (classification's)."""
-  if "label_smoothing" in parameters and "label_smoothing" not in kwargs:
+def _with_smoothing(cls: type, kwargs: dict, config: ml_collections.ConfigDict) -> dict:
+  """The top-level `label_smoothing` as the default of `Classification.label_smoothing` (its subclasses' too)."""
+  if issubclass(cls, Classification) and "label_smoothing" not in kwargs:  # config.task.label_smoothing wins.
     return {**kwargs, "label_smoothing": float(config.label_smoothing)}
   return kwargs
 
@@ -98,15 +118,14 @@ def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) ->
 def _build(cls: type, kwargs: dict, config: ml_collections.ConfigDict, name: str) -> Task:
   """A task class built with the config's `task.*` fields as its keyword arguments."""
   parameters = dict(inspect.signature(cls).parameters)
-  kwargs = _with_smoothing(parameters, kwargs, config)
+  kwargs = _with_smoothing(cls, kwargs, config)
   _check(parameters, kwargs, name)
   return cls(**kwargs)
 
 
-def _bind(fn: Any, kwargs: dict, config: ml_collections.ConfigDict, name: str) -> Task:
+def _bind(fn: Any, kwargs: dict, name: str) -> Task:
   """A task function with the config's `task.*` fields bound as keyword arguments (after model, batch)."""
   parameters = dict(list(inspect.signature(fn).parameters.items())[2:])
-  kwargs = _with_smoothing(parameters, kwargs, config)
   _check(parameters, kwargs, name)
   return functools.update_wrapper(functools.partial(fn, **kwargs), fn) if kwargs else fn
 

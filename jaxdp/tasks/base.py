@@ -70,7 +70,7 @@ def run(task: Task, model: BoundModel, batch: dict[str, jax.Array]) -> dict[str,
   loss, metrics = task(model, batch)
   out = {"loss": as_metric("loss", loss), **{str(k): as_metric(str(k), v) for k, v in dict(metrics).items()}}
   if len(out) != len(metrics) + 1:
-    raise ConfigError("a task metric cannot be called 'loss': the loss is reported under that name")
+    raise ConfigError(f"task metric keys {sorted((k for k in metrics if str(k) == 'loss' or [str(j) for j in metrics].count(str(k)) > 1), key=repr)} name one metric twice: each is reported as str(key), and 'loss' is the loss's")
   if out["loss"].reduce != "mean":  # The gradient is the mean's: a summed loss would not combine as one.
     raise ConfigError(f"the task's loss must reduce by mean, got reduce={out['loss'].reduce!r}")
   return out
