@@ -8,12 +8,15 @@ the GPT, slower for a dense MLP, whose config (configs/mlp_digits.py) keeps one 
 """
 
 import dataclasses
+import logging
 import os
 from collections.abc import Callable, Mapping
 
 import ml_collections
 
 from jaxdp.config import ConfigError
+
+log = logging.getLogger("jaxdp")
 
 ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
@@ -57,12 +60,11 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
   """The XLA:CPU thread pool `config` asks for: in invariant mode, the pool XLA gives a process of `invariant_shards`
   devices (the most the mode allows), which no smaller count changes; else None (XLA's own, by the device count).
 
-  `environ` without jaxdp's own PJRT_NPROC: XLA's pool is max(PJRT_NPROC, else NPROC, else `cores`; devices).
+  `environ` without jaxdp's own PJRT_NPROC: XLA's pool is max(PJRT_NPROC (else NPROC, else `cores`), devices).
   """
   if not config.parallel.invariant:
     return None
-  users = [int(v) for v in map(environ.get, (THREADS_ENV, THREADS_ENV_OLD)) if v and v.strip().isdigit()]
-  return max(users[0] if users else cores, config.parallel.invariant_shards)
+  return max(_base_pool(environ, cores), config.parallel.invariant_shards)
 
 
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
@@ -70,6 +72,7 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   global _threads
   from jaxdp.runtime import xla_cpu
   if xla_cpu.backends_started():
+    _warn_if_started_unlike(config, cores)
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
   if ours is not None and os.environ.get(THREADS_ENV) == ours:
@@ -79,6 +82,23 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
       os.environ[THREADS_ENV] = os.environ[THREADS_ADDED] = str(threads)
     _threads = f"; XLA's thread pool: {threads}, as on {config.parallel.invariant_shards} devices (parallel.invariant)"
   return threads
+
+
+def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
+  """Logs a warning when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
+  import jax
+  if (wanted := pool_size(config, cores, os.environ)) is None or jax.default_backend() != "cpu":
+    return
+  if (started := max(_base_pool(os.environ, cores), jax.local_device_count())) != wanted:  # XLA's own choice.
+    log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not %d): "
+                "convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. pass "
+                "the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
+
+
+def _base_pool(environ: Mapping[str, str], cores: int) -> int:
+  """XLA's pool before its device count: PJRT_NPROC, else NPROC, else the cores."""
+  users = [int(v) for v in map(environ.get, (THREADS_ENV, THREADS_ENV_OLD)) if v and v.strip().isdigit()]
+  return users[0] if users else cores
 
 
 def requested(argv: list[str]) -> int | None:
