@@ -74,3 +74,43 @@ def test_a_fresh_process_gets_the_choice_and_what_wins_over_it():
   assert _devices_of("--config.cpu_devices=3", "--cpu_devices", "4") == 4  # The flag wins.
   assert _devices_of(XLA_FLAGS=f"{cpu_devices.DEVICE_COUNT_FLAG}=5") == 5  # XLA's own option wins.
   assert _devices_of("--config.cpu_devices=3", "--config.parallel.num_devices=1") == 1  # A run on N of JAX's own.
+
+
+def test_invariant_mode_sizes_xla_s_thread_pool_as_for_its_most_devices():
+  """max(PJRT_NPROC, else NPROC, else the cores; invariant_shards): no device count the mode allows changes it."""
+  config = default.get_config()
+  assert cpu_devices.pool_size(config, 2, {}) is None  # Plain DDP: XLA's own pool.
+  config.parallel.invariant, config.parallel.invariant_shards = True, 8
+  assert cpu_devices.pool_size(config, 2, {}) == 8
+  assert cpu_devices.pool_size(config, 16, {}) == 16
+  assert cpu_devices.pool_size(config, 2, {"NPROC": "12"}) == 12
+  assert cpu_devices.pool_size(config, 2, {"PJRT_NPROC": "1", "NPROC": "12"}) == 8  # XLA reads PJRT_NPROC first.
+
+
+def test_a_pool_size_a_parent_set_is_not_taken_for_the_users(monkeypatch):
+  monkeypatch.setattr(xla_cpu, "backends_started", lambda: False)
+  monkeypatch.setattr(cpu_devices, "_threads", cpu_devices._threads)
+  monkeypatch.delenv("NPROC", raising=False)
+  monkeypatch.setenv(cpu_devices.THREADS_ENV, "6")  # The user's own: kept, unless the shards need more.
+  monkeypatch.delenv(cpu_devices.THREADS_ADDED, raising=False)
+  config = default.get_config()
+  config.parallel.invariant, config.parallel.invariant_shards = True, 4
+  assert cpu_devices.fix_threads(config, 2) == 6 and cpu_devices.THREADS_ADDED not in os.environ
+  config.parallel.invariant_shards = 8
+  assert cpu_devices.fix_threads(config, 2) == 8 and os.environ[cpu_devices.THREADS_ADDED] == "8"
+  config.parallel.invariant_shards = 2  # A child process with fewer shards: the parent's 8 was not the user's.
+  assert cpu_devices.fix_threads(config, 1) == 2 and os.environ[cpu_devices.THREADS_ENV] == "2"
+  config.parallel.invariant = False  # Plain DDP: XLA's own pool again.
+  assert cpu_devices.fix_threads(config, 1) is None and cpu_devices.THREADS_ENV not in os.environ
+
+
+def test_a_pool_jax_started_with_before_jaxdp_is_a_warning_where_it_differs(monkeypatch, caplog):
+  """Here JAX started on 8 devices (conftest): its pool, max(cores, 8), serves 8 shards on up to 8 cores."""
+  for name in (cpu_devices.THREADS_ENV, cpu_devices.THREADS_ENV_OLD):
+    monkeypatch.delenv(name, raising=False)
+  config = default.get_config()
+  config.parallel.invariant, config.parallel.invariant_shards = True, 8
+  assert cpu_devices.fix_threads(config, 2) is None and not caplog.records
+  config.parallel.invariant_shards = 16
+  assert cpu_devices.fix_threads(config, 2) is None
+  assert "(8 threads, not 16)" in caplog.text and "PJRT_NPROC=16 before JAX starts" in caplog.text, caplog.text

@@ -245,6 +245,25 @@ class _TwoInputLinen(linen.Module):
     return linen.Dense(2)(x.reshape(x.shape[0], -1))
 
 
+def test_users_convolutional_models_train_the_same_bits_on_1_2_4_8_devices_in_invariant_mode(tmp_path):
+  """tests/conv_train.py (two convolutions; a per-pixel dense layer and a convolution) in a process per count.
+
+  XLA's CPU thread pool has max(PJRT_NPROC, devices) threads, and Eigen splits a convolution's weight-gradient
+  sum by it: PJRT_NPROC=1 (as on one core) gives each count its own pool unless invariant mode fixes it.
+  """
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  procs = {n: subprocess.Popen([sys.executable, os.path.join(TESTS, "conv_train.py"), str(tmp_path / f"{n}.npz")],
+                               env={**env, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 2, 4, 8)}
+  for proc in procs.values():
+    _finish(proc)
+  params = {n: dict(np.load(tmp_path / f"{n}.npz")) for n in procs}
+  assert len(params[1]) == 8
+  for n in (2, 4, 8):
+    different = [k for k in params[1] if not np.array_equal(params[1][k], params[n][k])]
+    assert not different, (n, different)
+
+
 def test_a_linen_module_of_two_inputs_is_initialized_on_what_the_task_feeds_it():
   spec = {k: jax.ShapeDtypeStruct(v.shape[1:], v.dtype) for k, v in my_train.make_data(1, 0).items()}
   model = models.get_model(ml_collections.ConfigDict({"name": "mlp"}), (), 0, module=_TwoInputLinen(),

@@ -37,3 +37,26 @@ class PoisonNNX(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     logits = self.linear(x.reshape(x.shape[0], -1))
     return logits * float("nan") if self.poison else logits
+
+
+class ConvNNX(nnx.Module):
+  """NNX: two convolutions from a 2-channel image to one value per pixel, with dropout between them."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.conv1 = nnx.Conv(2, 8, (3, 3), rngs=rngs)
+    self.dropout = nnx.Dropout(0.1, rngs=rngs)
+    self.conv2 = nnx.Conv(8, 1, (3, 3), rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.conv2(self.dropout(nnx.relu(self.conv1(x))))
+
+
+class ConvDenseNNX(nnx.Module):
+  """NNX: a dense layer over each pixel's channels, then a convolution to one value per pixel."""
+
+  def __init__(self, rngs: nnx.Rngs):
+    self.dense = nnx.Linear(2, 8, rngs=rngs)
+    self.conv = nnx.Conv(8, 1, (3, 3), rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.conv(nnx.relu(self.dense(x)))

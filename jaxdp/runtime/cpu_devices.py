@@ -8,12 +8,15 @@ the GPT, slower for a dense MLP, whose config (configs/mlp_digits.py) keeps one 
 """
 
 import dataclasses
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import ml_collections
 
 from jaxdp.config import ConfigError
+
+log = logging.getLogger("jaxdp")
 
 ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
@@ -22,6 +25,11 @@ AUTO = "auto"
 MEASURED = "experiments/cpu_devices_ab.md"
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"  # XLA's own way to ask (in XLA_FLAGS).
 MOST_AUTO = 8  # "auto" makes at most this many: each device holds a replica of the state.
+# XLA's CPU client runs every device's ops on one intra-op thread pool of max(PJRT_NPROC (else NPROC, else the
+# cores), device count) threads, and Eigen's convolutions and contractions split a sum into a number of parts that
+# depends on the pool's size: the same op on the same rows can round differently in processes of 2 and 4 devices.
+THREADS_ENV, THREADS_ENV_OLD = "PJRT_NPROC", "NPROC"
+THREADS_ADDED = "JAXDP_PJRT_NPROC"  # The PJRT_NPROC jaxdp set (inherited by child processes), not the user's.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +41,7 @@ class Choice:
 
 _choice: Choice | None = None  # This process's, once `use` set one.
 _left: str = "JAX's own (jaxdp's process set-up did not run)"  # Else why `use` set none.
+_threads: str = ""  # The thread pool `fix_threads` set, as the start summary says it.
 
 
 def simulate(count: int) -> None:
@@ -45,6 +54,51 @@ def simulate(count: int) -> None:
     if jax.device_count() != count or jax.devices()[0].platform != "cpu":
       raise ConfigError(f"{FLAG}={count} comes too late: JAX already runs on {jax.device_count()} "
                         f"{jax.devices()[0].platform} device(s)") from None
+
+
+def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[str, str]) -> int | None:
+  """The XLA:CPU thread pool `config` asks for: in invariant mode, the pool XLA gives a process of `invariant_shards`
+  devices (the most the mode allows), which no smaller count changes; else None (XLA's own, by the device count).
+
+  `environ` without jaxdp's own PJRT_NPROC: XLA's pool is max(PJRT_NPROC (else NPROC, else `cores`), devices).
+  """
+  if not config.parallel.invariant:
+    return None
+  return max(_base_pool(environ, cores), config.parallel.invariant_shards)
+
+
+def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
+  """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where nothing was set."""
+  global _threads
+  from jaxdp.runtime import xla_cpu
+  if xla_cpu.backends_started():
+    _warn_if_started_unlike(config, cores)
+    return None
+  ours = os.environ.pop(THREADS_ADDED, None)
+  if ours is not None and os.environ.get(THREADS_ENV) == ours:
+    del os.environ[THREADS_ENV]  # A parent jaxdp process set it for its own run, not the user.
+  if (threads := pool_size(config, cores, os.environ)) is not None:
+    if os.environ.get(THREADS_ENV) != str(threads):  # Else the user's own, left unmarked for child processes.
+      os.environ[THREADS_ENV] = os.environ[THREADS_ADDED] = str(threads)
+    _threads = f"; XLA's thread pool: {threads}, as on {config.parallel.invariant_shards} devices (parallel.invariant)"
+  return threads
+
+
+def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
+  """Logs a warning when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
+  import jax
+  if (wanted := pool_size(config, cores, os.environ)) is None or jax.default_backend() != "cpu":
+    return
+  if (started := max(_base_pool(os.environ, cores), jax.local_device_count())) != wanted:  # XLA's own choice.
+    log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not %d): "
+                "convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. pass "
+                "the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
+
+
+def _base_pool(environ: Mapping[str, str], cores: int) -> int:
+  """XLA's pool before its device count: PJRT_NPROC, else NPROC, else the cores."""
+  users = [int(v) for v in map(environ.get, (THREADS_ENV, THREADS_ENV_OLD)) if v and v.strip().isdigit()]
+  return users[0] if users else cores
 
 
 def requested(argv: list[str]) -> int | None:
@@ -125,5 +179,5 @@ def describe() -> str:
   import jax
   count = jax.local_device_count()
   if _choice is not None and _choice.count == count:
-    return f"{count}: {_choice.why}; {FLAG} N or config.{KEY} to choose"
-  return f"{count}: {_left}"
+    return f"{count}: {_choice.why}; {FLAG} N or config.{KEY} to choose{_threads}"
+  return f"{count}: {_left}{_threads}"
