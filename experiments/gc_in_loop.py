@@ -1,5 +1,5 @@
-"""Python's garbage collector inside the training loop: automatic (`--config.gc_every_steps=0`) against jaxdp's
-collection every N steps (`jaxdp.loop.collector`), on the default run (digits CNN, 8 simulated devices).
+"""Python's garbage collector inside the training loop: automatic (`collector.EVERY_STEPS = 0`, set in the child)
+against jaxdp's collection every N steps (`jaxdp.loop.collector`), on the default run (digits CNN, 8 simulated devices).
 
     python experiments/gc_in_loop.py [--rounds 3] [--every 50] [--devices 8] [--out experiments/gc_in_loop.md]
 
@@ -41,6 +41,7 @@ def loop_on(self):
   return enter(self)
 collector.Collector.__enter__ = loop_on
 out = sys.argv.pop(1)
+collector.EVERY_STEPS = int(sys.argv.pop(1))
 atexit.register(lambda: json.dump(seen, open(out, "w")))
 sys.argv[0] = "jaxdp.train"
 runpy.run_module("jaxdp.train", run_name="__main__")
@@ -50,8 +51,8 @@ runpy.run_module("jaxdp.train", run_name="__main__")
 def run(every: int, devices: int, tmp: str, name: str) -> dict:
   """One fresh default run: its collections in the loop, input share, samples/s."""
   workdir, seen = os.path.join(tmp, name), os.path.join(tmp, name + ".gc.json")
-  cmd = [sys.executable, "-c", PROBE, seen, "--config", "jaxdp/configs/default.py", "--workdir", workdir,
-         "--cpu_devices", str(devices), f"--config.gc_every_steps={every}", "--config.compilation_cache_dir="]
+  cmd = [sys.executable, "-c", PROBE, seen, str(every), "--config", "jaxdp/configs/default.py", "--workdir", workdir,
+         "--cpu_devices", str(devices), "--config.compilation_cache_dir="]
   subprocess.run(cmd, cwd=REPO, check=True, capture_output=True)
   seconds = json.load(open(os.path.join(workdir, "goodput.json")))["seconds"]
   collections = json.load(open(seen))
@@ -72,7 +73,7 @@ def report(runs: list[dict], args: argparse.Namespace, load_before: float) -> li
   """The markdown table, one row per contender: medians (min..max) over rounds."""
   lines = abrun.header("Python's garbage collector in the training loop: automatic vs every N steps", load_before,
                        f"{args.devices} simulated CPU devices")
-  lines += ["| gc_every_steps | collections in the loop (gen 0/1/2) | their CPU ms (gen 0/1/2) | time/input share "
+  lines += ["| collector.EVERY_STEPS | collections in the loop (gen 0/1/2) | their CPU ms (gen 0/1/2) | time/input share "
             "of wall | samples/s |", "| --- | --- | --- | --- | --- |"]
   for every in (0, args.every):
     mine = [r for r in runs if r["every"] == every]
@@ -91,7 +92,7 @@ def report(runs: list[dict], args: argparse.Namespace, load_before: float) -> li
 def main(argv: list[str]) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=3)
-  parser.add_argument("--every", type=int, default=50, help="The contender's gc_every_steps.")
+  parser.add_argument("--every", type=int, default=50, help="The contender's collector.EVERY_STEPS.")
   parser.add_argument("--devices", type=int, default=8)
   parser.add_argument("--out", default="")
   args = parser.parse_args(argv)

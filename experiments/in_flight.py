@@ -34,7 +34,7 @@ def worker(steps: int) -> None:
   host = [next(batches) for _ in range(steps)]
   state, m = parts.train_step(state, parts.backend.put_batch(host[0]))  # Compile outside the timing.
   jax.block_until_ready(m)
-  tracker = step_metrics.StepMetrics(parts.backend, config.parallel.max_steps_in_flight, 0)
+  tracker = step_metrics.StepMetrics(parts.backend, step_metrics.MAX_STEPS_IN_FLIGHT, 0)
   dispatched, done, outputs = [], [0.0] * steps, []
   ready = threading.Semaphore(0)
 
@@ -56,7 +56,7 @@ def worker(steps: int) -> None:
   in_flight = [sum(1 for j in range(k + 1) if done[j] > dispatched[k]) for k in range(5, steps)]
   print(f"process {jax.process_index()}: steps in flight at dispatch: median {statistics.median(in_flight)}, "
         f"max {max(in_flight)}, share with >1: {sum(n > 1 for n in in_flight) / len(in_flight):.0%}; "
-        f"bound max_steps_in_flight={config.parallel.max_steps_in_flight}", flush=True)
+        f"bound MAX_STEPS_IN_FLIGHT={step_metrics.MAX_STEPS_IN_FLIGHT}", flush=True)
 
 
 def main() -> None:

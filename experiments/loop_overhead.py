@@ -10,7 +10,7 @@ Contenders, alternating every round (A B C A B C ...), each a fresh run of `--st
   inline  the same, with the prefetch of before issue 25 (host batches read and placed in the loop's thread,
           `size` ahead) in place of `parallel.prefetch`'s thread (`--data stream` only);
   bare    a hand-written loop over the same compiled step and device batch: dispatch, wait for the step
-          `max_steps_in_flight` back, fetch the metrics every 25 steps (`--data resident` only).
+          `MAX_STEPS_IN_FLIGHT` back, fetch the metrics every 25 steps (`--data resident` only).
 `--data resident`: every step trains one device batch placed once (the loop's own cost, no input);
 `--data stream`: the workload's real train stream. A step's time is the wall time between consecutive
 dispatches over the timed steps (the steps in flight are bounded, so dispatches follow the device). The

@@ -52,6 +52,7 @@ from jaxdp import data, models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import cifar10, default  # noqa: E402
 from jaxdp.datasets import synthetic_images  # noqa: E402
+from jaxdp.loop import step_metrics  # noqa: E402
 
 CONFIGS = {"digits": default.get_config, "cifar10": cifar10.get_config}
 MOCK_EXAMPLES = 10_000  # Mocked cifar10 train split: 78 batches of 128 per epoch (epoch boundaries included).
@@ -120,7 +121,7 @@ def measure(config, rounds: int, seconds: float, warmup: int) -> dict[str, list[
 
   alone, fed = (parallel.prefetch(backend, host_batches(), config.parallel.prefetch) for _ in range(2))
   synthetic = backend.put_batch({k: _like(v, ds.num_classes) for k, v in next(host_batches()).items()})
-  in_flight = config.parallel.max_steps_in_flight
+  in_flight = step_metrics.MAX_STEPS_IN_FLIGHT
   state_box = [state]
 
   def run_steps(next_batch: Callable[[], object], n: int) -> None:

@@ -1,4 +1,4 @@
-"""XLA:CPU flag sets against XLA's defaults: the measurements behind jaxdp.runtime.xla_cpu.
+"""XLA:CPU flag sets against XLA's defaults, per machine: what a user might set in XLA_FLAGS (jaxdp sets none).
 
     python experiments/xla_cpu_defaults.py [--rounds 7] [--modes 1proc_interleaved,2proc_interleaved,1proc,2proc]
         [--sets defaults,ynn_off,...] [--workloads matmul,mlp1024,...] [--out experiments/xla_cpu_defaults.md]

@@ -40,6 +40,17 @@ class Layout:
 # Sub-configs that are someone else's keyword arguments (the model's, the builder's): a default there
 # would be an argument the user never gave.
 _OWN_FIELDS = ("model", "builder_kwargs")
+# Keys jaxdp no longer has, and what took their place. A config that sets one is a ConfigError naming it; the
+# config a checkpoint stores drops them (`drop_removed`), so that older runs still evaluate and resume.
+REMOVED = {
+    "xla_cpu_flags": "XLA:CPU runs with XLA's defaults; set XLA_FLAGS before JAX starts to change them",
+    "gc_every_steps": "a constant now: docs/design-notes.md#garbage-collection",
+    "preemption_sync_every_steps": "without JAX's preemption service the processes agree on every step",
+    "parallel.max_steps_in_flight": "a constant now: docs/design-notes.md#steps-in-flight",
+    "dataset.max_memory_gb": "it limited nothing",
+    "parallel.flat_allreduce": "the gradient is all-reduced leaf by leaf everywhere",
+    "parallel.bucket_bytes": "the gradient is all-reduced leaf by leaf everywhere",
+}
 
 
 def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -49,8 +60,41 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   is a second home for the default. Idempotent; the model's fields and the builder's kwargs are left alone.
   """
   full = ml_collections.ConfigDict(config.to_dict(preserve_field_references=False))
+  for key in REMOVED:
+    if _sets(full, key):
+      raise removed(key)
   _fill(full, default.get_config())
   return full
+
+
+def removed(key: str) -> ConfigError:
+  """The one error of a config that sets `key`, a key of REMOVED."""
+  return ConfigError(f"config key {key!r} was removed ({REMOVED[key]}): delete it from the config")
+
+
+def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
+  """A config as a checkpoint stores it (JSON), without the keys jaxdp has since removed."""
+  out = dict(stored)
+  for key in REMOVED:
+    *parents, name = key.split(".")
+    node = out
+    for part in parents:
+      if not isinstance(node.get(part), dict):
+        break
+      node[part] = node = dict(node[part])
+    else:
+      node.pop(name, None)
+  return out
+
+
+def _sets(config: ml_collections.ConfigDict | dict[str, Any], key: str) -> bool:
+  """Whether `config` has the dotted `key` ("parallel.block_mb")."""
+  *parents, name = key.split(".")
+  for part in parents:
+    config = config.get(part)
+    if not isinstance(config, (ml_collections.ConfigDict, dict)):
+      return False
+  return name in config
 
 
 def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> None:
@@ -98,8 +142,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   if not isinstance(accum, int) or accum < 1 or layout.per_device_batch % accum:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
-  _number(config, "gc_every_steps", lambda v: v >= 0, "an integer >= 0 (0: Python's automatic collection)",
-          integer=True)
   _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
   _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
   _number(config, "parallel.block_mb", lambda v: v >= 0, "a number >= 0 (0: one transfer per step)")

@@ -9,14 +9,11 @@ import jax
 import ml_collections
 import pytest
 
-from jaxdp.runtime import cpu_devices, xla_cpu
-from jaxdp import config as config_lib
+from jaxdp.runtime import cpu_devices
 from jaxdp import data
 from jaxdp.configs import default
 
 NUM_DEVICES = 8
-# The XLA:CPU flags the CLI's subprocesses choose, here too: tests compare their results with in-process ones.
-xla_cpu.apply(config_lib.with_defaults(ml_collections.ConfigDict()))
 cpu_devices.simulate(NUM_DEVICES)
 
 # One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests

@@ -197,6 +197,12 @@ def test_new_model_keys_must_be_model_arguments(argv, error):
     cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", *argv])
 
 
+@pytest.mark.parametrize("key", ["gc_every_steps", "parallel.max_steps_in_flight"])
+def test_an_override_of_a_removed_key_says_it_was_removed(key):
+  with pytest.raises(ConfigError, match=re.escape(f"config key {key!r} was removed (")):
+    cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", f"--config.{key}=1"])
+
+
 def test_piped_output_gets_no_progress_bars(capsys):
   from tensorflow_datasets.core.utils import tqdm_utils
   try:

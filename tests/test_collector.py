@@ -1,5 +1,5 @@
-"""Python's garbage collector in the loop (`config.gc_every_steps`, jaxdp.loop.collector): off inside the loop,
-young generations collected every N steps, restored however the loop ends."""
+"""Python's garbage collector in the loop (jaxdp.loop.collector): off inside the loop, young generations collected
+every N steps, restored however the loop ends."""
 
 import gc
 
@@ -9,8 +9,8 @@ import pytest
 from flax import nnx
 
 import jaxdp
-from jaxdp.config import ConfigError
 from jaxdp.configs import default
+from jaxdp.loop import collector
 from jaxdp.loop.collector import Collector
 
 
@@ -93,9 +93,10 @@ class Linear(nnx.Module):
 
 
 @pytest.mark.parametrize("every", [4, 0])
-def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path, collections, every):
+def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path, collections, every, monkeypatch):
+  monkeypatch.setattr(collector, "EVERY_STEPS", every)
   config = default.get_config()
-  config.batch_size, config.num_train_steps, config.gc_every_steps = 8, 40, every
+  config.batch_size, config.num_train_steps = 8, 40
   config.log_every_steps = config.eval_every_steps = 40
   config.checkpoint_every_steps = config.check_replicas_every_steps = 0
   config.best_metric, config.best_mode = "eval/mse", "min"
@@ -109,10 +110,3 @@ def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path,
   else:
     assert all(enabled)
 
-
-@pytest.mark.parametrize("value", [-1, None, True])
-def test_a_bad_value_is_a_config_error_naming_it(value):
-  config = jaxdp.config.with_defaults(default.get_config())
-  config.gc_every_steps = value
-  with pytest.raises(ConfigError, match="gc_every_steps"):
-    jaxdp.config.validate(config, 1, 1)

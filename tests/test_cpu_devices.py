@@ -9,7 +9,7 @@ import pytest
 
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
-from jaxdp.runtime import cpu_devices, xla_cpu
+from jaxdp.runtime import cpu_devices
 
 AUTO = cpu_devices.AUTO
 
@@ -68,7 +68,7 @@ def _devices_of(*flags: str, **env: str) -> int:
 
 def test_a_fresh_process_gets_the_choice_and_what_wins_over_it():
   config = default.get_config()
-  expected = cpu_devices.choose(AUTO, xla_cpu.this_machine().cores, lambda n: cpu_devices.fits(config, n)).count
+  expected = cpu_devices.choose(AUTO, cpu_devices.cores(), lambda n: cpu_devices.fits(config, n)).count
   assert _devices_of() == expected  # "auto": one per core (this machine's), the batches permitting.
   assert _devices_of("--config.cpu_devices=3") == 3
   assert _devices_of("--config.cpu_devices=3", "--cpu_devices", "4") == 4  # The flag wins.

@@ -233,12 +233,6 @@ def test_bad_fields_are_config_errors(data_dir, fields, message):
     _train(ds, 1)
 
 
-def test_max_memory_gb_no_longer_limits_the_default_mode(digits, data_dir):
-  """Random access holds no split in memory: the key is accepted (old configs) and limits nothing."""
-  tiny = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "max_memory_gb": 1e-9}))
-  _assert_same(_train(tiny, 2), _train(digits, 2))
-
-
 def test_a_small_dataset_decoded_in_memory_gives_the_same_batches(digits, data_dir):
   """Under `cache_mb` the splits are decoded once; train (any process, resumed) and eval batches keep every bit."""
   cached = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))  # Default cache_mb.

@@ -2,7 +2,6 @@
 jaxdp, the handlers are put back, and every process stops at the same step. The end to end stops (SIGTERM to a
 process, to the launcher) are in test_checkpoint and test_multiprocess."""
 
-import inspect
 import os
 import signal
 import time
@@ -10,7 +9,6 @@ import time
 import numpy as np
 import pytest
 
-from jaxdp.configs import default
 from jaxdp.loop import preemption
 
 
@@ -50,13 +48,13 @@ def test_without_the_service_a_signal_to_any_process_stops_every_one(monkeypatch
   before = preemption.jax.config.jax_enable_preemption_service
   try:
     preemption.jax.config.update("jax_enable_preemption_service", False)
-    watcher = preemption.Watcher(sync_every_steps=1)
+    watcher = preemption.Watcher()
     assert watcher.should_stop(1)  # This process was not signalled; the other was.
   finally:
     preemption.jax.config.update("jax_enable_preemption_service", before)
 
 
-def test_preemption_sync_every_steps_acts_only_without_the_preemption_service_as_documented(monkeypatch):
+def test_the_processes_agree_every_step_with_or_without_the_preemption_service(monkeypatch):
   calls = []
   monkeypatch.setattr(preemption.jax, "process_count", lambda: 2)
   monkeypatch.setattr(preemption.multihost_utils, "reached_preemption_sync_point",
@@ -66,11 +64,8 @@ def test_preemption_sync_every_steps_acts_only_without_the_preemption_service_as
   try:
     for service in (True, False):
       preemption.jax.config.update("jax_enable_preemption_service", service)
-      watcher = preemption.Watcher(sync_every_steps=3)
+      watcher = preemption.Watcher()
       assert not any(watcher.should_stop(step) for step in range(1, 7))
   finally:
     preemption.jax.config.update("jax_enable_preemption_service", before)
-  assert calls == [("service", s) for s in range(1, 7)] + [("gather",)] * 2  # Every step; then steps 3 and 6.
-  source = inspect.getsource(default)
-  comment = source[:source.index("config.preemption_sync_every_steps")].splitlines()[-3:-1]
-  assert "preemption_service off only" in comment[0] and "does nothing" in comment[1], comment
+  assert calls == [("service", s) for s in range(1, 7)] + [("gather",)] * 6

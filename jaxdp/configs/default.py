@@ -34,20 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.async_checkpointing = True  # Write checkpoints in the background while training continues.
   config.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/Inf steps (each is skipped); 0: never.
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
-  # Multi-process with jax_enable_preemption_service off only: all-gather the stop flags every this many steps.
-  # With the service (JAX's default) the processes agree at the service's sync point; this key does nothing.
-  config.preemption_sync_every_steps = 1
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
-  # Python's garbage collector runs (young generations) every this many steps, on every process at once, instead
-  # of wherever an allocation triggers it mid-step; 0: Python's automatic collection (jaxdp.loop.collector).
-  config.gc_every_steps = 50
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
-  # XLA:CPU's flags, added to XLA_FLAGS before JAX starts (flags set in XLA_FLAGS win): "auto" picks them from the
-  # machine (ISA, cores; jaxdp.runtime.xla_cpu, measured in experiments/xla_cpu_defaults.md) | "": XLA's defaults |
-  # explicit flags, e.g. "--xla_cpu_multi_thread_eigen=false". Applied by the CLI, and by train_and_evaluate when
-  # JAX has not started yet (the start summary says when it could not be).
-  config.xla_cpu_flags = "auto"
   # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches
   # divide, since XLA's threads leave cores idle on a small model's ops (jaxdp.runtime.cpu_devices; measured in
   # experiments/cpu_devices_ab.md) | "N". --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take
@@ -71,7 +60,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.invariant = False  # Bitwise-identical results on any power-of-two device count (ordered gradient sum).
   config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
-  config.parallel.max_steps_in_flight = 2  # CPU: unfinished steps before the host waits (fake devices deadlock unbounded); 0: none.
   config.parallel.prefetch = 2       # Host batches (or blocks of them) placed on devices ahead of the step.
   # Splits with nothing to decode (cached, token file, in memory): small batches go to the devices up to this
   # many MiB (at most 64 steps) per transfer, not one transfer a step (jaxdp.blocks); 0: one per step.
@@ -111,5 +99,4 @@ def get_config() -> ml_collections.ConfigDict:
   # A split held decoded (under cache_mb) is kept in files beside the prepared dataset (DATA_DIR/.../jaxdp_decoded/),
   # which every later run and process of the host maps instead of decoding it again; False: decoded in memory each run.
   config.dataset.cache_on_disk = True
-  config.dataset.max_memory_gb = 16.0  # Accepted for old configs; unused: the default mode reads by index and holds no split in memory.
   return config

@@ -9,6 +9,9 @@ run a pause on one process stalls every other at the next all-reduce; at fixed s
 import gc
 import types
 
+# The loop collects the young generations every this many steps. Why: docs/design-notes.md#garbage-collection
+EVERY_STEPS = 50
+
 
 class Collector:
   """A context for the loop: automatic collection off inside; `after(step)` collects every `every_steps` steps.

@@ -23,12 +23,11 @@ class Watcher:
   With several processes and JAX's preemption service on (`jax_enable_preemption_service`, the default),
   the service owns SIGTERM (it installs its own handler at `jax.distributed.initialize`); SIGINT is
   forwarded to it as a SIGTERM. A second SIGINT then interrupts as it would without us; a second SIGTERM
-  is absorbed by the service. Otherwise every `sync_every_steps` steps the processes all-gather their flags.
+  is absorbed by the service. Otherwise the processes all-gather their flags every step.
   """
 
-  def __init__(self, sync_every_steps: int = 1):
+  def __init__(self) -> None:
     self.requested = False
-    self.sync_every_steps = max(1, sync_every_steps)
     self.service = jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
     self._previous: dict[int, Any] = {}
 
@@ -54,6 +53,4 @@ class Watcher:
       return self.requested
     if self.service:
       return multihost_utils.reached_preemption_sync_point(step)
-    if step % self.sync_every_steps:
-      return False
     return bool(np.any(multihost_utils.process_allgather(np.array([self.requested]))))

@@ -8,12 +8,13 @@ NaN/Inf steps (each of which the step itself skipped). It also bounds the steps 
 import logging
 
 import jax
-import ml_collections
 
 from jaxdp import parallel
 from jaxdp.report import metrics
 
 log = logging.getLogger("jaxdp")
+# Unfinished steps on CPU before the host waits for the oldest. Why: docs/design-notes.md#steps-in-flight
+MAX_STEPS_IN_FLIGHT = 2
 
 
 class NonFiniteError(RuntimeError):
@@ -68,10 +69,7 @@ class StepMetrics:
                              "stopped; the last checkpoint is intact")
 
 
-def steps_in_flight(config: ml_collections.ConfigDict, backend: parallel.Backend) -> int:
-  """The bound on unfinished steps: `parallel.max_steps_in_flight` on CPU; none (0) on GPU/TPU.
-
-  Fake CPU devices on few cores deadlock with hundreds of steps queued; GPU and TPU runtimes bound
-  their own queue of executions.
-  """
-  return config.parallel.max_steps_in_flight if backend.platform == "cpu" else 0
+def steps_in_flight(backend: parallel.Backend) -> int:
+  """The bound on unfinished steps: MAX_STEPS_IN_FLIGHT on CPU; none (0) on GPU and TPU, whose runtimes bound
+  their own queue of executions."""
+  return MAX_STEPS_IN_FLIGHT if backend.platform == "cpu" else 0

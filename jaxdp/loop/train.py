@@ -29,7 +29,7 @@ from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profilin
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
-from jaxdp.runtime import cpu_devices, exits, process, xla_cpu
+from jaxdp.runtime import cpu_devices, exits, process
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
@@ -95,7 +95,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
       compiles = stack.enter_context(goodput.CompileWatch())
       clock = goodput.Clock(workdir, compiles)
       run = _setup(config, workdir, stack, clock, objects)
-      watcher = stack.enter_context(preemption.Watcher(config.preemption_sync_every_steps))
+      watcher = stack.enter_context(preemption.Watcher())
       return _train(run, watcher, stack)
   except BaseException as e:
     exits.release(e)  # After the stack closed: the stream's last users (checkpointer, writers) are done.
@@ -113,7 +113,6 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))
-    summary.report({"xla_cpu": xla_cpu.describe()}, title=None)
     if parts.backend.devices[0].platform == "cpu" and jax.process_count() == 1:
       summary.report({"cpu_devs": cpu_devices.describe()}, title=None)
     summary.report({"input": _describe_input(parts)}, title=None)
@@ -155,10 +154,10 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
         peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps,
         headline=tasks.headline(parts.task))))
-  tracker = StepMetrics(backend, steps_in_flight(config, backend), config.max_consecutive_nonfinite)
+  tracker = StepMetrics(backend, steps_in_flight(backend), config.max_consecutive_nonfinite)
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
-  garbage = stack.enter_context(collector.Collector(config.gc_every_steps))
+  garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
   with loop.saving_on_error():

@@ -9,7 +9,6 @@ from flax import linen, nnx
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, linen_call, sample_inputs
-from jaxdp.models.dense import dense_dot
 
 BUILTIN = {
     "mlp": "jaxdp.models.mlp:MLP",
@@ -18,7 +17,7 @@ BUILTIN = {
     "gpt": "jaxdp.models.gpt:GPT",
 }
 
-__all__ = ["Model", "get_model", "BUILTIN", "dense_dot"]
+__all__ = ["Model", "get_model", "BUILTIN"]
 # What a module object passed from Python is, in place of a name: NNX or linen, a class or an instance.
 ModuleLike = type[nnx.Module] | type[linen.Module] | nnx.Module | linen.Module
 

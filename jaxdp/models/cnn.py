@@ -5,8 +5,6 @@ from collections.abc import Sequence
 import jax
 from flax import nnx
 
-from jaxdp.models.dense import dense_dot
-
 
 class CNN(nnx.Module):
   """3x3 conv blocks, one 2x2 average pool, a dense layer, then logits."""
@@ -16,8 +14,8 @@ class CNN(nnx.Module):
     height, width, channels = input_shape
     chans = [channels, *features]
     self.convs = nnx.List([nnx.Conv(a, b, (3, 3), rngs=rngs) for a, b in zip(chans, chans[1:])])
-    self.dense = nnx.Linear((height // 2) * (width // 2) * chans[-1], dense, dot_general=dense_dot, rngs=rngs)
-    self.head = nnx.Linear(dense, num_classes, dot_general=dense_dot, rngs=rngs)
+    self.dense = nnx.Linear((height // 2) * (width // 2) * chans[-1], dense, rngs=rngs)
+    self.head = nnx.Linear(dense, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     for conv in self.convs:

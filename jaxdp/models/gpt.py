@@ -1,9 +1,7 @@
 """A small decoder-only transformer (NNX): causal self-attention, pre-LayerNorm, learned or rotary positions.
 
 Trained as a character (byte) level language model: inputs are token ids [B, T], outputs logits
-[B, T, vocab] for the next token at every position. Its Linears use jaxdp.models.dense_dot, whose weight
-gradients XLA:CPU runs in YNNPACK: the step at batch 12 takes 0.83-0.89 of lax.dot_general's time
-(experiments/dense_parts.md).
+[B, T, vocab] for the next token at every position.
 """
 
 from collections.abc import Sequence
@@ -14,7 +12,6 @@ import numpy as np
 from flax import nnx
 
 from jaxdp.config import ConfigError
-from jaxdp.models.dense import dense_dot
 
 POSITIONS = ("learned", "rotary")
 
@@ -56,8 +53,8 @@ class CausalSelfAttention(nnx.Module):
     if dim % num_heads:
       raise ConfigError(f"model embed_dim ({dim}) must be divisible by num_heads ({num_heads})")
     self.num_heads, self.use_rotary = num_heads, use_rotary
-    self.qkv = nnx.Linear(dim, 3 * dim, kernel_init=nnx.initializers.normal(0.02), dot_general=dense_dot, rngs=rngs)
-    self.out = nnx.Linear(dim, dim, kernel_init=out_init, dot_general=dense_dot, rngs=rngs)
+    self.qkv = nnx.Linear(dim, 3 * dim, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.out = nnx.Linear(dim, dim, kernel_init=out_init, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     b, t, d = x.shape
@@ -79,9 +76,8 @@ class Block(nnx.Module):
     self.ln1 = nnx.LayerNorm(dim, rngs=rngs)
     self.attn = CausalSelfAttention(dim, num_heads, use_rotary, out_init, rngs=rngs)
     self.ln2 = nnx.LayerNorm(dim, rngs=rngs)
-    self.fc = nnx.Linear(dim, mlp_ratio * dim, kernel_init=nnx.initializers.normal(0.02), dot_general=dense_dot,
-                         rngs=rngs)
-    self.proj = nnx.Linear(mlp_ratio * dim, dim, kernel_init=out_init, dot_general=dense_dot, rngs=rngs)
+    self.fc = nnx.Linear(dim, mlp_ratio * dim, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.proj = nnx.Linear(mlp_ratio * dim, dim, kernel_init=out_init, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x + self.attn(self.ln1(x))
@@ -103,8 +99,7 @@ class GPT(nnx.Module):
                             for _ in range(num_layers)])
     self.ln_f = nnx.LayerNorm(embed_dim, rngs=rngs)
     # Untied from the embedding: on small texts it leaves the unigram plateau far sooner (about 100 vs 250 steps).
-    self.head = nnx.Linear(embed_dim, num_classes, kernel_init=nnx.initializers.normal(0.02), dot_general=dense_dot,
-                           rngs=rngs)
+    self.head = nnx.Linear(embed_dim, num_classes, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
   def __call__(self, tokens: jax.Array) -> jax.Array:
     # The input pipeline hands over float32; ids < 2**24 are exact in float32.

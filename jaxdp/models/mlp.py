@@ -6,8 +6,6 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxdp.models.dense import dense_dot
-
 
 class MLP(nnx.Module):
   """Flatten, then ReLU hidden layers, then logits."""
@@ -15,8 +13,8 @@ class MLP(nnx.Module):
   def __init__(self, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (256, 256), *,
                rngs: nnx.Rngs):
     widths = [int(np.prod(input_shape)), *hidden]
-    self.hidden = nnx.List([nnx.Linear(a, b, dot_general=dense_dot, rngs=rngs) for a, b in zip(widths, widths[1:])])
-    self.head = nnx.Linear(widths[-1], num_classes, dot_general=dense_dot, rngs=rngs)
+    self.hidden = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(widths, widths[1:])])
+    self.head = nnx.Linear(widths[-1], num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.reshape(x.shape[0], -1)

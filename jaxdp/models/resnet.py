@@ -12,7 +12,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxdp.config import ConfigError
-from jaxdp.models.dense import dense_dot
 
 STEMS = ("cifar", "imagenet")
 
@@ -108,7 +107,7 @@ class ResNet(nnx.Module):
         blocks.append(block_cls(features, width * 2**i, stride, bn_axis_name, bn_momentum, rngs=rngs))
         features = width * 2**i * getattr(block_cls, "expansion", 1)
     self.blocks = nnx.List(blocks)
-    self.head = nnx.Linear(features, num_classes, dot_general=dense_dot, rngs=rngs)
+    self.head = nnx.Linear(features, num_classes, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = nnx.relu(self.stem_bn(self.stem(x)))

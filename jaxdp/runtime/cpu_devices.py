@@ -147,21 +147,34 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
   backends already started; the choice, or None where it set nothing."""
   global _choice, _left
   import jax
-  from jaxdp.runtime import xla_cpu
   if (jax.config.jax_num_cpu_devices != -1 or requested([]) is not None
       or DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", "")):
     _left = f"asked for ({FLAG}, {ENV_VAR}, jax_num_cpu_devices or XLA_FLAGS)"
     return None
-  if xla_cpu.backends_started():
+  if backends_started():
     _left = "JAX's: it had started before jaxdp could choose"
     return None
   if config.parallel.num_devices:
     _left = "JAX's (config.parallel.num_devices is set)"
     return None
-  choice = choose(config[KEY], xla_cpu.this_machine().cores, lambda n: fits(config, n))
+  choice = choose(config[KEY], cores(), lambda n: fits(config, n))
   jax.config.update("jax_num_cpu_devices", choice.count)
   _choice = choice
   return choice
+
+
+def cores() -> int:
+  """The cores this process may run on."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def backends_started() -> bool:
+  """Whether JAX started its backends (after that, the CPU device count is fixed)."""
+  try:  # No public way to ask.
+    from jax._src.xla_bridge import backends_are_initialized
+  except ImportError:  # A JAX without it (private API): `simulate` still refuses a count that comes too late.
+    return False
+  return backends_are_initialized()
 
 
 def fits(config: ml_collections.ConfigDict, count: int) -> bool:

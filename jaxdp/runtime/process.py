@@ -1,5 +1,5 @@
-"""What every command sets up in its process before it runs: jaxdp's log lines, XLA:CPU's flags, the
-compilation cache, joining a multi-process run. Light to import: JAX loads only when a function here needs it."""
+"""What every command sets up in its process before it runs: jaxdp's log lines, the compilation cache,
+joining a multi-process run. Light to import: JAX loads only when a function here needs it."""
 
 import logging
 import os
@@ -7,7 +7,7 @@ import sys
 
 import ml_collections
 
-from jaxdp.runtime import compilation_cache, xla_cpu
+from jaxdp.runtime import compilation_cache
 
 log = logging.getLogger("jaxdp")
 
@@ -35,10 +35,9 @@ class _Stdout(logging.StreamHandler):
 
 
 def init(config: ml_collections.ConfigDict) -> None:
-  """Sets XLA:CPU's flags (before JAX starts a backend); joins a multi-process run when one is configured, else
-  sets the process's CPU devices; only process 0 logs progress; sets the compile cache."""
+  """Joins a multi-process run when one is configured, else sets the process's CPU devices; only process 0 logs
+  progress; sets the compile cache."""
   import jax
-  xla_cpu.apply(config)
   compilation_cache.use(config)
   from jaxdp.runtime import cpu_devices, distributed
   cpu_devices.fix_threads(config, xla_cpu.this_machine().cores)  # Before JAX starts its CPU backend.

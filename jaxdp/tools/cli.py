@@ -206,7 +206,10 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
     why = _file_error(e)
     raise (_unloadable(_config_arg(argv), why) if why else config_lib.ConfigError(str(e))) from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    raise config_lib.ConfigError(f"unknown config key '{_bad_override(argv, e)}") from None
+    bad = _bad_override(argv, e)
+    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
+      raise config_lib.removed(key) from None
+    raise config_lib.ConfigError(f"unknown config key '{bad}") from None
   except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1); the
     # file's own TypeErrors come wrapped in a flags.Error.
     overrides = ", ".join(a.split("=")[0] for a in argv if a.startswith("--config."))

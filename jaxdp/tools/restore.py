@@ -10,6 +10,7 @@ from typing import Any
 
 import ml_collections
 
+from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 
 
@@ -30,7 +31,7 @@ def config_from(stored: dict[str, Any]) -> ml_collections.ConfigDict:
   """A config as a checkpoint stores it (JSON) -> a ConfigDict: the default config with every stored value set."""
   from jaxdp.configs import default  # Its placeholders give unset (None) fields a type to override.
   config = default.get_config()
-  _merge(config, _tuples(stored))
+  _merge(config, _tuples(config_lib.drop_removed(stored)))  # Older runs stored keys jaxdp has since removed.
   return config
 
 
