@@ -17,11 +17,11 @@ import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.utils import gcs_utils
 
-import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, train
 from jaxdp.data import offline, tfds_dataset
 from jaxdp.data import convert
 from jaxdp.config import ConfigError
+from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 
 MOCK_EXAMPLES = 40  # Per split: 2 train batches of 16; eval pads 40 to 48.
 MOCKED = ["mnist", "fashion_mnist", "cifar10", "cifar100"]
