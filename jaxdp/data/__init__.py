@@ -22,12 +22,8 @@ The modules, in the order the data flows through them:
 - `resume`: `stream_spec`, saved with every checkpoint, and `check_resume`, which compares it on restore.
 
 TensorFlow is imported where it is used, at its first use (its import takes seconds, and a process that never
-decodes nor shuffles never pays it); whoever imports it first, it never takes accelerator memory (`tf_setup`).
+decodes nor shuffles never pays it), through `tf_setup.tensorflow()`, so it never takes accelerator memory.
 """
-
-from jaxdp.data import tf_setup
-
-tf_setup.install()  # Before anything loads TensorFlow.
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
 from jaxdp.data.bad_examples import BadExampleError, skipped_through

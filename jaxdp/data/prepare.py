@@ -10,7 +10,7 @@ from collections.abc import Callable
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import offline
+from jaxdp.data import offline, tf_setup
 
 RANDOM_ACCESS = tfds.core.file_adapters.FileFormat.ARRAY_RECORD
 
@@ -41,7 +41,8 @@ def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.D
     stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
     fresh = make(file_format=RANDOM_ACCESS.value)  # Another process may have prepared it meanwhile.
     if not fresh.is_prepared():
-      # jaxdp's one line in place of TFDS's prints (jaxdp.quiet drops them), from whichever process holds the
+      tf_setup.tensorflow()  # TFDS encodes the examples with TensorFlow.
+      # jaxdp's one line in place of TFDS's prints (quiet.tfds_prints drops them), from whichever process holds the
       # lock: a run that has to prepare says so, once, even when process 0 only waits.
       print(f"preparing dataset {fresh.info.full_name} in {root} (once; other processes wait)", file=sys.stderr,
             flush=True)
