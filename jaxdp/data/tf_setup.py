@@ -10,18 +10,14 @@ import os
 import sys
 import types
 
-# Read by TensorFlow's import only, before its log level: TF_ENABLE_ONEDNN_OPTS=0 drops the oneDNN notice
-# (oneDNN speeds up TensorFlow's own matmuls, which jaxdp does not run), TF_CPP_MIN_LOG_LEVEL=2 the other INFO
-# lines and the warnings (a failing tf.data worker logs its whole traceback, which jaxdp reports in one line).
-# A value the user set wins.
-_BEFORE_IMPORT = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
+from jaxdp.runtime import quiet
 
 
 @functools.cache
 def tensorflow() -> types.ModuleType:
   """TensorFlow with no GPU or TPU visible to it and its Python log at ERROR, imported (once) if not loaded yet."""
   if "tensorflow" not in sys.modules:
-    for name, value in _BEFORE_IMPORT.items():
+    for name, value in quiet.TF_ENV.items():  # A value already set wins (JAX's import sets the log level).
       os.environ.setdefault(name, value)
   import tensorflow as tf  # The one import of TensorFlow in jaxdp.
   try:
