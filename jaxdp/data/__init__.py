@@ -6,7 +6,7 @@ The modules, in the order the data flows through them:
 - `kinds`: `load(config)` -> `Dataset` (`dataset`: a `Corpus` of splits, its facts, `Options`), by the kind
   of dataset its name names (one table of matcher and opener): TFDS builders through `tfds_dataset` and
   `prepare` (prepared once as ArrayRecord; `offline`: fail fast without network; `convert`: TFRecord ->
-  ArrayRecord; `tfds_fixes`: TFDS's own faults worked around), or a token file (`token_file`); or data given
+  ArrayRecord), or a token file (`token_file`); or data given
   as Python objects (`in_memory`: a dict of numpy arrays, any random-access source); `source`: the random-access
   `Source` interface.
 - `held`: a split held whole, finished as its batches are, for the devices to gather from (`jaxdp.resident`).

@@ -16,7 +16,7 @@ from tensorflow_datasets.core import dataset_builder
 
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
-from jaxdp.data import cache, prepare, tfds_fixes
+from jaxdp.data import cache, prepare
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import FeatureNames, TfdsCorpus
 from jaxdp.runtime import quiet
@@ -27,8 +27,6 @@ FILE_FORMAT = "array_record"  # What a user's builder prepares, so that it reads
 # "package.module:ClassName"; a TFDS name with a version ("mnist:3.0.1", "mnist/config:3.*.*") does not match.
 CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 SHIPPED = "jaxdp.datasets"  # The package of jaxdp's own builders, a module each, named as the dataset.
-
-tfds_fixes.install()  # Before any builder is made.
 
 
 def opener(make: MakeBuilder) -> Callable[[ml_collections.ConfigDict, dict], Dataset]:
