@@ -39,11 +39,9 @@ def is_npz(name: str) -> bool:
 
 
 def is_folder(name: str) -> bool:
-  """Whether `name` means a folder's path rather than a TFDS name (which may contain "/": "name/config").
-
-  A path is absolute or starts with `./`, `../` or `~`, or contains `/` and exists: a bare "mnist" stays the TFDS
-  dataset even when the working directory has a folder of that name (write `./mnist` for the folder).
-  """
+  """Whether `name` means a folder's path rather than a TFDS name (which may contain "/": "name/config")."""
+  # A path is absolute or starts with `./`, `../` or `~`, or contains `/` and exists: a bare "mnist" stays the TFDS
+  # dataset even when the working directory has a folder of that name (write `./mnist` for the folder).
   return not is_npz(name) and (name.startswith(("/", "./", "../", "~")) or ("/" in name and os.path.exists(name)))
 
 

@@ -36,9 +36,9 @@ def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.Da
 
 @contextlib.contextmanager
 def _no_temp_dirs_left() -> Iterator[None]:
-  """Inside, TFDS's empty temp dirs are removed on the way out: every builder of a dataset not yet prepared makes
-  one ("tmp*tfds", in `DatasetInfo.initialize_from_bucket`, before it asks GCS for the dataset's info) and keeps
-  it, also when the answer is nothing (GCS off, TFDS's default)."""
+  """Removes, on the way out, the empty temp dirs TFDS's builders made inside."""
+  # Every builder of a dataset not yet prepared makes one ("tmp*tfds", in `DatasetInfo.initialize_from_bucket`,
+  # before it asks GCS for the dataset's info) and keeps it, also when the answer is nothing (GCS off, the default).
   pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
   before = set(glob.glob(pattern))
   try:

@@ -56,8 +56,8 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
 
 
 def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
-  """A command's first step, before its heavy imports: prints the flags and exits 0 when `argv` asks for help,
-  else turns the libraries' noise off (`quiet.command`: the command owns its process) before JAX loads."""
+  """A command's first step: the flags printed and exit 0 if `argv` asks for help, else the libraries' noise off."""
+  # Before the heavy imports (`--help` answers at once) and before JAX loads (`quiet.command`).
   if any(a in HELP_FLAGS for a in argv[1:]):
     print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
     raise SystemExit(0)
