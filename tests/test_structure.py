@@ -208,6 +208,16 @@ def test_tensorflow_never_sees_an_accelerator(first):
   assert result.stdout.split()[-2:] == (["True", "0"] if first == "tf_setup" else ["True", "None"])
 
 
+def test_tensorflow_whose_devices_are_fixed_already_is_one_warning():
+  """A notebook's TensorFlow ran ops before jaxdp's first use (on a GPU machine its devices are then fixed)."""
+  result = _run("import logging, tensorflow as tf\nlogging.basicConfig()\n"
+                "def fixed(*args): raise RuntimeError('Visible devices cannot be modified after being initialized')\n"
+                "tf.config.set_visible_devices = fixed\n"
+                "from jaxdp.data import tf_setup\nprint(tf_setup.tensorflow() is tf)")
+  assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+  assert "may hold accelerator memory" in result.stderr
+
+
 def test_the_pipeline_imports_tensorflow_through_tf_setup(tmp_path):
   """Preparing (TFDS encodes with TensorFlow), reading by index, decoding, streaming: TensorFlow's first import
   always comes through `tf_setup`, so no TFDS call reaches it before its GPUs are hidden."""
