@@ -2,7 +2,7 @@
 
     python experiments/grain_jpeg.py [--data_dir DIR] [--images 512] [--rounds 3]
 
-Reads the same ArrayRecord data source as jaxdp (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py), shuffles,
+Reads the same ArrayRecord data source as jaxdp (`synthetic_jpegs`: jaxdp/datasets/synthetic_jpegs.py), shuffles,
 and decodes + crops each image in NumPy/Pillow inside a `grain.transforms.RandomMap` (random-resized crop, 8%..100% of
 the area, aspect 3/4..4/3, bicubic to 224, flip, normalization), batch 64, for 2 and 8 threads.
 """

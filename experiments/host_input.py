@@ -41,7 +41,6 @@ def _datasets(directory: str) -> dict:
   """name -> (Dataset, rows per host batch)."""
   import ml_collections
   import numpy as np
-  import jaxdp.datasets  # noqa: F401  Registers digits and token files.
   from jaxdp import data
   digits = {"name": "digits", "data_dir": os.path.join(directory, "tfds")}
   rng = np.random.RandomState(0)

@@ -3,7 +3,7 @@
     python experiments/input_memory.py [--large 4000] [--small 64] [--rounds 2] [--data_dir DIR] \
         [--out experiments/input_memory.md]
 
-Two splits of generated ImageNet-like JPEGs (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py, about 80 KB each):
+Two splits of generated ImageNet-like JPEGs (`synthetic_jpegs`: jaxdp/datasets/synthetic_jpegs.py, about 80 KB each):
 `small` and `large` images, prepared once as ArrayRecord. Each run is a fresh process (`--child N`) training a
 small MLP on 64 x 64 random-resized crops, 1 CPU device, batch 64, for one epoch of the large split
 (the same number of steps for both, so the small split is read many times over); it reports its own peak

@@ -15,7 +15,7 @@ taken within each round; their median and spread (min..max) over rounds are repo
 headroom = A / B (target >= 2), fed = C / B (target >= 0.95).
 
 `imagenet` (in --datasets) is the ImageNet-like case: generated variable-size JPEGs of about 400 x 350
-pixels (`synthetic_jpegs`: jaxdp/datasets/synthetic_images.py, about 80 KB each) cropped to 224 x 224 for
+pixels (`synthetic_jpegs`: jaxdp/datasets/synthetic_jpegs.py, about 80 KB each) cropped to 224 x 224 for
 training (random-resized crop, flip, normalization to float32). It compares images/s of jaxdp's pipeline
 (random access by index from ArrayRecord, `data.train_batches`) with a plain tf.data pipeline doing the same
 decode + crop as the Flax ImageNet example (`as_dataset` of a TFRecord copy, shuffle buffer, parallel map, batch,
@@ -51,7 +51,7 @@ from jaxdp import config as config_lib  # noqa: E402
 from jaxdp import data, models, optim, parallel  # noqa: E402
 from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.configs import cifar10, default  # noqa: E402
-from jaxdp.datasets import synthetic_images  # noqa: E402
+from jaxdp.datasets import synthetic_jpegs  # noqa: E402
 from jaxdp.loop import step_metrics  # noqa: E402
 
 CONFIGS = {"digits": default.get_config, "cifar10": cifar10.get_config}
@@ -97,7 +97,6 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 @contextlib.contextmanager
 def _source(name: str, data_dir: str) -> Iterator[str]:
   """Real data when prepared (digits always is, once generated); otherwise tfds mock data."""
-  import jaxdp.datasets  # noqa: F401  Registers digits.
   if name == "digits" or tfds.builder(name, data_dir=data_dir).is_prepared():
     yield "prepared TFDS data"
   else:
@@ -184,7 +183,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 def _flax_like_pipeline(data_dir: str, kwargs: dict, batch: int, seed: int) -> Iterator:
   """The Flax ImageNet example's train input: TFRecord, shuffle, decode + random crop + flip, batch."""
-  builder = synthetic_images.SyntheticJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
+  builder = synthetic_jpegs.SyntheticJpegs(data_dir=data_dir, file_format="tfrecord", **kwargs)
   builder.download_and_prepare()
   mean, std = tf.constant(MEAN) * 255, tf.constant(STD) * 255
 

@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 from PIL import Image
 
 import jpeg_dataset
-from jaxdp.datasets import synthetic_images
+from jaxdp.datasets import synthetic_jpegs
 
 
 class BadJpegs(jpeg_dataset.VarsizeJpegs, skip_registration=True):
@@ -18,7 +18,7 @@ class BadJpegs(jpeg_dataset.VarsizeJpegs, skip_registration=True):
   VERSION = tfds.core.Version("1.0.0")
 
   def __init__(self, *, bad_train: tuple[int, ...] = (), bad_test: tuple[int, ...] = (), **kwargs):
-    self.bad = {0: set(bad_train), synthetic_images.TEST_OFFSET: set(bad_test)}
+    self.bad = {0: set(bad_train), synthetic_jpegs.TEST_OFFSET: set(bad_test)}
     super().__init__(**kwargs)  # Give each choice of bad examples its own data_dir: the name does not hold it.
 
   def _generate_examples(self, first: int, n: int):

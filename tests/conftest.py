@@ -56,6 +56,8 @@ def tfrecord_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
   """`digits` prepared as TFRecord only (as `tfds build` does by default): the streaming fallback's data. Read only:
   a test that converts it to ArrayRecord prepares its own."""
   import tensorflow_datasets as tfds
+
+  from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
   path = str(tmp_path_factory.mktemp("tfrecord"))
   tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()
   return path

@@ -10,7 +10,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, parallel
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError

@@ -15,13 +15,12 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from tensorflow_datasets.core.utils import gcs_utils
 
-import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import data, train
 from jaxdp.data import offline, tfds_dataset
 from jaxdp.data import convert
 from jaxdp.config import ConfigError
+from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 
 MOCK_EXAMPLES = 40  # Per split: 2 train batches of 16; eval pads 40 to 48.
 MOCKED = ["mnist", "fashion_mnist", "cifar10", "cifar100"]
@@ -92,27 +91,17 @@ def test_a_local_builder_prepares_without_network(no_network, tmp_path):
   assert ds.builder.is_prepared() and ds.num_examples("test") == 360
 
 
-def _temp_dirs_left_by_a_builder(tmp_path, monkeypatch) -> list:
-  """The temp dirs left behind by making the builder of a dataset not yet prepared (in a temp root of its own)."""
+def test_preparing_a_dataset_leaves_no_temp_dir(tmp_path, monkeypatch):
+  """TFDS makes an empty /tmp/tmp*tfds for every builder of an unprepared dataset and keeps it
+  (`DatasetInfo.initialize_from_bucket`); jaxdp removes those its own builders left (`prepare`)."""
   root = tmp_path / "tmp"
   root.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(root))
-  builder = tfds_dataset.registered("digits", str(tmp_path / "data"), {})
-  assert not builder.is_prepared()  # Else TFDS reads the prepared info and never asks the bucket.
-  return list(root.iterdir())
-
-
-def test_a_builder_of_an_unprepared_dataset_leaves_no_temp_dir(tmp_path, monkeypatch):
-  # TFDS's DatasetInfo.initialize_from_bucket made one empty /tmp/tmp*tfds per such builder (data.tfds_fixes).
-  assert _temp_dirs_left_by_a_builder(tmp_path, monkeypatch) == []
-
-
-def test_with_gcs_on_tfds_still_asks_the_bucket(tmp_path, monkeypatch):
-  asked = []
-  monkeypatch.setattr(gcs_utils, "_is_gcs_disabled", False)
-  monkeypatch.setattr(gcs_utils, "gcs_dataset_info_files", lambda name: asked.append(name))  # No network.
-  _temp_dirs_left_by_a_builder(tmp_path, monkeypatch)
-  assert asked == ["digits/1.1.0"]
+  with tfds_dataset.prepare._no_temp_dirs_left():
+    assert not tfds_dataset.registered("digits", str(tmp_path / "data"), {}).is_prepared()
+  assert list(root.iterdir()) == []
+  data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": str(tmp_path / "data")}))
+  assert list(root.iterdir()) == []
 
 
 def test_unknown_dataset_is_a_config_error(tmp_path):

@@ -9,10 +9,10 @@ import pytest
 
 import feature_datasets
 import batches
-import jaxdp.datasets  # noqa: F401  Registers the kinds of a user's data.
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError
+from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 
 B, STEPS = 8, 7  # 48 train examples: 6 steps an epoch, so STEPS crosses into a second epoch.
 PLAIN, SUPERVISED = "feature_datasets:Scenes", "feature_datasets:SupervisedScenes"

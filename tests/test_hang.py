@@ -101,12 +101,13 @@ def test_help_imports_neither_tensorflow_nor_jax(module):
 
 
 def test_no_libtpu_warnings_on_a_machine_without_tpus():
-  """With the `tpu` extra installed, a CPU machine's JAX start printed libtpu's host-bounds and hostname lines."""
+  """With the `tpu` extra installed, a CPU machine's JAX start printed libtpu's host-bounds and hostname lines; a
+  command's first step (`cli.start`) turns them off (`import jaxdp` alone leaves the process as it is)."""
   import importlib.util
   if importlib.util.find_spec("libtpu") is None:
     pytest.skip("libtpu (the tpu extra) is not installed: it is what prints the warnings")
   env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_")}
-  proc = subprocess.run([sys.executable, "-c", "import jaxdp, jax; print(jax.devices()[0].platform)"],
+  proc = subprocess.run([sys.executable, "-c", "from jaxdp.tools import cli; cli.start(['jaxdp.train']); import jax; print(jax.devices()[0].platform)"],
                         capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
   assert proc.returncode == 0 and proc.stdout.strip() != "tpu", proc.stderr
   assert "host bounds" not in proc.stderr and "worker hostname" not in proc.stderr, proc.stderr

@@ -11,7 +11,6 @@ import tensorflow as tf
 
 import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
 import batches
-import jaxdp.datasets  # noqa: F401  Registers digits, .npz files and token files.
 from jaxdp import data
 from jaxdp.data import cache, host_batches, reader
 from jaxdp.data.preprocess import Preprocess

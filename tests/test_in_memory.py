@@ -15,7 +15,6 @@ from sklearn.linear_model import LinearRegression
 
 import jaxdp
 import batches
-import jaxdp.datasets  # noqa: F401  Registers digits.
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError

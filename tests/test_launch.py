@@ -168,7 +168,7 @@ def test_a_launched_process_dies_with_its_launcher(tmp_path):
 
 
 def test_a_process_whose_launcher_is_already_gone_ends_at_once():
-  script = "import os; os.environ['JAXDP_LAUNCHER_PID'] = '1'; from jaxdp import distributed; " \
+  script = "import os; os.environ['JAXDP_LAUNCHER_PID'] = '1'; from jaxdp.runtime import distributed; " \
            "distributed.die_with_launcher(); print('alive')"
   out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
   assert out.returncode == -signal.SIGKILL and "alive" not in out.stdout

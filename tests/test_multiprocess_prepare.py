@@ -23,7 +23,7 @@ def test_two_processes_prepare_an_unprepared_dataset_once_and_train(tmp_path):
   assert proc.returncode == 0, out[-4000:]
   assert out.count("preparing dataset digits/") == 1, out[-4000:]  # One process prepared it.
   assert "Downloading and preparing dataset" not in out, out[-4000:]  # TFDS's own prints stay quiet.
-  import jaxdp.datasets  # noqa: F401  Registers digits.
+  from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
   assert tfds.builder("digits", data_dir=str(data_dir)).is_prepared()
   records = metrics.read(str(workdir))
   assert [r["step"] for r in records if "train/loss" in r] == [1, 2]

@@ -14,8 +14,8 @@ import pytest
 import runs
 import tensorflow_datasets as tfds
 
-import jaxdp.datasets  # noqa: F401  Registers digits (and the kinds of a user's data).
 from jaxdp import build, checkpoint, data, train
+from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
 from jaxdp.data import convert, images

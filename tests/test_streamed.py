@@ -9,8 +9,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-import jaxdp.datasets  # noqa: F401  Registers digits.
 import runs
+from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 from jaxdp.tools import audit
 from jaxdp import data, train
 from jaxdp.data import convert, streamed

@@ -4,6 +4,7 @@ Read from the source with `ast`, so an import inside a function (a lazy one) is 
 """
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -88,7 +89,8 @@ def test_the_library_the_loop_and_the_reports_never_import_a_tool():
   assert wrong == set()
 
 
-def test_data_never_imports_the_datasets_that_register_with_it():
+def test_data_never_imports_the_datasets_by_name():
+  """It imports one by module path, when a config names it (`tfds_dataset.SHIPPED`)."""
   wrong = {f"{m} -> {t}" for m, targets in graph().items() if _under(m, ("jaxdp.data",))
            for t in targets if _under(t, ("jaxdp.datasets",))}
   assert wrong == set()
@@ -123,8 +125,11 @@ def test_the_checks_catch_a_cycle_and_a_tool_import(tmp_path, edit, expected):
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-  """`code` run by a fresh interpreter (nothing imported yet), its output captured."""
-  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+  """`code` run by a fresh interpreter (nothing imported yet) in this environment without TensorFlow's and libtpu's
+  variables (as a user's shell has it: this process's imports set some), its output captured."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "TPU_"))}
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False,
+                        env=env)
 
 
 def test_importing_the_trainer_and_the_pipeline_loads_no_tensorflow():
@@ -139,19 +144,87 @@ def test_importing_the_trainer_and_the_pipeline_loads_no_tensorflow():
   assert result.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("first", ["jaxdp.data", "a look-up", "tensorflow"])
-def test_tensorflow_never_sees_an_accelerator_whichever_loads_first(first):
-  """The one `set_visible_devices([], "GPU")` runs whether TensorFlow loads after `jaxdp.data` (at its first use),
-  after a look-up that loads nothing (etils' paths, TFDS's, call `find_spec("tensorflow")`), or before `jaxdp.data`
-  (a user's notebook); and quiet's own hook (Keras hidden while TensorFlow loads) is not lost to the look-up."""
-  steps = {"jaxdp.data": "import jaxdp.data\nimport tensorflow\n",
-           "a look-up": "import jaxdp.data, importlib.util\nimportlib.util.find_spec('tensorflow')\n"
-                        "import tensorflow\n",
-           "tensorflow": "import tensorflow\nimport jaxdp.data\n"}[first]
-  result = _run(f"import sys\n{steps}"
-                "from tensorflow.python.eager import context\n"
-                "print(context.context()._visible_device_list, 'keras' in sys.modules)")  # Empty until set.
+SIDE_EFFECTS = ("import os, sys\n"
+                "hooks, env, loaded = list(sys.meta_path), dict(os.environ), set(sys.modules)\n"
+                "{imports}\n"
+                "print([type(f).__module__ for f in sys.meta_path if f not in hooks], "
+                "sorted(k for k in {{*env, *os.environ}} if env.get(k) != os.environ.get(k)), "
+                "sorted((set(sys.modules) - loaded) & {{'jax', 'tensorflow', 'flax'}}))")
+
+
+def test_importing_jaxdp_changes_nothing_in_the_process():
+  """No import hook, no environment variable, and neither JAX nor TensorFlow loaded."""
+  result = _run(SIDE_EFFECTS.format(imports="import jaxdp"))
   assert result.returncode == 0, result.stderr
-  assert "CPU" in result.stdout and "GPU" not in result.stdout
-  if first != "tensorflow":
-    assert result.stdout.split()[-1] == "False", "Keras was imported with TensorFlow"
+  assert result.stdout.strip() == "[] [] []"
+
+
+def test_importing_the_pipeline_and_the_trainer_adds_no_import_hook_and_sets_no_variable():
+  """Neither does jaxdp's own code (JAX and libtpu set variables at their import, absl's flags and six add finders:
+  they are loaded first) nor does it load TensorFlow."""
+  result = _run("import jax, flax, absl.flags, six\n" + SIDE_EFFECTS.format(
+      imports="import jaxdp.data, jaxdp.datasets, jaxdp.loop.train, jaxdp.train"))
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "[] [] []"
+
+
+def test_tensorflow_is_imported_by_tf_setup_only():
+  """`tf_setup.tensorflow()` is jaxdp's one way to TensorFlow (annotations aside), so its set-up always runs."""
+  found = set()
+  for name, path in _modules().items():
+    tree = ast.parse(path.read_text(), str(path))
+    annotations_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and
+                        getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    found |= {name for node in ast.walk(tree) if id(node) not in annotations_only
+              for imported in ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                               [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+              if imported.split(".")[0] == "tensorflow"}
+  assert found == {"jaxdp.data.tf_setup"}
+
+
+TF_SETUP_FIRST = """import importlib.abc, sys, traceback
+class First(importlib.abc.MetaPathFinder):  # Records who imports TensorFlow first (an import, not a look-up).
+  def find_spec(self, name, path, target=None):
+    if name == "tensorflow" and any(f.name == "_find_and_load" for f in traceback.extract_stack()):
+      sys.meta_path.remove(self)
+      print("tensorflow first imported from", "tf_setup" if any(f.filename.endswith("tf_setup.py")
+            for f in traceback.extract_stack()) else traceback.format_stack()[-8:], flush=True)
+sys.meta_path.insert(0, First())
+"""
+
+
+@pytest.mark.parametrize("first", ["tf_setup", "tensorflow"])
+def test_tensorflow_never_sees_an_accelerator(first):
+  """`tf_setup.tensorflow()` hides TensorFlow's GPUs (and TPUs) whether TensorFlow was loaded before it (a user's
+  notebook) or by it; its start-up variables are set only when it imports TensorFlow itself."""
+  result = _run("import os, sys\nos.environ.pop('TF_ENABLE_ONEDNN_OPTS', None)\n"
+                + ("import tensorflow\n" if first == "tensorflow" else "") +
+                "from jaxdp.data import tf_setup\ntf = tf_setup.tensorflow()\n"
+                "from tensorflow.python.eager import context\n"
+                "print(context.context()._visible_device_list, tf is sys.modules['tensorflow'], "
+                "os.environ.get('TF_ENABLE_ONEDNN_OPTS'))")
+  assert result.returncode == 0, result.stderr
+  assert "CPU" in result.stdout and "GPU" not in result.stdout  # Empty until set.
+  assert result.stdout.split()[-2:] == (["True", "0"] if first == "tf_setup" else ["True", "None"])
+
+
+def test_tensorflow_whose_devices_are_fixed_already_is_one_warning():
+  """A notebook's TensorFlow ran ops before jaxdp's first use (on a GPU machine its devices are then fixed)."""
+  result = _run("import logging, tensorflow as tf\nlogging.basicConfig()\n"
+                "def fixed(*args): raise RuntimeError('Visible devices cannot be modified after being initialized')\n"
+                "tf.config.set_visible_devices = fixed\n"
+                "from jaxdp.data import tf_setup\nprint(tf_setup.tensorflow() is tf)")
+  assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+  assert "may hold accelerator memory" in result.stderr
+
+
+def test_the_pipeline_imports_tensorflow_through_tf_setup(tmp_path):
+  """Preparing (TFDS encodes with TensorFlow), reading by index, decoding, streaming: TensorFlow's first import
+  always comes through `tf_setup`, so no TFDS call reaches it before its GPUs are hidden."""
+  runs = {"prepare": f"data.load(ConfigDict({{'name': 'digits', 'data_dir': {str(tmp_path / 'a')!r}}}))",
+          "stream": f"ds = data.load(ConfigDict({{'name': 'digits', 'data_dir': {str(tmp_path / 'a')!r}, "
+                    "'cache_mb': 0}))\nnext(data.eval_batches(ds, 'test', global_batch=32, process_index=0, process_count=1))"}
+  for name, code in runs.items():  # The second finds `digits` prepared: decoding loads TensorFlow.
+    result = _run(TF_SETUP_FIRST + "from ml_collections import ConfigDict\nfrom jaxdp import data\n" + code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tensorflow first imported from tf_setup" in result.stdout, (name, result.stdout)

@@ -6,11 +6,11 @@ import ml_collections
 from PIL import Image
 
 from jaxdp import data
-from jaxdp.datasets import synthetic_images
+from jaxdp.datasets import synthetic_jpegs
 
 
 def _open(index: int) -> Image.Image:
-  return Image.open(io.BytesIO(synthetic_images.jpeg(index, (30, 40), (50, 60))))
+  return Image.open(io.BytesIO(synthetic_jpegs.jpeg(index, (30, 40), (50, 60))))
 
 
 def test_jpeg_is_a_function_of_its_index_with_sizes_in_the_ranges():
@@ -18,7 +18,7 @@ def test_jpeg_is_a_function_of_its_index_with_sizes_in_the_ranges():
   assert all(image.format == "JPEG" and image.mode == "RGB" for image in images)
   assert all(50 <= width <= 60 and 30 <= height <= 40 for width, height in (image.size for image in images))
   assert len({image.size for image in images}) > 1
-  assert synthetic_images.jpeg(3, (30, 40), (50, 60)) == synthetic_images.jpeg(3, (30, 40), (50, 60))
+  assert synthetic_jpegs.jpeg(3, (30, 40), (50, 60)) == synthetic_jpegs.jpeg(3, (30, 40), (50, 60))
 
 
 def test_opens_by_registered_name_with_builder_kwargs(tmp_path):

@@ -6,7 +6,7 @@ The modules, in the order the data flows through them:
 - `kinds`: `load(config)` -> `Dataset` (`dataset`: a `Corpus` of splits, its facts, `Options`), by the kind
   of dataset its name names (one table of matcher and opener): TFDS builders through `tfds_dataset` and
   `prepare` (prepared once as ArrayRecord; `offline`: fail fast without network; `convert`: TFRecord ->
-  ArrayRecord; `tfds_fixes`: TFDS's own faults worked around), or a token file (`token_file`); or data given
+  ArrayRecord), or a token file (`token_file`); or data given
   as Python objects (`in_memory`: a dict of numpy arrays, any random-access source); `source`: the random-access
   `Source` interface.
 - `held`: a split held whole, finished as its batches are, for the devices to gather from (`jaxdp.resident`).
@@ -22,12 +22,8 @@ The modules, in the order the data flows through them:
 - `resume`: `stream_spec`, saved with every checkpoint, and `check_resume`, which compares it on restore.
 
 TensorFlow is imported where it is used, at its first use (its import takes seconds, and a process that never
-decodes nor shuffles never pays it); whoever imports it first, it never takes accelerator memory (`tf_setup`).
+decodes nor shuffles never pays it), through `tf_setup.tensorflow()`, so it never takes accelerator memory.
 """
-
-from jaxdp.data import tf_setup
-
-tf_setup.install()  # Before anything loads TensorFlow.
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
 from jaxdp.data.bad_examples import BadExampleError, skipped_through

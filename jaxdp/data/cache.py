@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import bad_examples, cache_files, reader
+from jaxdp.data import bad_examples, cache_files, reader, tf_setup
 from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample, tf_read
 
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
@@ -90,7 +90,7 @@ def maybe_cached(corpus: TfdsCorpus, max_mib: float, on_disk: bool = False) -> T
 def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
   """Every feature of every row of `split` (`source`), decoded in parallel, in index order; and the examples that do
   not decode ({index: why}: their rows are zeros)."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   try:
     return _decoded(source, decode), {}
   except tf.errors.OpError:  # Some example does not decode (or the read failed): find which, one chunk at a time.
@@ -103,7 +103,7 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   Each chunk is copied into the split's arrays as it arrives: the decoded chunks and the whole split are never
   held together, as a list of chunks concatenated at the end was (experiments/data_notes.md, "Peak memory").
   """
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   n = len(source)
   indices = np.arange(n)
   probe = source.read(indices[:1])
@@ -123,7 +123,7 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
 
 def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   n, one = len(source), decode
   good, parts = [], []
   for lo in range(0, n, _READ_CHUNK):
@@ -144,7 +144,7 @@ def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str)
 
 def _why(source: Source, decode: Callable[[dict], dict], index: int) -> str:
   """TensorFlow's first line on example `index` decoding alone."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   try:
     for _ in tf.data.Dataset.from_tensor_slices(source.read(np.array([index]))).map(decode):
       pass

@@ -16,12 +16,14 @@ import sys
 
 from array_record.python import array_record_module
 
+from jaxdp.data import tf_setup
+
 ARRAY_RECORD = "array_record"
 
 
 def convert(version_dir: str) -> list[str]:
   """Writes an ArrayRecord copy of every TFRecord shard in `version_dir`; returns the shards written."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   info_path = os.path.join(version_dir, "dataset_info.json")
   if not os.path.isfile(info_path):
     raise FileNotFoundError(f"{version_dir!r} is not a prepared TFDS dataset version (no dataset_info.json)")

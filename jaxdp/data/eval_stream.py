@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler, streamed, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import REAL, example_check, no_autograph, probe_row, read_steps, to_numpy
 
@@ -51,7 +51,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     return host_batches.batches(lambda step: pre.finish_host(read(step, swaps)), first, stop)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
     steps = tf.data.Dataset.range(first, stop)
     batches = read_steps(ds, probe, steps, lambda step: read(int(step), swaps), rows, lo, per_example)

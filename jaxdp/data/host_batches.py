@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from jaxdp.data import tf_setup
 from jaxdp.data.bad_examples import is_failure
 from jaxdp.data.dataset import Batch, Dataset
 
@@ -44,6 +45,6 @@ def batches(make: Callable[[int], Batch], first: int, stop: int | None) -> Itera
 
 def _as_op_error(error: Exception) -> tf.errors.OpError:
   """`error` as tf.data's `numpy_function` reports a Python exception: its type, message and traceback."""
-  import tensorflow as tf  # Loaded here only when a source failed.
+  tf = tf_setup.tensorflow()  # Loaded here only when a source failed.
   text = "".join(traceback.format_exception(error))
   return tf.errors.UnknownError(None, None, f"{type(error).__name__}: {error}\n{text}")

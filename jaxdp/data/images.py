@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from jaxdp.data import tf_setup
 from jaxdp.data.preprocess import AUGMENT, seed_for
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
@@ -25,14 +26,14 @@ RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic
 
 def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
   """A stateless seed [2] for the example at row `row` of global batch `step`."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   return tf.random.experimental.stateless_fold_in(seed_for(seed, AUGMENT, step), tf.cast(row, tf.int64))
 
 
 def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
   """Random-resized crop (and random flip) of one image, encoded (-> uint8) or decoded (its dtype), to
   [image_size, image_size, channels]."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
   shape = _shape(image, channels)
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
@@ -47,7 +48,7 @@ def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int,
 def eval_crop(image: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
   """Central square of side crop_ratio * min(height, width), resized to [image_size, image_size, channels] (dtype as
   in `train_crop`)."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   shape = _shape(image, channels)
   side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
   top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
@@ -56,7 +57,7 @@ def eval_crop(image: tf.Tensor, image_size: int, crop_ratio: float, channels: in
 
 def _shape(image: tf.Tensor, channels: int) -> tf.Tensor:
   """[height, width, channels] of an image, reading only a JPEG's header."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   if image.dtype != tf.string:  # Already decoded.
     return tf.shape(image)
   return tf.cond(tf.io.is_jpeg(image), lambda: tf.io.extract_jpeg_shape(image),
@@ -66,7 +67,7 @@ def _shape(image: tf.Tensor, channels: int) -> tf.Tensor:
 def _window(image: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
             channels: int) -> tf.Tensor:
   """The window of an image, [height, width, channels]; JPEGs decode only that window."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   if image.dtype != tf.string:  # Already decoded.
     return tf.slice(image, [top, left, 0], [height, width, channels])
 
@@ -83,7 +84,7 @@ def _window(image: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
   """Bicubic resize to a square, back to the image's dtype (uint8: a quarter of float32's bytes on the way to the
   device)."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
   if image.dtype == tf.uint8:
     return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)

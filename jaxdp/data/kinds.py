@@ -1,14 +1,14 @@
 """What `dataset.name` names, and how each kind of dataset opens: one table of (matcher, opener), and `load`.
 
-jaxdp's own kinds are registered here: a token file (`token_file`) and a TFDS builder class
-("package.module:Class"); a registered TFDS name ("mnist", "mnist:3.0.1") is the fallback for any name no
-kind claims. Importing `jaxdp.datasets` registers the kinds whose builders live there (an `.npz` file, an
-image folder) and the TFDS builders jaxdp ships; this package never imports it: what loads a dataset does.
-The matchers are disjoint (a name is claimed by one kind at most), so no kind depends on the order of
-registration; a kind registered again under its name replaces the old one.
+The kinds: a token file (`token_file`), a TFDS builder class ("package.module:Class"), an `.npz` file and an image
+folder (builders in `jaxdp.datasets`, imported by module path when such a name is opened: this package never
+imports `jaxdp.datasets`), and, for any name no kind claims, a TFDS name ("mnist", "mnist:3.0.1"; one of jaxdp's
+own, "digits", is its module `jaxdp.datasets.digits`). The matchers are disjoint (a name is claimed by one kind at
+most), so no kind depends on the order of the table.
 """
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -33,19 +33,30 @@ def tfds_kind(name: str, matches: Callable[[str], bool], make: tfds_dataset.Make
   return Kind(name, matches, tfds_dataset.opener(make), make)
 
 
+def is_npz(name: str) -> bool:
+  """Whether `name` names an .npz file."""
+  return name.lower().endswith(".npz")
+
+
+def is_folder(name: str) -> bool:
+  """Whether `name` means a folder's path rather than a TFDS name (which may contain "/": "name/config")."""
+  # A path is absolute or starts with `./`, `../` or `~`, or contains `/` and exists: a bare "mnist" stays the TFDS
+  # dataset even when the working directory has a folder of that name (write `./mnist` for the folder).
+  return not is_npz(name) and (name.startswith(("/", "./", "../", "~")) or ("/" in name and os.path.exists(name)))
+
+
 TFDS_NAME = tfds_kind("a registered TFDS name", lambda name: True, tfds_dataset.registered)
-_KINDS: dict[str, Kind] = {}  # Every kind but the fallback, by its name.
-
-
-def register(kind: Kind) -> Kind:
-  """Adds `kind` to the table (replacing a kind of the same name); returns it."""
-  _KINDS[kind.name] = kind
-  return kind
+KINDS = (  # Every kind but the fallback.
+    Kind("a token file", lambda name: name == token_file.NAME, token_file.open_dataset),
+    tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)), tfds_dataset.by_class),
+    tfds_kind("an .npz file", is_npz, tfds_dataset.shipped("npz")),
+    tfds_kind("an image folder", is_folder, tfds_dataset.shipped("image_folder")),
+)
 
 
 def find(name: str) -> Kind:
-  """The kind that claims `name`: the registered kind that matches it, else a registered TFDS name."""
-  claims = [kind for kind in _KINDS.values() if kind.matches(name)]
+  """The kind that claims `name`: the kind in the table that matches it, else a registered TFDS name."""
+  claims = [kind for kind in KINDS if kind.matches(name)]
   if len(claims) > 1:
     raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
                      "disjoint")
@@ -69,7 +80,3 @@ def complete(dataset: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """`dataset` (a `config.dataset`) with every field it lacks from `configs/default.py`."""
   return config_lib.with_defaults(ml_collections.ConfigDict({"dataset": dataset})).dataset
 
-
-register(Kind("a token file", lambda name: name == token_file.NAME, token_file.open_dataset))
-register(tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)),
-                   tfds_dataset.by_class))

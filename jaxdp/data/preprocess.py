@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data import philox
+from jaxdp.data import philox, tf_setup
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -32,14 +32,14 @@ DRAW_BLOCK = 64
 
 def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
   """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   base = tf.constant([seed, stream], tf.int64)
   return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
 
 
 def augment_draws(seed: int, global_batch: int, step: tf.Tensor) -> tf.Tensor:
   """The augmentation draws [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   return tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
 
 
@@ -124,7 +124,7 @@ class Preprocess:
 
   def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
     """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     if INPUTS not in batch:  # A dataset without supervised keys: nothing to augment (its options say so).
       return self.finish(batch)
     x = batch[INPUTS]
@@ -139,7 +139,7 @@ class Preprocess:
     One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
     (top + i, left + width - 1 - j) when the row is flipped.
     """
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     rows, height, width, channels = (tf.shape(images)[0], *images.shape[1:])
     pad = self.crop_padding
     top = tf.cast(draws[:, 0] * (2 * pad + 1), tf.int32)
@@ -154,7 +154,7 @@ class Preprocess:
 
   def finish(self, batch: dict) -> dict:
     """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; every other feature to its `batch_dtype`."""
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     out = {k: v if k.startswith("_") or v.dtype == tf.string else tf.cast(v, batch_dtype(k, v.dtype.as_numpy_dtype))
            for k, v in batch.items()}  # jaxdp's own keys ("_index", "_real") stay as they are.
     if INPUTS not in batch:

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.batch import INDEX, REAL  # noqa: F401  (re-exported: the stream modules import them from here)
+from jaxdp.data import tf_setup
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.source import UnreadableExample, tf_read
 
@@ -26,7 +27,7 @@ def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset
   `probe`: one row as `read` returns it (its keys, dtypes and shapes). Each element carries "step" and
   "row" (its row in the global batch) for keyed augmentation.
   """
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   read_tf = tf_read(probe, read)
 
   def read_step(step: tf.Tensor) -> dict:
@@ -77,7 +78,7 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
   """
   @functools.cache
   def traced() -> Callable[[dict], dict]:  # At the first check: a stream that never fails never loads TensorFlow.
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     return tf.function(_decoder(ds, per_example), autograph=False, reduce_retracing=True)
 
   def check(read: Callable[[], dict[str, np.ndarray]], step: int, row: int) -> bool:
@@ -85,7 +86,7 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
       one_row = read()
     except UnreadableExample:
       return False
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     example = {**{k: v[0] for k, v in one_row.items()}, "step": np.int64(step), "row": np.int64(row)}
     try:  # As tensors: numpy scalars (the encoded bytes, the step) would be traced in as constants, one trace each.
       traced()({k: tf.constant(v) for k, v in example.items()})
@@ -100,7 +101,7 @@ def decode_rows(batches: tf.data.Dataset, decode: Callable[[dict], dict],
                 spec: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
   """Each element's rows (of fixed decoded shapes `spec`) decoded by one map_fn, elements in parallel, in order:
   faster than a tf.data map per row (experiments/data_notes.md; a split decoded whole: data_notes, "Cache")."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -109,7 +110,7 @@ def decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict],
                  position: bool = True) -> dict[str, tf.TensorSpec]:
   """The type of one decoded row, found by tracing `decode` on the probe's row (with its "step" and "row" when
   `position`: the stream's decoder takes them)."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   one = {k: tf.constant(v[0], tf.string if v.dtype == object else None) for k, v in probe.items()}
   if position:
     one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
@@ -124,7 +125,7 @@ def to_numpy(batches: tf.data.Dataset, prefetch: int) -> Iterator[Batch]:
 
 def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
   """`batches`, `prefetch` deep, autotuned only when `prefetch` is -1."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   if prefetch:
     batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
   # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread (seconds), so it is
@@ -136,5 +137,5 @@ def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
 
 def no_autograph(fn: Callable[..., Any]) -> Callable[..., Any]:
   """`fn` traced as written: it has no Python control flow on tensors, so autograph would only cost time."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   return tf.autograph.experimental.do_not_convert(fn)

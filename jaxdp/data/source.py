@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import offline
+from jaxdp.data import offline, tf_setup
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -224,7 +224,7 @@ def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Ten
 
   A read that raises `UnreadableExample` fails as a TF op (its message, no Python traceback logged by the worker).
   """
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   keys = sorted(probe)
   dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
 

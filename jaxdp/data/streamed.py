@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import bad_examples, sampler
+from jaxdp.data import bad_examples, sampler, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import INDEX, REAL, no_autograph, to_numpy
 from jaxdp.data.source import INPUTS, FeatureNames
@@ -34,7 +34,7 @@ def train_batches(ds: Dataset, split: str, seed: int, global_batch: int, start_s
                   process_count: int, stop_step: int | None = None, with_ids: bool = False) -> Iterator[Batch]:
   """This process's own file shards streamed through a shuffle buffer, shuffled per epoch, up to `stop_step`
   (None: forever); depends on the process count."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   rows = global_batch // process_count
   first_row = process_index * rows
   shard = tfds.split_for_jax_process(split, process_index=process_index, process_count=process_count,
@@ -78,7 +78,7 @@ class _Named(Iterator[Batch]):
     self._batches, self._bad, self.split = batches, bad, split
 
   def __next__(self) -> Batch:
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     try:
       return next(self._batches)
     except tf.errors.OpError as e:
@@ -95,7 +95,7 @@ class _Named(Iterator[Batch]):
 def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
   """The positions in `split` of the examples of `part` (`split` or this process's shard of it) whose input does
   not decode, each decoded alone."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   x = builder.info.supervised_keys[0]
   raw = builder.as_dataset(split=part, shuffle_files=False, decoders={x: tfds.decode.SkipDecoding()},
                            read_config=tfds.ReadConfig(add_tfds_id=True))
@@ -111,7 +111,7 @@ def _bad(builder: tfds.core.DatasetBuilder, part: Any, split: str) -> list[int]:
 def _with_position(builder: tfds.core.DatasetBuilder, split: str) -> Callable[[dict], dict]:
   """A decoded example with its `tfds_id` -> its features (`FeatureNames`) and INDEX: its position in `split` (in
   file order)."""
-  import tensorflow as tf
+  tf = tf_setup.tensorflow()
   files = builder.info.splits[split].file_instructions  # `split` may be a slice such as "train[10%:]".
   names = [os.path.basename(f.filename) for f in files]
   starts = np.cumsum([0, *(f.take for f in files[:-1])]) - [f.skip for f in files]  # Position of record 0 of a file.
@@ -132,6 +132,7 @@ def eval_batches(ds: Dataset, split: str, global_batch: int, process_index: int,
   n = ds.num_examples(split)
   padded = math.ceil(n / global_batch) * global_batch
   names = FeatureNames(ds.builder.info)
+  tf_setup.tensorflow()  # Before TFDS's `as_dataset` loads TensorFlow.
   examples = ds.builder.as_dataset(split=split, shuffle_files=False)
   examples = examples.repeat().take(padded).enumerate()
   examples = examples.map(no_autograph(lambda i, ex: {**names(ex), REAL: i < n}))

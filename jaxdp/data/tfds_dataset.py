@@ -1,8 +1,11 @@
 """A TFDS builder as a `Dataset`: prepared once as ArrayRecord (`prepare`), read by index through a `TfdsCorpus`,
 decoded once in memory when small (`cache`). The builder comes from a kind's maker (`kinds`): a registered
-TFDS name, a builder class named "package.module:Class", or a user's file or folder (`jaxdp.datasets.user`).
+TFDS name, a builder class named "package.module:Class", or a user's file or folder (`jaxdp.datasets.npz`,
+`jaxdp.datasets.image_folder`).
 """
 
+import importlib
+import importlib.util
 import inspect
 import re
 from collections.abc import Callable
@@ -13,7 +16,7 @@ from tensorflow_datasets.core import dataset_builder
 
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
-from jaxdp.data import cache, prepare, tfds_fixes
+from jaxdp.data import cache, prepare
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import FeatureNames, TfdsCorpus
 from jaxdp.runtime import quiet
@@ -23,8 +26,7 @@ MakeBuilder = Callable[..., tfds.core.DatasetBuilder]
 FILE_FORMAT = "array_record"  # What a user's builder prepares, so that it reads by index like any other.
 # "package.module:ClassName"; a TFDS name with a version ("mnist:3.0.1", "mnist/config:3.*.*") does not match.
 CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-tfds_fixes.install()  # Before any builder is made.
+SHIPPED = "jaxdp.datasets"  # The package of jaxdp's own builders, a module each, named as the dataset.
 
 
 def opener(make: MakeBuilder) -> Callable[[ml_collections.ConfigDict, dict], Dataset]:
@@ -52,10 +54,18 @@ def registered(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = F
                **extra) -> tfds.core.DatasetBuilder:
   """The TFDS builder registered as `name` ("mnist", "mnist:3.0.1", "cifar10/plain:3.*.*")."""
   del skip_bad  # Only an image folder leaves bad files out when preparing.
+  module = re.split(r"[/:]", name)[0]
+  if module.isidentifier() and importlib.util.find_spec(f"{SHIPPED}.{module}") is not None:
+    importlib.import_module(f"{SHIPPED}.{module}")  # jaxdp's own builder: defining its class registers it with TFDS.
   try:
     return tfds.builder(name, data_dir=data_dir, **kwargs, **extra)
   except tfds.core.registered.DatasetNotFoundError:
     raise ConfigError(f"unknown dataset {name!r}: no TFDS builder of that name is registered") from None
+
+
+def shipped(module: str) -> MakeBuilder:
+  """The builder maker `make` of module `jaxdp.datasets.<module>`, imported when a dataset of its kind opens."""
+  return lambda *args, **kwargs: importlib.import_module(f"{SHIPPED}.{module}").make(*args, **kwargs)
 
 
 def user_kwargs(data_dir: str | None, kwargs: dict, extra: dict) -> dict:

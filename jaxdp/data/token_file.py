@@ -28,16 +28,16 @@ NAME = "token_file"  # The `dataset.name` of a token file.
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
-def meta_path(path: str) -> str:
+def sidecar_path(path: str) -> str:
   """The sidecar JSON of a token file."""
   return path + ".json"
 
 
 def read_meta(path: str) -> dict:
   """The sidecar's fields, or {} when the file has none."""
-  if not os.path.exists(meta_path(path)):
+  if not os.path.exists(sidecar_path(path)):
     return {}
-  with open(meta_path(path)) as f:
+  with open(sidecar_path(path)) as f:
     return json.load(f)
 
 
@@ -59,7 +59,7 @@ class TokenWindows:
       raise ConfigError(f"token file dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     self.vocab_size = vocab_size or meta.get("vocab_size")  # Larger than the sidecar's: padded, as nanoGPT's 50304.
     if not (isinstance(self.vocab_size, int) and self.vocab_size > 0):
-      raise ConfigError(f"token file {path!r} has no sidecar {meta_path(path)!r} giving its vocabulary: set "
+      raise ConfigError(f"token file {path!r} has no sidecar {sidecar_path(path)!r} giving its vocabulary: set "
                         f"dataset.builder_kwargs.vocab_size (and dtype, if not uint16)")
     size = os.path.getsize(path)
     if size % np.dtype(dtype).itemsize:
@@ -107,11 +107,11 @@ def _check_against_sidecar(path: str, meta: dict, dtype: str | None, vocab_size:
   """A dtype or vocabulary given in the config must not contradict the file's sidecar: other bytes per token
   read as garbage ids, and ids past the model's vocabulary embed as NaN (every such step skipped), not refused."""
   if dtype and meta.get("dtype") and dtype != meta["dtype"]:
-    raise ConfigError(f"token file {path!r} holds {meta['dtype']} tokens (its sidecar {meta_path(path)!r}), "
+    raise ConfigError(f"token file {path!r} holds {meta['dtype']} tokens (its sidecar {sidecar_path(path)!r}), "
                       f"not dataset dtype {dtype!r}")
   if vocab_size and meta.get("vocab_size") and vocab_size < meta["vocab_size"]:
     raise ConfigError(f"dataset vocab_size {vocab_size} is smaller than token file {path!r}'s vocabulary "
-                      f"({meta['vocab_size']}, its sidecar {meta_path(path)!r})")
+                      f"({meta['vocab_size']}, its sidecar {sidecar_path(path)!r})")
 
 
 def splits(path: str | None = None, seq_len: int = 128, stride: int = 0, eval_path: str | None = None,

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxdp.batch import ROWS
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler, streamed, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.preprocess import HostDraws
 from jaxdp.data.reader import INDEX, example_check, no_autograph, probe_row, read_steps, to_numpy
@@ -101,7 +101,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     return host_batches.batches(positions if row_ids else make, first, stop_step)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    import tensorflow as tf
+    tf = tf_setup.tensorflow()
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
     batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
                          first_row, per_example)

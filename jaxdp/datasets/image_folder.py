@@ -27,12 +27,19 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import tfds_dataset
 from jaxdp.datasets import fingerprint
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 SPLIT_DIRS = ("train", "test", "validation")
 KEEP_BYTES = {"JPEG", "PNG"}  # Formats stored as they are (when their mode is the stored one).
 log = logging.getLogger("jaxdp")
+
+
+def make(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False, **extra) -> tfds.core.DatasetBuilder:
+  """The builder of the image folder `name` (a `kinds` maker); `skip_bad`: it leaves out files that do not decode."""
+  return ImageFolder(path=os.path.expanduser(name), skip_bad=skip_bad,
+                     **tfds_dataset.user_kwargs(data_dir, kwargs, extra))
 
 
 def list_files(root: str, test_fraction: float) -> tuple[list[str], dict[str, list[tuple[str, int]]]]:

@@ -24,11 +24,18 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import tfds_dataset
 from jaxdp.datasets import fingerprint
 
 SPLIT_SEED = 0  # The deterministic split's permutation; changing it must bump VERSION.
 SUPERVISED = (("x", "y"), ("inputs", "labels"))  # The supervised pair, the first present wins.
 SPLITS = ("train", "test")
+
+
+def make(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False, **extra) -> tfds.core.DatasetBuilder:
+  """The builder of the .npz file `name` (a `kinds` maker; a missing file is reported by name)."""
+  del skip_bad  # Arrays have nothing to decode.
+  return NpzFile(path=os.path.expanduser(name), **tfds_dataset.user_kwargs(data_dir, kwargs, extra))
 
 
 def array_names(path: str) -> tuple[str, ...]:

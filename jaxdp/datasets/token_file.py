@@ -14,7 +14,7 @@ from types import TracebackType
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data.token_file import DTYPES, meta_path
+from jaxdp.data.token_file import DTYPES, sidecar_path
 
 BYTE_VOCAB = 256  # Text written as UTF-8 bytes.
 
@@ -39,7 +39,7 @@ class Writer:
 
   def close(self) -> None:
     self._file.close()
-    with open(meta_path(self.path), "w") as f:
+    with open(sidecar_path(self.path), "w") as f:
       json.dump({"dtype": self.dtype, "vocab_size": self.vocab_size, "num_tokens": self.num_tokens}, f)
 
   def __enter__(self) -> "Writer":

@@ -91,9 +91,8 @@ def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple
 
 def _op_error_in_chain(error: BaseException | None) -> BaseException | None:
   """The first TensorFlow OpError among `error` and the errors it was raised from or while handling."""
-  if "tensorflow" not in sys.modules:
+  if (tf := sys.modules.get("tensorflow")) is None:  # No OpError can exist yet; importing TF would take seconds.
     return None
-  import tensorflow as tf
   seen = set()
   while error is not None and id(error) not in seen:
     if isinstance(error, tf.errors.OpError):

@@ -18,7 +18,7 @@ def setup_logging() -> None:
   if os.environ.get(distributed.ENV_PRINT_TO_STDERR):  # Under jaxdp.launch: see launch.GLOO_PIECES.
     sys.stdout = sys.stderr
   logging.basicConfig(format="%(message)s", handlers=[_Stdout()], force=True)
-  log.setLevel(logging.INFO)  # TFDS's bars are off in any output once it loads (jaxdp.runtime.quiet).
+  log.setLevel(logging.INFO)  # TFDS's bars are off in a command (`quiet.command`, from `cli.start`).
 
 
 class _Stdout(logging.StreamHandler):

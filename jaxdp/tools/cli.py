@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp.runtime import compilation_cache, cpu_devices, exits, process
+from jaxdp.runtime import compilation_cache, cpu_devices, exits, process, quiet
 from jaxdp.tools import restore
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
@@ -41,7 +41,7 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   `-h`/`--help`/`--helpfull` print the flags (with `usage` and the caller's `extra_help`) and exit 0.
   Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES) are set up here, before JAX starts.
   """
-  exit_if_help(argv, usage, extra_help)
+  start(argv, usage, extra_help)
   if (count := cpu_devices.requested(argv)) is not None:  # First: a config file may already ask JAX for devices.
     cpu_devices.simulate(count)
   new_keys = _new_keys(argv)
@@ -55,11 +55,13 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   return config_lib.with_defaults(config), fv.workdir
 
 
-def exit_if_help(argv: list[str], usage: str = "", extra_help: str = "") -> None:
-  """Prints the flags and exits 0 when `argv` asks for help; a tool calls it before its heavy imports."""
+def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
+  """A command's first step: the flags printed and exit 0 if `argv` asks for help, else the libraries' noise off."""
+  # Before the heavy imports (`--help` answers at once) and before JAX loads (`quiet.command`).
   if any(a in HELP_FLAGS for a in argv[1:]):
     print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
     raise SystemExit(0)
+  quiet.command()
 
 
 def help_text(usage: str, extra_help: str = "") -> str:
@@ -142,7 +144,7 @@ def main(argv: list[str], command: Command, *, require_workdir: bool = True,
   A config or command-line mistake is one `error:` line and status 2; an exception in `failures` (or a
   failed distributed start) is one `error:` line and status 1; any other exception is reported (`guarded`).
   """
-  exit_if_help(argv, usage)  # Before the logging setup, which loads JAX.
+  start(argv, usage)  # Before the logging setup, which loads JAX.
   process.setup_logging()
 
   def run() -> None:

@@ -47,7 +47,7 @@ def evaluate(config: Any, workdir: str, step: int | None = None, split: str | No
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
-  cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
+  cli.start(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
   process.setup_logging()
   return cli.guarded(lambda: _evaluate_command(argv))
 

@@ -23,7 +23,7 @@ EXTRA_HELP = ("  --prompt, --num_chars, --temperature, --seed: what to sample (d
               "  --step: the checkpoint to sample from (default: the newest).\n"
               "  --config is optional: the checkpoint's stored config is the default.")
 if __name__ == "__main__":
-  cli.exit_if_help(sys.argv, USAGE, EXTRA_HELP)  # Before JAX and TensorFlow load: `--help` answers at once.
+  cli.start(sys.argv, USAGE, EXTRA_HELP)  # Before JAX and TensorFlow load: `--help` answers at once.
 
 import jax  # noqa: E402  (below the help check)
 import jax.numpy as jnp  # noqa: E402
@@ -109,7 +109,7 @@ def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  cli.exit_if_help(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
+  cli.start(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
   process.setup_logging()
   return cli.guarded(lambda: _sample_command(argv))
 

@@ -7,7 +7,7 @@ from jaxdp.tools import cli
 
 USAGE = "python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]"
 if __name__ == "__main__":
-  cli.exit_if_help(sys.argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
+  cli.start(sys.argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
 
 
 def main(argv: list[str]) -> int:
