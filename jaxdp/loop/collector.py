@@ -2,7 +2,7 @@
 
 Left automatic, a collection runs in whichever thread allocates: in the loop's step dispatch or in its wait for
 a batch (booked as input), or in the prefetch thread while it holds the GIL, and the first full collection after
-compiling walks every object tracing made (experiments/loop_notes.md, "Garbage collection"). In a multi-process
+compiling walks every object tracing made (docs/design-notes.md#garbage-collection). In a multi-process
 run a pause on one process stalls every other at the next all-reduce; at fixed steps all processes pause at once.
 """
 
