@@ -23,7 +23,7 @@ from jaxdp.data.source import TfdsCorpus
 
 PyTree = Any
 Block = tuple[dict[str, np.ndarray], np.ndarray]  # (each feature stacked [steps, rows, ...], first step: int32 [])
-MAX_STEPS = 64  # Beyond this the transfer's cost per step is already < 2% of what it was; more only reads ahead.
+MAX_STEPS = 64  # Beyond this the transfer's cost per step is already small; more only reads ahead.
 
 
 def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:

@@ -30,7 +30,7 @@ class Collector:
     if self.every_steps > 0:
       self._was_enabled, self._was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
       gc.disable()
-      gc.freeze()  # O(1): no full collection here (one would cost every run its own ~0.1-0.2 s at the start).
+      gc.freeze()  # O(1): no full collection here (docs/design-notes.md#garbage-collection).
     return self
 
   def after(self, step: int) -> None:

@@ -15,8 +15,8 @@ data configuration") and draws progress bars while preparing: once TFDS loads, i
 ERROR are dropped and its bars are off (`tfds_prints` drops its two "prepared" prints).
 
 TensorFlow's `__init__` also imports Keras eagerly (to register Keras optimizers for SavedModels), which
-pulls in scikit-learn and takes about a third of TensorFlow's import: 1.2 s of the default run's 7 s
-start, in every process. tf.data needs none of it, and TensorFlow skips that import when Keras is
+pulls in scikit-learn and takes about a third of TensorFlow's import, in every process
+(docs/design-notes.md#tensorflows-keras-import). tf.data needs none of it, and TensorFlow skips that import when Keras is
 missing, so while TensorFlow's own `__init__` runs, `keras` reads as missing. Afterwards `import keras`
 and `tf.keras` load Keras as usual.
 """
