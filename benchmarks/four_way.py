@@ -8,7 +8,7 @@ Workloads (four_way_jax.get_config holds each model and recipe, read by every si
 Adam 1e-3, batch 1024, 60,000 synthetic float32 examples in an .npz), cnn (the default digits CNN, batch 128), resnet
 (ResNet-18 on synthetic 32x32x3 float32, batch 32), gpt (4 layers, width 128, context 64, batch 12, AdamW with
 warmup and cosine, clip 1.0, on 1.4 MB of Python's documentation, `python_docs`). Sides, each a fresh command:
-  jaxdp  `python -m jaxdp.train --config benchmarks/four_way_jax.py:WORKLOAD` (2 processes: through
+  jaxdp  `FOUR_WAY_WORKLOAD=W python -m jaxdp.train --config benchmarks/four_way_jax.py` (2 processes: through
          `python -m jaxdp.launch --num_processes 2`), jaxdp's defaults; the data as a user gives it (the .npz path
          as dataset.name, the text file as builder_kwargs.path, digits from TFDS), prepared before the first round.
          Eval and checkpoint once, at the last step, after the timed window (as the other sides evaluate once).
@@ -124,7 +124,8 @@ def prepare(workload: str, into: str, examples: int, tree: str, jaxdp: bool = Tr
     return npz, flags
   code = "import sys; from jaxdp import data; from jaxdp.tools import cli; data.load(cli.parse(sys.argv)[0].dataset)"
   cmd = [sys.executable, "-c", code, "--config", config_arg(workload), "--workdir", os.path.join(into, "prep"), *flags]
-  env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH", "")]))}
+  env = {**os.environ, **config_env(workload),
+         "PYTHONPATH": os.pathsep.join(filter(None, [tree, os.environ.get("PYTHONPATH", "")]))}
   done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
   if done.returncode:
     raise RuntimeError(f"preparing {workload}'s dataset for jaxdp failed:\n{done.stdout}{done.stderr}")
@@ -147,8 +148,14 @@ def python_docs() -> str:
 
 
 def config_arg(workload: str) -> str:
-  """The --config value that names the workload's config for jaxdp's CLI."""
-  return os.path.join(HERE, f"four_way_jax.py:{workload}")
+  """The --config value that names the workload's config for jaxdp's CLI (the workload itself: `config_env`)."""
+  del workload  # One config file; it reads the workload from the environment.
+  return os.path.join(HERE, "four_way_jax.py")
+
+
+def config_env(workload: str) -> dict[str, str]:
+  """The environment that picks `workload` in four_way_jax.py's get_config() for jaxdp's CLI."""
+  return {four_way_jax.WORKLOAD_VAR: workload}
 
 
 def is_variant(side: str) -> bool:
@@ -223,10 +230,10 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   seed = ctx["seeds"][index % len(ctx["seeds"])] if ctx["seeds"] else None
   cmd = command(side, workload, procs, steps, log_every, *ctx["data"][workload], workdir, seed,
                 ctx["variants"].get(side, ()))
+  env = {**(config_env(workload) if is_jaxdp(side) else {}), **ctx["env"].get(side, {})}
   load = abrun.load()
   for attempt in range(2):  # One retry: a shared machine's port clash must not end the study.
-    lines, wall, status = abrun.run(cmd, os.path.join(ctx["tmp"], name + ".log"), ctx["tree"],
-                                          ctx["env"].get(side, {}))
+    lines, wall, status = abrun.run(cmd, os.path.join(ctx["tmp"], name + ".log"), ctx["tree"], env)
     if not status:
       break
     tail = "\n".join(line for _, line in lines[-40:])
@@ -238,8 +245,7 @@ def measure(side: str, workload: str, procs: int, ctx: dict, index: int) -> dict
   first, last = abrun.window(stamps, warmup)
   own = abrun.self_reported(framework, lines, workdir, first, last, batch)
   out = {"side": side, "workload": workload, "procs": procs, "round": index, "seed": seed, "attempts": attempt + 1,
-         "cmd": shlex.join(f"{k}={v}" for k, v in ctx["env"].get(side, {}).items()) + " " * bool(ctx["env"].get(side))
-         + abrun.shown(cmd).replace(ctx["tmp"], "TMP"), "load_before": load, "load_after": abrun.load(),
+         "cmd": shlex.join(f"{k}={v}" for k, v in env.items()) + " " * bool(env) + abrun.shown(cmd).replace(ctx["tmp"], "TMP"), "load_before": load, "load_after": abrun.load(),
          "wall_s": wall, "window": [first, last], "global_batch": batch, "samples_per_s": own,
          "samples_per_s_driver": abrun.rate(stamps, first, last, batch), "ms_per_step": 1e3 * batch / own,
          **final_eval(side, lines, workdir)}

@@ -2,10 +2,10 @@
 
     python benchmarks/four_way_jax.py --workload gpt --data ARRAYS.npz --steps 400 [--log_every 25] \
         [--num_processes 2]
-    python -m jaxdp.train --config benchmarks/four_way_jax.py:mlp ...   # The same workload through jaxdp's CLI.
+    FOUR_WAY_WORKLOAD=mlp python -m jaxdp.train --config benchmarks/four_way_jax.py ...   # Through jaxdp's CLI.
 
-`get_config(name)` is the one home of each workload's model and recipe, read by every side; each starts from
-jaxdp's own config file:
+`get_config(name)` is the one home of each workload's model and recipe, read by every side (jaxdp's CLI calls it
+without a name: the workload is then $FOUR_WAY_WORKLOAD); each starts from jaxdp's own config file:
   mlp     configs/mlp_digits.py: MLP 784-1024-1024-10, Adam 1e-3, global batch 1024, on a synthetic float32 .npz;
   cnn     configs/default.py, unchanged: the digits CNN, Adam 3e-3, batch 128;
   resnet  configs/cifar10_resnet18.py's ResNet-18 and SGD (Nesterov momentum, weight decay) on synthetic
@@ -40,10 +40,12 @@ import ml_collections
 from jaxdp.configs import cifar10_resnet18, default, gpt_text_file, mlp_digits
 
 NAMES = ("mlp", "cnn", "resnet", "gpt")
+WORKLOAD_VAR = "FOUR_WAY_WORKLOAD"  # get_config()'s workload when jaxdp's CLI loads this file as its config.
 
 
-def get_config(name: str) -> ml_collections.ConfigDict:
-  """The jaxdp config of workload `name` (the data path is set by the study: dataset.name or builder_kwargs.path)."""
+def get_config(name: str = "") -> ml_collections.ConfigDict:
+  """The jaxdp config of workload `name` (default: $FOUR_WAY_WORKLOAD; the study sets the data path)."""
+  name = name or os.environ.get(WORKLOAD_VAR, "")
   if name == "mlp":
     config = mlp_digits.get_config()
     config.model.hidden = (1024, 1024)

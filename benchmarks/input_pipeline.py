@@ -37,7 +37,7 @@ def case_flags(case: str, tmp: str) -> list[str]:
     npz = os.path.join(tmp, "mlp.npz")
     if not os.path.exists(npz):
       four_way.synthetic("mlp", 60_000, npz)
-    return ["--config", four_way.config_arg("mlp"), f"--config.dataset.name={npz}", data_dir]
+    return ["--config", four_way.config_arg("mlp"), f"--config.dataset.name={npz}", data_dir]  # With config_env.
   if case == "tokens":
     path = os.path.join(tmp, "tokens.bin")
     if not os.path.exists(path):
@@ -57,7 +57,7 @@ def measure(case: str, tree: str, tmp: str, steps: int, index: int) -> dict[str,
   cmd = [sys.executable, "-m", "jaxdp.train", *case_flags(case, tmp), "--workdir", workdir,
          f"--config.num_train_steps={steps}", f"--config.log_every_steps={log_every}",
          f"--config.eval_every_steps={steps}", f"--config.checkpoint_every_steps={steps}"]
-  lines, _, status = abrun.run(cmd, workdir + ".log", tree)
+  lines, _, status = abrun.run(cmd, workdir + ".log", tree, four_way.config_env("mlp") if case == "memory" else {})
   if status:
     raise RuntimeError(f"{case} exited with status {status}:\n" + "\n".join(line for _, line in lines[-30:]))
   seconds = json.load(open(os.path.join(workdir, "goodput.json")))["seconds"]

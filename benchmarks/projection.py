@@ -1,4 +1,4 @@
-"""Validates jaxdp.projection against real multi-process runs: 1, 2 and 4 gloo processes on this machine.
+"""Validates jaxdp.tools.projection against real multi-process runs: 1, 2 and 4 gloo processes on this machine.
 
     python benchmarks/projection.py [--processes 1,2,4] [--batch 128] [--steps 80] [--rounds 3] [--config C.py]
 
@@ -60,7 +60,7 @@ def compute_shared(config: str, processes: int, batch: int, steps: int) -> float
 
 def isolated_step(config: str, batch: int) -> float:
   """What `jaxdp.inspect --project` measures: the train step alone, on a device-resident batch, 1 process."""
-  code = ("import sys, json; from jaxdp import cli, projection; "
+  code = ("import sys, json; from jaxdp.tools import cli, projection; "
           "config, _ = cli.parse(['x', '--config', sys.argv[1], '--cpu_devices', '1', *sys.argv[2:]], "
           "require_workdir=False); print(json.dumps(projection.compute_seconds(config, warmup=5, steps=40)))")
   out = subprocess.run([sys.executable, "-c", code, config, *overrides(batch, 1)], cwd=ROOT, check=True,
@@ -77,7 +77,8 @@ def steady_step_time(workdir: str, steps: int) -> float:
 
 def projected(config: str, processes: int, batch: int, compute_s: float) -> dict:
   """The projection's row for `processes` devices on gloo-localhost with the given compute time."""
-  code = ("import sys, json; from jaxdp import cli, cpu_devices, projection; cpu_devices.simulate(2); "
+  code = ("import sys, json; from jaxdp.runtime import cpu_devices; from jaxdp.tools import cli, projection; "
+          "cpu_devices.simulate(2); "
           "config, _ = cli.parse(['x', '--config', sys.argv[1], *sys.argv[4:]], require_workdir=False); "
           "r = projection.project(config, [int(sys.argv[2])], 'gloo-localhost', float(sys.argv[3])); "
           "print(json.dumps(r))")
