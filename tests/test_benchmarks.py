@@ -76,6 +76,19 @@ def test_four_way_models_have_the_same_parameters_in_both_frameworks(workload):
   assert net(torch.zeros(2, *reversed(shape)) if workload == "cnn" else torch.zeros(2, *shape)).shape == (2, 10)
 
 
+def test_the_four_way_config_file_takes_its_workload_from_the_environment(monkeypatch):
+  """jaxdp's CLI loads four_way_jax.py as a plain config file: FOUR_WAY_WORKLOAD names the workload."""
+  import four_way
+  import four_way_jax
+  monkeypatch.setenv(four_way_jax.WORKLOAD_VAR, "gpt")
+  assert four_way_jax.get_config().to_dict() == four_way_jax.get_config("gpt").to_dict()
+  assert four_way_jax.get_config("mlp").model.hidden == (1024, 1024)
+  assert four_way.config_env("cnn") == {four_way_jax.WORKLOAD_VAR: "cnn"}
+  monkeypatch.delenv(four_way_jax.WORKLOAD_VAR)
+  with pytest.raises(ValueError, match="unknown workload ''"):
+    four_way_jax.get_config()
+
+
 def test_resnet_imagenet_stem_is_an_option_and_a_bad_stem_is_named():
   def build(**fields):
     config = ml_collections.ConfigDict({"name": "resnet", "stage_sizes": (1,), "width": 8, "bn_axis_name": None,
