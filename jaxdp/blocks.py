@@ -1,7 +1,7 @@
 """Small host batches travel to the devices several steps at a time: one transfer per block of steps.
 
-Placing a batch costs the host about the same whatever its size (Python, one buffer per array and device:
-0.3 ms of CPU for the default run's 8 devices, 2% of its step; experiments/data_notes.md, "Blocks"). For a
+Placing a batch costs the host about the same whatever its size (Python, one buffer per array and device;
+docs/design-notes.md#loop-host-costs). For a
 split with nothing to decode (cached, token file, in memory) the batches are small and ready at once, so the
 prefetch thread stacks `steps` of them, the backend places the block in one call (`Backend.put_block`), and
 every step of the block passes the same device block: the step (`select`) takes its own batch out of it by
@@ -23,7 +23,7 @@ from jaxdp.data.source import TfdsCorpus
 
 PyTree = Any
 Block = tuple[dict[str, np.ndarray], np.ndarray]  # (each feature stacked [steps, rows, ...], first step: int32 [])
-MAX_STEPS = 64  # Beyond this the transfer's cost per step is already < 2% of what it was; more only reads ahead.
+MAX_STEPS = 64  # Beyond this the transfer's cost per step is already small; more only reads ahead.
 
 
 def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:

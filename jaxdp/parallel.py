@@ -129,7 +129,7 @@ class PmapBackend(Backend):
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
     sharding = NamedSharding(self._local_mesh, P(AXIS))
     n = len(self.local_devices)
-    # One call for the whole batch: cheaper than one per array (experiments/loop_overhead.md).
+    # One call for the whole batch: cheaper than one per array (docs/design-notes.md#loop-host-costs).
     return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, sharding)
 
   def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
@@ -217,7 +217,7 @@ class MeshBackend(Backend):
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
     # The whole batch in one call: with one process one device_put of the dict, cheaper than one per array
-    # (experiments/loop_overhead.md); with several, JAX places each array as before.
+    # (docs/design-notes.md#loop-host-costs); with several, JAX places each array as before.
     return jax.make_array_from_process_local_data(self.sharded, batch)
 
   def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:

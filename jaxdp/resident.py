@@ -5,9 +5,9 @@ device once, finished as its batches are, when its copies on this process's devi
 `parallel.resident_mb` MiB. The host then makes no batch at all: the train stream yields each step's row ids
 (`train_batches(row_ids=True)`), blocks of them travel as `jaxdp.blocks` does, and the step gathers its rows from the
 split on the device. The batches, and so the results, are bitwise those of the host's gather. What it removes is the
-host's part: the prefetch thread's gather and transfer of every batch (on the four-way MLP about 1.3 ms of a busy
-core a step; experiments/input_wait.md). On a CPU the device's gather then sits on the step's path, where the host's
-overlapped it: slower there (`AUTO_MIB`).
+host's part: the prefetch thread's gather and transfer of every batch. On a CPU the device's gather then sits on
+the step's path, where the host's overlapped it: slower there (`AUTO_MIB`;
+docs/design-notes.md#train-split-held-on-the-devices).
 """
 
 import functools
@@ -25,14 +25,14 @@ from jaxdp.data import Batch, Dataset, held
 
 PyTree = Any
 ID_BYTES = 4  # A row id as blocks carry it: int32.
-AUTO_MIB = 1024.0  # parallel.resident_mb="auto" on accelerators (unmeasured: none was lent; experiments/resident.md).
+AUTO_MIB = 1024.0  # parallel.resident_mb="auto" on accelerators (unmeasured there).
 
 
 def budget_mib(setting: Any, platform: str) -> float:
   """`parallel.resident_mb` in MiB on `platform` ("auto": 0 on CPU, AUTO_MIB elsewhere)."""
   if setting == "auto":
-    # On CPU the device's gather sits on the step's path, where the host's overlapped it: the four-way MLP's step
-    # 1.02 of the time, end to end 1.03 (2-core Zen 4; experiments/resident.md).
+    # On CPU the device's gather sits on the step's path, where the host's overlapped it.
+    # Why: docs/design-notes.md#train-split-held-on-the-devices
     return 0.0 if platform == "cpu" else AUTO_MIB
   return config_lib.mib(setting)
 

@@ -48,7 +48,7 @@ def test_fits_checks_the_batches_and_the_strategy():
 
 
 def test_the_dense_mlp_config_keeps_one_device():
-  """One device per core was slower for it at every batch measured (experiments/cpu_devices_ab.md)."""
+  """One device per core was slower for it at every batch measured (docs/design-notes.md#cpu-devices)."""
   assert mlp_digits.get_config().cpu_devices == "1" and default.get_config().cpu_devices == AUTO
 
 

@@ -84,7 +84,7 @@ def test_forward_and_gradient_match_the_reference(positions):
 
 
 def test_parameter_tree_is_unchanged():
-  """The names and shapes users' checkpoints and experiments/four_way_torch.py's loader rely on."""
+  """The names and shapes users' checkpoints and benchmarks/four_way_torch.py's loader rely on."""
   params = nnx.state(gpt.GPT((64,), 256, positions="rotary", rngs=nnx.Rngs(0)), nnx.Param)
   shapes = {"/".join(str(getattr(k, "key", k)) for k in path[:-1]): tuple(v.shape)  # path[-1]: the leaf's .value.
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}

@@ -1,8 +1,7 @@
 """Datasets that fit in memory decoded once: every read is then a numpy gather instead of parsing and decoding.
 
-Reading by index decodes each step's rows anew (parse the record, decode the PNG): on `digits` as much CPU as
-the small CNN's step itself, spent on the same cores, and for an .npz MLP set of 207 MiB, tf.data's parse took
-the cores that two processes' steps needed (experiments/data_notes.md, "A larger cache"). A dataset whose splits,
+Reading by index decodes each step's rows anew (parse the record, decode the PNG), on the cores the step needs
+(docs/design-notes.md#input-pipeline-choices). A dataset whose splits,
 decoded, take at most `dataset.cache_mb` MiB together ("auto": up to 1 GiB, by the machine's memory:
 `dataset.cache_budget_mib`) is decoded once, when a split is first opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
 yields the same bytes (tested), and its stream spec does not change. Images of varying size
@@ -101,7 +100,7 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order.
 
   Each chunk is copied into the split's arrays as it arrives: the decoded chunks and the whole split are never
-  held together, as a list of chunks concatenated at the end was (experiments/data_notes.md, "Peak memory").
+  held together, as a list of chunks concatenated at the end was (docs/design-notes.md#input-pipeline-choices).
   """
   tf = tf_setup.tensorflow()
   n = len(source)

@@ -19,8 +19,8 @@ from jaxdp.data.source import INPUTS, Corpus, Source
 Batch = dict[str, np.ndarray]
 CACHE_AUTO = "auto"  # dataset.cache_mb's default: a budget from the machine's memory (`cache_budget_mib`).
 # "auto" holds at most this much, and at most 1/CACHE_AUTO_SHARE of the machine's memory (a process decoding a split
-# holds its own copy, and every process does with cache_on_disk=False). An .npz MLP set of 207 MiB over the old 64: each step 0.69 of the time with 2 processes,
-# where tf.data's per-step parse took the cores the step needed (experiments/data_notes.md, "A larger cache").
+# holds its own copy, and every process does with cache_on_disk=False). A split over the budget is parsed by tf.data
+# every step, on the cores the step needs. Why: docs/design-notes.md#input-pipeline-choices
 CACHE_AUTO_MAX_MIB = 1024
 CACHE_AUTO_SHARE = 16
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")

@@ -100,7 +100,7 @@ def swapped(targets: np.ndarray) -> np.ndarray:
   """
   n = len(targets) + 1
   # Each temporary is n int64s and a split may have millions of rows: they are made in place and dropped as soon
-  # as they are used: about six are alive at once at the peak (experiments/data_notes.md, "The shuffle's memory").
+  # as they are used (docs/design-notes.md#input-pipeline-choices).
   if n <= KEYED_MAX:  # The steps grouped by target, each group in step order: one fast sort of int64 keys.
     keys = targets * n
     keys += np.arange(n - 1, dtype=np.int64)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
-# Steps whose draws `HostDraws` makes at once: numpy's per-call costs spread over them (experiments/data_notes.md).
+# Steps whose draws `HostDraws` makes at once: numpy's per-call costs spread over them.
 DRAW_BLOCK = 64
 
 

@@ -100,7 +100,7 @@ def example_check(ds: Dataset, per_example: Callable[[dict], dict] | None
 def decode_rows(batches: tf.data.Dataset, decode: Callable[[dict], dict],
                 spec: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
   """Each element's rows (of fixed decoded shapes `spec`) decoded by one map_fn, elements in parallel, in order:
-  faster than a tf.data map per row (experiments/data_notes.md; a split decoded whole: data_notes, "Cache")."""
+  faster than a tf.data map per row (docs/design-notes.md#input-pipeline-choices)."""
   tf = tf_setup.tensorflow()
   return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -129,7 +129,7 @@ def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
   if prefetch:
     batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
   # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread (seconds), so it is
-  # off unless asked for; decoding is as fast with the fixed parallelism (measurements: experiments/data_notes.md).
+  # off unless asked for; decoding is as fast with the fixed parallelism (docs/design-notes.md#input-pipeline-choices).
   options = tf.data.Options()
   options.autotune.enabled = prefetch == -1
   return batches.with_options(options)

@@ -18,9 +18,9 @@ from jaxdp.data.preprocess import SHUFFLE
 
 # Permutations this process keeps (n int64 each), shared by every `GlobalOrder` of the same (n, seed): the train
 # stream's, which reads ahead and so computes each epoch's first, and the audit's digest in the loop's thread,
-# which then finds it (an epoch's shuffle takes 10 ms for 60,000 rows, ~0.4 s for 1.28M; experiments/
-# input_wait.md). Room for the epoch in use, the next (reading ahead crosses epochs), a straggler (parallel tf.data
-# workers may still ask for an older epoch) and the audit's epoch behind the stream's. Others are recomputed.
+# which then finds it (an epoch's shuffle is not free for millions of rows). Room for the epoch in use, the next
+# (reading ahead crosses epochs), a straggler (parallel tf.data workers may still ask for an older epoch) and the
+# audit's epoch behind the stream's. Others are recomputed.
 EPOCHS_HELD = 4
 _held: collections.OrderedDict[tuple[int, int, int], np.ndarray] = collections.OrderedDict()  # Least recent first.
 _held_lock = threading.Lock()

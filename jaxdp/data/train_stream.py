@@ -52,7 +52,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
 
   `_tf_data`: through tf.data even where the batches could be built on the host (tests compare the two paths).
   A stream that ends lets tf.data's workers finish with it: an endless one is cancelled when it is released,
-  which can hold the process's exit for seconds (experiments/data_notes.md).
+  which can hold the process's exit (docs/design-notes.md#input-pipeline-choices).
   """
   rows = global_batch // process_count
   first_row = process_index * rows

@@ -2,7 +2,7 @@
 
 Left automatic, a collection runs in whichever thread allocates: in the loop's step dispatch or in its wait for
 a batch (booked as input), or in the prefetch thread while it holds the GIL, and the first full collection after
-compiling walks every object tracing made (experiments/loop_notes.md, "Garbage collection"). In a multi-process
+compiling walks every object tracing made (docs/design-notes.md#garbage-collection). In a multi-process
 run a pause on one process stalls every other at the next all-reduce; at fixed steps all processes pause at once.
 """
 
@@ -30,7 +30,7 @@ class Collector:
     if self.every_steps > 0:
       self._was_enabled, self._was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
       gc.disable()
-      gc.freeze()  # O(1): no full collection here (one would cost every run its own ~0.1-0.2 s at the start).
+      gc.freeze()  # O(1): no full collection here (docs/design-notes.md#garbage-collection).
     return self
 
   def after(self, step: int) -> None:

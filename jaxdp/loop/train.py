@@ -163,7 +163,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
       # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
-      # milliseconds to run again after taking a ready batch, which is host time (experiments/input_wait.md).
+      # to run again after taking a ready batch, which is host time (docs/design-notes.md#loop-host-costs).
       waited = placed.waited
       batch = next(batches)
       clock.add("input", placed.waited - waited)

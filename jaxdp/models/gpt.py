@@ -25,7 +25,7 @@ def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
   # Halves [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], written as x * [cos, cos] + flip(x) * [-sin, sin] over
   # an axis of the 2 halves: the same products and sums (so the same numbers), and where a split + concatenate
   # made XLA:CPU write concatenations forward and backward, a flip is an index map that fuses into the copy that
-  # lays q and k out for attention (experiments/gpt_step_parts.md). Elementwise either way on GPU and TPU.
+  # lays q and k out for attention (docs/design-notes.md#gpt-on-xlacpu). Elementwise either way on GPU and TPU.
   c = jnp.stack([cos, cos], axis=1)[None, :, None]   # [1, T, 1, 2, dim/2]: broadcast over batch and heads.
   s = jnp.stack([-sin, sin], axis=1)[None, :, None]
   halves = x.astype(jnp.float32).reshape(*x.shape[:-1], 2, dim // 2)
@@ -36,7 +36,7 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """jax.nn.dot_product_attention(q, k, v, is_causal=True) of [B, T, heads, head_dim], its XLA path written out."""
   # The same einsums, scale, mask value and softmax, without the grouped-query vmap (an extra axis on the masked
   # logits) and per-call mask the library wraps them in: a little faster in XLA:CPU's step, alone and with
-  # rotary (experiments/gpt_step_parts.md). On GPU and TPU the library's default (implementation=None) is this
+  # rotary (docs/design-notes.md#gpt-on-xlacpu). On GPU and TPU the library's default (implementation=None) is this
   # same XLA path, so nothing is lost there.
   t, s, dim = q.shape[1], k.shape[1], q.shape[-1]
   dtype = jnp.promote_types(q.dtype, jnp.float32)

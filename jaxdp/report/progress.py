@@ -157,7 +157,7 @@ class Reporter:
 
 
 class _Bar(tqdm.tqdm):
-  """A tqdm bar whose text is computed only when it is drawn (every step costs too much: experiments/loop_notes.md)."""
+  """A tqdm bar whose text is computed only when it is drawn (docs/design-notes.md#loop-host-costs)."""
 
   def __init__(self, describe: Callable[[], str], **kwargs):
     self._describe = describe  # Set first: tqdm draws once in __init__.

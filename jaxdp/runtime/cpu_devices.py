@@ -3,8 +3,8 @@ one per core on a single process), set through JAX's own config option before JA
 
 One CPU device runs each op of a step on XLA's intra-op threads, and many ops of a small model's step are too
 small to split, so cores idle; one device per core runs the batch's slices side by side and averages the
-gradients in memory. Measured end to end in experiments/cpu_devices_ab.md: faster for the CNN, ResNet-18 and
-the GPT, slower for a dense MLP, whose config (configs/mlp_digits.py) keeps one device.
+gradients in memory: faster for a small model's ops, slower for a dense MLP, whose config (configs/mlp_digits.py)
+keeps one device. Why: docs/design-notes.md#cpu-devices.
 """
 
 import dataclasses
@@ -22,7 +22,7 @@ ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
 KEY = "cpu_devices"
 AUTO = "auto"
-MEASURED = "experiments/cpu_devices_ab.md"
+MEASURED = "docs/design-notes.md#cpu-devices"
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"  # XLA's own way to ask (in XLA_FLAGS).
 MOST_AUTO = 8  # "auto" makes at most this many: each device holds a replica of the state.
 # XLA's CPU client runs every device's ops on one intra-op thread pool of max(PJRT_NPROC (else NPROC, else the

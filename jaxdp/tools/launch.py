@@ -39,7 +39,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # 
 # gloo (XLA's CPU collectives) writes "[Gloo] Rank 0 is connected to 3 peer ranks. Expected number of
 # connected peer ranks is : 3" to stdout for every communicator it sets up, with no setting to turn it off,
 # piece by piece, from one thread per local device: the pieces of two threads interleave in any order
-# (experiments/launch_notes.md). So a launched process prints Python's lines to its stderr
+# (docs/design-notes.md#launch). So a launched process prints Python's lines to its stderr
 # (distributed.ENV_PRINT_TO_STDERR), where gloo cannot cut into them, and its native stdout is relayed without
 # gloo's pieces and the numbers left between them.
 GLOO_PIECES = re.compile(r"\[Gloo\] Rank |is connected to |peer ranks\. |Expected number of connected peer ranks is : ")
@@ -287,7 +287,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--num_processes", type=int, required=True, help="Local processes to start.")
   parser.add_argument("--devices_per_process", type=int, default=1, help="CPU devices each process simulates.")
   parser.add_argument("--port", type=int, default=0, help="Coordinator port on 127.0.0.1 (0: a free one).")
-  # Off by default: on the machines tried it was slower or within the noise (experiments/launch_notes.md).
+  # Off by default: no gain seen on the machines tried. Why: docs/design-notes.md#launch
   parser.add_argument("--pin_cpus", action=argparse.BooleanOptionalAction, default=False,
                       help="Pin each process to its own 1/P of the cores, with as many BLAS/OpenMP threads (Linux).")
   parser.add_argument("--max_restarts", type=int, default=0,

@@ -43,7 +43,7 @@ class Interconnect:
 
 
 # Data sheets and published NCCL/TPU figures; latencies are typical small-message figures, an assumption.
-# gloo-localhost is a fit of `python experiments/gloo_alpha_beta.py`: its fits are in experiments/projection_notes.md.
+# gloo-localhost is measured, not from a data sheet (docs/design-notes.md#projection-interconnect).
 INTERCONNECTS: dict[str, Interconnect] = {
     "nvlink4": Interconnect(450e9, 3e-6, "H100 NVLink 4: 900 GB/s bidirectional = 450 GB/s per direction"),
     "ib-ndr": Interconnect(50e9, 5e-6, "InfiniBand NDR: 400 Gb/s per GPU's port = 50 GB/s per direction"),
@@ -53,8 +53,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
     "tpu-v6e": Interconnect(448e9, 2e-6, "TPU v6e ICI: 3584 Gb/s per chip, all links (jaxdp.topology.CHIPS)"),
     "eth-25g": Interconnect(25e9 / 8, 30e-6, "data-center Ethernet 25 GbE, TCP: 3.1 GB/s, ~30 us per message"),
     "eth-100g": Interconnect(100e9 / 8, 20e-6, "data-center Ethernet 100 GbE, TCP: 12.5 GB/s, ~20 us per message"),
-    "gloo-localhost": Interconnect(1.25e9, 220e-6, "gloo over TCP on localhost, 2 processes, fitted by "
-                                   "experiments/gloo_alpha_beta.py (experiments/projection_notes.md)", True),
+    "gloo-localhost": Interconnect(1.25e9, 220e-6, "gloo over TCP on localhost, 2 processes, fitted "
+                                   "(docs/design-notes.md#projection-interconnect)", True),
 }
 DEFAULT_INTERCONNECT = "ib-ndr"
 ACCUM = 4  # The gradient-accumulation what-if's micro-batches per step.
