@@ -2,10 +2,13 @@
 that join one run with every device they were given, and train as 1 x 8 does; a second run on a live workdir is
 refused. The shipped files (deploy/) are what the real runs here execute, so they cannot go stale."""
 
+import errno
 import hashlib
+import logging
 import os
 import pathlib
 import random
+import re
 import shlex
 import signal
 import socket
@@ -22,6 +25,7 @@ from jax._src import clusters
 from jaxdp import checkpoint, parallel, train
 from jaxdp.config import ConfigError
 from jaxdp.configs import default
+from jaxdp.loop import workdir_lock
 from jaxdp.runtime import distributed
 from jaxdp.tools import audit, launch
 
@@ -224,7 +228,8 @@ def test_the_sbatch_script_trains_two_tasks_as_one_by_eight(data_dir, tmp_path, 
   envs = [{**_clean_env(), **env, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r), "JAXDP_CPU_DEVICES": "4"}
           for r in range(2)]
   out0, out1 = _finish_all(_start([command, command], envs))
-  assert "2 processes of 4 devices; this one has 4 of the 4 devices it can see" in out0
+  readme = " ".join((ROOT / "README.md").read_text().split())  # Its example of the summary's line, unwrapped.
+  assert re.search(r"`(2 processes of 4 devices; this one has [^`]*)`", readme).group(1) in out0
   assert "step 10" in out0 and "step" not in out1  # Only process 0 reports.
   _assert_like_one_by_eight(data_dir, tmp_path, one_by_eight)
 
@@ -302,7 +307,7 @@ def test_a_second_run_on_a_live_workdir_is_refused_and_a_killed_one_resumes(data
     assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
     first.send_signal(signal.SIGSTOP)  # Holds still: anything that changes now is the second run's doing.
     before = _snapshot(workdir)
-    second = subprocess.run(args(100000), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    second = subprocess.run(args(20), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     err = second.stderr.strip()
     assert second.returncode == 2 and len(err.splitlines()) == 1, err[-3000:]
     assert err.startswith(f"error: workdir {str(workdir)!r} is in use by a live run (process 0 on host "
@@ -316,3 +321,12 @@ def test_a_second_run_on_a_live_workdir_is_refused_and_a_killed_one_resumes(data
   resumed = subprocess.run(args(last + 2), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"resumed from {workdir}/checkpoints/{last}" in resumed.stdout
+
+
+def test_a_workdir_without_locks_is_trained_with_a_warning(tmp_path, monkeypatch, caplog):
+  def no_locks(fd: int, operation: int) -> None:
+    raise OSError(errno.ENOLCK, "No locks available")
+  monkeypatch.setattr(workdir_lock.fcntl, "flock", no_locks)
+  with caplog.at_level(logging.WARNING, logger="jaxdp"), workdir_lock.hold(str(tmp_path)):
+    pass
+  assert "not taken (No locks available): a second run there would not be refused" in caplog.text
