@@ -114,6 +114,16 @@ def test_slurm_tasks_take_every_gpu_they_were_given(joined_with, layout):
   assert found == (f"gpu001:{4242 % 4096 + 61440}", ntasks, procid, ids)
 
 
+def test_the_summary_counts_the_gpus_a_process_could_see(joined_with, monkeypatch):
+  joined_with(LAYOUTS["8 tasks sharing a node's GPUs"][0])  # Took [3] of the 8 it sees.
+  assert distributed.devices_seen(1, "gpu") == 8
+  assert distributed.devices_seen(4, "cpu") == 4  # local_device_ids leave CPU devices alone.
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+  assert distributed.devices_seen(1, "gpu") is None  # How many there were is unknown: "?".
+  joined_with(LAYOUTS["one task per node"][0])  # Took all it sees.
+  assert distributed.devices_seen(8, "gpu") == 8
+
+
 def test_slurm_devices_that_do_not_divide_among_the_tasks_are_one_error(joined_with):
   with pytest.raises(ConfigError, match="3 processes on this node cannot share its 8 visible GPUs"):
     joined_with(_slurm(3, 3, 1, CUDA_VISIBLE_DEVICES=EIGHT))
