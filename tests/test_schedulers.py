@@ -324,6 +324,13 @@ def test_a_second_run_on_a_live_workdir_is_refused_and_a_killed_one_resumes(data
                           f"{socket.gethostname()}, pid {first.pid})"), err
     assert _snapshot(workdir) == before
     assert any(name.startswith("checkpoints/") for name in before) and "metrics.jsonl" in before
+    # A run of two processes: process 0 is refused, and process 1, told so, writes nothing either.
+    launched = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process",
+                               "1", "--", *args(20)[3:], "--config.audit_data=True"], env=env, capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT_S)
+    output = launched.stdout + launched.stderr
+    assert launched.returncode == 2 and f"workdir {str(workdir)!r} is in use by a live run" in output, output[-3000:]
+    assert _snapshot(workdir) == before
   finally:
     os.killpg(first.pid, signal.SIGKILL)  # As a node dies: the lock's file stays, its lock goes with the process.
     first.wait()
