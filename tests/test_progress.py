@@ -198,9 +198,11 @@ def test_summary_names_processes_and_their_batch_and_the_epochs_to_a_tenth(confi
   lines = summary.describe(config, backend, layout, ds, models.get_model(config.model, ds.input_shape, 10))
   assert lines["schedule"].endswith("(= 1.5 epochs)")
   if processes == 1:
-    assert "; 1 process, " in lines["devices"] and "per process" not in lines["batch"]
+    assert "; 1 process; this one has 8 of the 8 devices it can see" in lines["devices"]
+    assert "per process" not in lines["batch"]
   else:
-    assert "; 2 processes, " in lines["devices"] and "global 32 = 8 devices x 4 (16 per process);" in lines["batch"]
+    assert "; 2 processes of 8 devices; this one has 8 of the 8" in lines["devices"]
+    assert "global 32 = 8 devices x 4 (16 per process);" in lines["batch"]
 
 
 def test_cli_output_when_not_a_terminal(data_dir, tmp_path):

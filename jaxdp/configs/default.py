@@ -44,12 +44,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.cpu_devices = "auto"
 
   # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
-  # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch) or from SLURM / Open MPI / TPU detection.
+  # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch), JAX's JAX_* of the same names (Kubeflow), or
+  # from JAX's own detection (SLURM, Open MPI, Cloud TPU, an indexed Kubernetes Job).
   config.distributed = ml_collections.ConfigDict()
   config.distributed.coordinator_address = config_dict.placeholder(str)  # "host:port" of process 0.
   config.distributed.num_processes = 0   # Processes in the run; 0: from the environment.
   config.distributed.process_id = -1     # This process's rank; -1: from the environment.
-  config.distributed.auto_detect = True  # Join automatically under SLURM, Open MPI or a multi-host TPU slice.
+  config.distributed.auto_detect = True  # Join when JAX's detection finds several processes.
   config.distributed.init_timeout_s = 300  # Give up joining after this long, with an error naming the coordinator.
   config.distributed.heartbeat_timeout_s = 100  # A process silent this long is declared lost; the others exit.
 

@@ -25,7 +25,7 @@ from jaxdp.data import held
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
-from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas
+from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas, workdir_lock
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
@@ -110,6 +110,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     parts = build.build(config, **objects.build_kwargs())
     named = objects.named(parts.config)  # What the summary shows and checkpoints store.
     _check_workdir(workdir)
+    stack.enter_context(workdir_lock.hold(workdir))  # Before anything is written there: one run per workdir.
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
     summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
                                    parts.task_info.describe() if parts.task_info else ""))

@@ -1,5 +1,6 @@
 """The short summary a run prints at start: devices, backend, batch layout, model size, data, compute."""
 
+import collections
 import math
 import sys
 from typing import Any, TextIO
@@ -11,6 +12,7 @@ import numpy as np
 from jaxdp import config as config_lib
 from jaxdp import data, parallel
 from jaxdp.report import units
+from jaxdp.runtime import distributed
 from jaxdp.models import Model
 
 
@@ -77,10 +79,16 @@ def _leaf_bytes(x: Any) -> int:
 
 
 def _devices(backend: parallel.Backend) -> str:
+  """The devices, how many each process has, and how many of those it could see this one took."""
   device = backend.devices[0]
+  counts = sorted(set(collections.Counter(d.process_index for d in backend.devices).values()))
   processes = jax.process_count()
-  return (f"{backend.num_devices} x {device.device_kind} ({device.platform}); {processes} "
-          f"process{'es' if processes > 1 else ''}, {len(backend.local_devices)} devices on this one")
+  spread = "1 process" if processes == 1 else f"{processes} processes of {counts[0]}" + (
+      f" to {counts[-1]}" if len(counts) > 1 else "") + " devices"
+  taken = len(backend.local_devices)
+  seen = distributed.devices_seen(taken, device.platform)
+  return (f"{backend.num_devices} x {device.device_kind} ({device.platform}); {spread}; this one has {taken} of "
+          f"the {'?' if seen is None else seen} devices it can see")
 
 
 def _batch(layout: config_lib.Layout) -> str:

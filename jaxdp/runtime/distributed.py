@@ -26,15 +26,98 @@ ENV_JOINED_FILE = "JAXDP_JOINED_FILE"
 _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
 _joined = False  # This process joined its run (`initialize`): a second call (the CLI, then the loop) is a no-op.
 
-# Markers of clusters where `jax.distributed.initialize()` finds every argument by itself.
-_CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+# JAX's names for the same three facts (Kubeflow Trainer's JAX runtime sets them; JAX reads only the address).
+JAX_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+# A local device list set by the user: JAX reads it itself, and jaxdp's choice (local_device_ids) steps aside.
+ENV_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
+# The GPUs a process sees, as the scheduler bound them (Slurm sets one of these per task).
+_VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+_restricted_to: list[int] = []  # The local_device_ids passed to JAX when this process took a share of what it sees.
+
+
+def _cluster() -> type | None:
+  """The cluster JAX's own detection finds, as `jax.distributed.initialize()` would, without reaching the network.
+
+  A Kubernetes pod counts only in an indexed Job (JOB_COMPLETION_INDEX): every pod has KUBERNETES_SERVICE_HOST,
+  and JAX's detection of the rest asks the Kubernetes API, which it does itself while joining.
+  """
+  from jax._src import clusters  # JAX's registry of cluster kinds, in the order its own detection tries them.
+  for env in clusters.ClusterEnv._cluster_types:
+    if env.opt_in_only_method or (env is clusters.K8sCluster and "JOB_COMPLETION_INDEX" not in os.environ):
+      continue
+    if env.is_env_present():
+      return env
+  return None
+
+
+def _several(cluster: type) -> bool:
+  """Whether this process is one of several in `cluster` (an indexed Kubernetes Job: its size is the API's)."""
+  from jax._src import clusters
+  return cluster is clusters.K8sCluster or cluster.get_process_count() > 1
 
 
 def _cluster_detected() -> bool:
-  """Whether this process is one of several under SLURM, Open MPI or a multi-host Cloud TPU slice."""
-  if any(int(os.environ.get(v, "1") or 1) > 1 for v in _CLUSTER_SIZE_VARS):
-    return True
-  return "," in os.environ.get("TPU_WORKER_HOSTNAMES", "")
+  """Whether JAX's cluster detection finds this process to be one of several (SLURM, Open MPI, Cloud TPU, K8s)."""
+  return (cluster := _cluster()) is not None and _several(cluster)
+
+
+def _visible_devices() -> int | None:
+  """How many GPUs this process sees as the scheduler bound them; None where no variable says."""
+  for name in _VISIBLE_DEVICES:
+    if (value := os.environ.get(name)) is not None:
+      return len([d for d in value.split(",") if d.strip()])
+  return None
+
+
+def _slurm_node() -> tuple[int, int | None]:
+  """(tasks of this step on this node, GPUs per task or None) from SLURM's variables."""
+  counts = []  # SLURM's compressed list: "8(x2),4" is 8, 8, 4.
+  for part in (os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE", "1")).split(","):
+    count, _, times = part.partition("(x")
+    counts += [int(count)] * int(times.rstrip(")") or 1)
+  node = min(int(os.environ.get("SLURM_NODEID", "0")), len(counts) - 1)
+  per_task = os.environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "1" or "a100:1".
+  return counts[node], int(per_task) if per_task.isdigit() else None
+
+
+def _ompi_node() -> tuple[int, int | None]:
+  """(processes on this node, None) from Open MPI's variables."""
+  return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")), None
+
+
+_NODES = {"slurm": _slurm_node, "ompi": _ompi_node}  # Clusters that start several processes per node.
+
+
+def local_device_ids(cluster: type) -> list[int] | None:
+  """The GPUs this process takes under `cluster`, for `jax.distributed.initialize`: [] for all it sees.
+
+  JAX's default is one GPU per process (its local rank), so one process per node took one of the node's GPUs.
+  Here a process takes all it sees, unless the node's processes all see the same GPUs: then its share, by local
+  rank. None (JAX decides): the user set JAX_LOCAL_DEVICE_IDS, or the cluster has no local ranks.
+  """
+  if os.environ.get(ENV_LOCAL_DEVICE_IDS) or getattr(cluster, "name", "") not in _NODES:
+    return None
+  here, per_task = _NODES[cluster.name]()
+  visible, rank = _visible_devices(), cluster.get_local_process_id()
+  if here <= 1 or visible == 0:
+    return []
+  if visible is None:  # How many the node has is unknown: one each, as JAX does.
+    return [rank]
+  if visible < here or visible == per_task:  # The scheduler gave each process its own.
+    return []
+  if visible % here:
+    raise ConfigError(f"{here} processes on this node cannot share its {visible} visible GPUs evenly "
+                      f"({_VISIBLE_DEVICES[0]} and the like); give each task its own (--gpus-per-task) "
+                      f"or set {ENV_LOCAL_DEVICE_IDS}")
+  share = visible // here
+  return list(range(rank * share, (rank + 1) * share))
+
+
+def devices_seen(taken: int, platform: str) -> int | None:
+  """How many devices this process could see, having taken `taken`; None where no variable says."""
+  if not _restricted_to or platform == "cpu":  # It took all it sees (local_device_ids restrict GPUs only).
+    return taken
+  return _visible_devices()
 
 
 class DistributedInitError(RuntimeError):
@@ -85,13 +168,30 @@ def _report_joined() -> None:
       pass
 
 
+def _from_environment() -> tuple[str, str, str]:
+  """(address, count, id) as text from jaxdp's variables, else JAX's (JAX_ENV): whichever names an address."""
+  for names in ((ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID), JAX_ENV):
+    if os.environ.get(names[0]):
+      return tuple(os.environ.get(name, "") for name in names)
+  return "", os.environ.get(ENV_NUM_PROCESSES, ""), os.environ.get(ENV_PROCESS_ID, "")
+
+
+def _integer(text: str, default: int, what: str) -> int:
+  """`text` as an integer (`default` when empty); a ConfigError naming `what` and the text otherwise."""
+  try:
+    return int(text) if text.strip() else default
+  except ValueError:
+    raise ConfigError(f"distributed: {what} must be an integer, got {text!r}") from None
+
+
 def settings(config: ml_collections.ConfigDict) -> dict:
   """Coordinator address, process count and id from `config.distributed`, else the environment."""
   c = config.distributed
-  address = c.coordinator_address or os.environ.get(ENV_COORDINATOR)
-  num = c.num_processes or int(os.environ.get(ENV_NUM_PROCESSES, 0))
+  address, num_text, pid_text = _from_environment()
+  address = c.coordinator_address or address or None
+  num = c.num_processes or _integer(num_text, 0, "the process count")
   pid = c.process_id
-  pid = pid if pid >= 0 else int(os.environ.get(ENV_PROCESS_ID, -1))
+  pid = pid if pid >= 0 else _integer(pid_text, -1, "the process id")
   if address and (num < 1 or not 0 <= pid < num):
     raise ConfigError(f"distributed: coordinator {address!r} needs num_processes >= 1 and 0 <= process_id < "
                       f"num_processes, got num_processes={num!r}, process_id={pid!r}")
@@ -104,16 +204,19 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
   Must run before any JAX computation. Fails after `distributed.init_timeout_s` instead of waiting forever.
   Called again in a process that already joined (the CLI joins, then `train_and_evaluate` asks), it returns True.
   """
-  global _joined
+  global _joined, _restricted_to
   if _joined:
     return True
   die_with_launcher()
   c = config.distributed
   explicit = settings(config)
-  auto = c.auto_detect and _cluster_detected()
-  if not explicit["coordinator_address"] and not auto:
+  cluster = _cluster()
+  if not explicit["coordinator_address"] and not (c.auto_detect and cluster is not None and _several(cluster)):
     return False
   kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
+  # Under a cluster JAX picks one GPU per process unless told otherwise, explicit settings or not.
+  if cluster is not None and (ids := local_device_ids(cluster)) is not None:
+    kwargs["local_device_ids"] = ids
   timeout = c.init_timeout_s
   if explicit["coordinator_address"] and explicit["process_id"] != 0:
     wait_for_coordinator(explicit["coordinator_address"], timeout)
@@ -126,6 +229,7 @@ def initialize(config: ml_collections.ConfigDict) -> bool:
                                f"{explicit['process_id']} of {explicit['num_processes']} within {timeout} s: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
   _joined = True
+  _restricted_to = kwargs.get("local_device_ids") or []
   _report_joined()
   return True
 
@@ -136,5 +240,5 @@ def joined() -> bool:
 
 
 def launched() -> bool:
-  """Whether this process was started to join a run (jaxdp.launch or a scheduler script set JAXDP_*)."""
-  return bool(os.environ.get(ENV_COORDINATOR))
+  """Whether this process was started to join a run (jaxdp.launch or a scheduler set JAXDP_* or JAX_*)."""
+  return bool(_from_environment()[0])

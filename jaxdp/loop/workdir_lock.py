@@ -1,0 +1,61 @@
+"""One run per workdir: process 0 of a run holds an OS lock (flock) on WORKDIR/jaxdp.lock while it runs.
+
+A second run on a live workdir stops before it writes anything there, naming the holder; processes that joined
+the run do not take the lock. The kernel drops the lock when its holder dies, so a killed run never blocks its
+restart, whatever the file still says.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+from collections.abc import Iterator
+
+import jax
+import numpy as np
+
+from jaxdp.config import ConfigError
+
+FILE = "jaxdp.lock"
+log = logging.getLogger("jaxdp")
+
+
+def _take(path: str) -> tuple[int | None, str]:
+  """(the open file holding the lock, "") or (None, who holds it); (None, "") where the filesystem has no locks."""
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+    os.close(fd)
+    return None, holder or "a run that has not yet written its name"
+  except OSError as e:  # ENOLCK, ENOSYS: some network mounts have no locks (Lustre without -o flock).
+    os.close(fd)
+    log.warning("workdir lock %s not taken (%s): a second run there would not be refused", path, e.strerror or e)
+    return None, ""
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"process 0 on host {socket.gethostname()}, pid {os.getpid()}\n".encode(), 0)
+  return fd, ""
+
+
+def _agreed(refused: bool) -> bool:
+  """Process 0's verdict, on every process: none writes into a workdir that its process 0 was refused."""
+  if jax.process_count() == 1:
+    return refused
+  from jax.experimental import multihost_utils
+  return bool(multihost_utils.broadcast_one_to_all(np.int32(refused)))
+
+
+@contextlib.contextmanager
+def hold(workdir: str) -> Iterator[None]:
+  """Holds `workdir` for this run; a ConfigError naming the holder where a live run already holds it."""
+  fd, holder = _take(os.path.join(workdir, FILE)) if jax.process_index() == 0 else (None, "")
+  if _agreed(bool(holder)):
+    raise ConfigError(f"workdir {workdir!r} is in use by a live run ({holder or 'seen by process 0'}): stop it "
+                      f"or choose another --workdir; processes of one run join it (jax.distributed) first")
+  try:
+    yield
+  finally:
+    if fd is not None:
+      os.close(fd)  # Releases the lock.
