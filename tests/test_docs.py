@@ -49,11 +49,10 @@ def commands(body: str) -> list[str]:
 
 
 def quickstart() -> list[str]:
-  """The Quickstart section's commands, as ../shared/tools/fresh-quickstart reads them."""
+  """The Quickstart section's commands, read as ../shared/tools/fresh-quickstart reads them (every block)."""
   text = (ROOT / "README.md").read_text()
   section = re.search(r"^## Quickstart$(.*?)(?=^## )", text, re.M | re.S).group(1)
-  return [c for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, re.S) if lang != "text"
-          for c in commands(body)]
+  return [c for body in re.findall(r"```[a-z]*\n(.*?)```", section, re.S) for c in commands(body)]
 
 
 def ci_test_command() -> str:
@@ -76,9 +75,7 @@ def run(argv: list[str], cwd: pathlib.Path, where: str) -> str:
   """Runs `argv` in `cwd` with 2 CPU devices; fails naming `where` and the output's end when it fails."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), "JAXDP_CPU_DEVICES": "2"}
   env.pop("XLA_FLAGS", None)
-  import time; t0 = time.time()
   p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-  print(f"TIMING {time.time() - t0:.1f}s {where} {argv[-1][:90]}")
   assert p.returncode == 0, f"{where}: {shlex.join(argv)} exited {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}"
   return p.stdout + p.stderr
 
@@ -104,7 +101,8 @@ def test_every_block_declares_what_it_is_and_no_run_says_why():
 
 
 def test_the_quickstart_is_two_commands_and_its_test_command_is_what_ci_runs():
-  first, second = quickstart()
+  assert len(found := quickstart()) == 2, f"the Quickstart's code blocks hold {found}"
+  first, second = found
   assert first.startswith('pip install -e ".[test]" && python -m jaxdp.train'), first
   assert second == ci_test_command() == "python -m pytest tests"
 
@@ -129,7 +127,10 @@ def test_every_block_runs_and_the_sample_output_is_todays(tmp_path, data_dir, mo
         script = work / (name.group(1) if name else "block.py")
         script.write_text(re.sub(r"num_train_steps = \d+", f"num_train_steps = {STEPS}",
                                  body.replace("/tmp/", f"{tmp_path}/")))
-        outputs[where] = run([sys.executable, script.name], work, where)
+        if name:  # A module for later blocks: they run it.
+          assert name.group(1)[:-3] in page.read_text()[page.read_text().index(body) + len(body):], f"{where}: unused"
+        else:
+          outputs[where] = run([sys.executable, script.name], work, where)
         continue
       for command in commands(body):
         if (short := shortened(command, tmp_path)) is not None:
