@@ -68,6 +68,13 @@ def _default(config: Any, key: str) -> str:
   return repr(value)
 
 
+def _configs() -> str:
+  """A table of the ready configs, each described by its module docstring's first line."""
+  rows = [f"| `jaxdp/configs/{path.name}` | {_cell(ast.get_docstring(ast.parse(path.read_text())).splitlines()[0])} |"
+          for path in sorted(DEFAULT.parent.glob("*.py")) if path.name != "__init__.py"]
+  return "\n## Ready configs\n\n| config | what |\n| --- | --- |\n" + "\n".join(rows) + "\n"
+
+
 def _cell(text: str) -> str:
   return text.replace("|", "\\|")
 
@@ -86,7 +93,7 @@ def render() -> str:
   top = "\n## Top level\n\n" + TABLE
   removed = "\n## Removed keys\n\nSetting one is a one-line `ConfigError` naming it.\n\n| key | why |\n| --- | --- |\n"
   removed += "\n".join(f"| `{key}` | {_cell(why)} |" for key, why in REMOVED.items())
-  return HEADER + top + "\n" + "\n".join(rows) + "\n" + removed + "\n"
+  return HEADER + _configs() + top + "\n" + "\n".join(rows) + "\n" + removed + "\n"
 
 
 if __name__ == "__main__":
