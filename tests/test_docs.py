@@ -11,9 +11,11 @@ directory shared by every block of every page (pages run in order: README.md, th
 commands run in a working directory where `jaxdp/` is the repository's; `python -m
 jaxdp.train` and `jaxdp.launch` commands get `--config.num_train_steps=3`, and `num_train_steps = N` in Python
 becomes 3; `pip install ... &&` is dropped (the suite runs installed) and `python -m pytest tests` is not run
-but must be what .ci/run runs. Commands run with 2 CPU devices per process.
+but must be what .ci/run runs; `--topology` runs only where libtpu is installed (the `tpu` extra, which CI
+installs; test_topology.py skips likewise). Commands run with 2 CPU devices per process.
 """
 
+import importlib.util
 import os
 import pathlib
 import re
@@ -64,7 +66,7 @@ def shortened(command: str, tmp: pathlib.Path) -> str | None:
   """`command` as the test runs it, or None where it is not run here (the suite itself)."""
   command = command.replace("/tmp/", f"{tmp}/")
   command = re.sub(r"^pip install [^&]*&&\s*", "", command)
-  if command.startswith("python -m pytest"):
+  if command.startswith("python -m pytest") or ("--topology" in command and not importlib.util.find_spec("libtpu")):
     return None
   if re.search(r"python -m jaxdp\.(train|launch)\b", command):
     command += f" --config.num_train_steps={STEPS}"
