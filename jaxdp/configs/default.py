@@ -72,14 +72,14 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float
-  # labels: regression, else classification). Other fields are the task's keyword arguments (README: Your own task).
+  # labels: regression, else classification). Other fields are the task's keyword arguments (docs/tasks.md).
   config.task.name = ""
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "cnn"          # mlp | cnn | "package.module:ClassName" (NNX or linen); other fields are kwargs.
 
   config.dataset = ml_collections.ConfigDict()
-  config.dataset.name = "digits"     # TFDS name, "module:Class", ./folder, x.npz or token_file (README: Your own data).
+  config.dataset.name = "digits"     # TFDS name, "module:Class", ./folder, x.npz or token_file (docs/data.md).
   config.dataset.data_dir = config_dict.placeholder(str)  # TFDS data_dir; None means the TFDS default.
   config.dataset.builder_kwargs = ml_collections.ConfigDict()  # Keyword arguments of the TFDS builder (text_file: path, seq_len).
   config.dataset.train_split = "train"  # TFDS split spec, e.g. "train[:90%]".
