@@ -70,8 +70,7 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where nothing was set."""
   global _threads
-  from jaxdp.runtime import xla_cpu
-  if xla_cpu.backends_started():
+  if backends_started():
     _warn_if_started_unlike(config, cores)
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
