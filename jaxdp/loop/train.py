@@ -73,12 +73,14 @@ class _Run:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model: Any = None, task: Any = None,
-                       train_data: Any = None, eval_data: Any = None) -> Result:
+                       train_data: Any = None, eval_data: Any = None, optimizer: Any = None) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
 
   Objects override the config's names: `model` an NNX module class or instance (its current parameters are
   the init) or a linen module; `task` a function or task object `task(model, batch) -> (loss, metrics)`;
-  `train_data`/`eval_data` a dict of numpy arrays or a random-access source. The checkpoints' config records
+  `train_data`/`eval_data` a dict of numpy arrays or a random-access source; `optimizer` any optax
+  GradientTransformation (its own schedule and decay; config.max_grad_norm still clips the reduced gradient
+  before it). The checkpoints' config records
   them as "<object ...>", so that `jaxdp.evaluate` on the workdir says which argument to pass.
   In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins the run first.
 
@@ -86,7 +88,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
   keeps it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
   """
   config = config_lib.with_defaults(config)
-  objects = Objects(model, task, train_data, eval_data)
+  objects = Objects(model, task, train_data, eval_data, optimizer)
   try:
     process.join(config)  # As the CLI does before its command (a no-op after it); sets the compilation cache.
     # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
