@@ -49,6 +49,8 @@ class Result:
   eval_metrics: dict[str, float]
   preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
   model: models.Model | None = None  # The model as the run built it.
+  resumed_from: int | None = None  # The checkpoint step this call resumed from (== num_train_steps: nothing to train).
+  preempted_at: int | None = None  # The step checkpointed when a stop was requested.
 
   @functools.cached_property
   def params(self) -> PyTree:
@@ -136,9 +138,6 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   parts, config, state, clock = run.parts, run.parts.config, run.state, run.clock
   backend, total = parts.backend, config.num_train_steps
   start = int(backend.get(state.step))
-  if start:
-    log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
-             "; already at num_train_steps, nothing to train" if start >= total else "")
   with clock.span("setup"):
     stream = data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
@@ -162,6 +161,10 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
+  if start:  # The status lines are printed (not logged): a script or notebook sees them as the command line does.
+    reporter.note(f"resumed from step {start} ({run.checkpointer.directory}/{start})"
+                  + (f"; nothing to train: step {start} of {total}" if start >= total else ""))
+    loop.eval_metrics = _last_eval(run.workdir, start) if start >= total else {}
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
       # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
@@ -185,12 +188,12 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
       if watcher.should_stop(step):
         if loop.saved != step:
           loop.save(step, state, force=True)
-        log.info("step %d: stop requested; checkpoint saved, exiting", step)
+        reporter.note(f"step {step}: stop requested; checkpoint saved, exiting (preempted at step {step})")
         loop.finish(step)
-        return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
+        return Result(state, backend, loop.eval_metrics, True, parts.model, start or None, step)
   reporter.done()
   loop.finish(total)
-  return Result(state, backend, loop.eval_metrics, model=parts.model)
+  return Result(state, backend, loop.eval_metrics, model=parts.model, resumed_from=start or None)
 
 
 @dataclasses.dataclass
@@ -346,6 +349,15 @@ def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: st
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches
+
+
+def _last_eval(workdir: str, step: int) -> dict[str, float]:
+  """The eval metrics metrics.jsonl holds for `step` (a finished run's last), or {} where it holds none."""
+  try:
+    records = [r for r in metrics.read(workdir) if r.get("step") == step]
+  except (OSError, ValueError):
+    return {}
+  return {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
 
 
 def _skipped_at(workdir: str, step: int) -> int:
