@@ -93,11 +93,12 @@ def test_a_file_source_whose_unsampled_row_changed_is_refused_on_resume(config, 
   path = str(tmp_path / "rows.npy")
   np.save(path, np.random.default_rng(0).random((200, 64), np.float32))
   config.num_train_steps, config.checkpoint_every_steps = 2, 2
-  train.train_and_evaluate(config, str(tmp_path / "w"), train_data=FileRows(path))
+  held_out = {"inputs": np.zeros((16, 8, 8, 1), np.float32), "labels": np.arange(16) % 10}
+  train.train_and_evaluate(config, str(tmp_path / "w"), train_data=FileRows(path), eval_data=held_out)
   rows = np.load(path)
   rows[1] += 1  # Row 1 is none of the 64 rows a source without an identity is sampled at.
   np.save(path, rows)
   os.utime(path, ns=(os.stat(path).st_atime_ns, os.stat(path).st_mtime_ns + 10**9))  # A later mtime, whatever the clock.
   config.num_train_steps = 4
   with pytest.raises(ConfigError, match="input stream differs .*dataset '<in-memory>@"):
-    train.train_and_evaluate(config, str(tmp_path / "w"), train_data=FileRows(path))
+    train.train_and_evaluate(config, str(tmp_path / "w"), train_data=FileRows(path), eval_data=held_out)

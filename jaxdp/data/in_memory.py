@@ -7,7 +7,8 @@ index in jaxdp's global order like any other source (in parallel tf.data workers
 feature is a key of the dict (nested dicts flattened with "/"; "inputs"/"labels", when present, are the supervised
 pair); keys whose values are not numeric (text) are left out, as for TFDS. Nothing is prepared or written (no
 ~/tensorflow_datasets). The dataset's name is "<in-memory>@DIGEST", a digest of the data (every byte of a dict of
-arrays; a source's own fingerprint where it has one, else its length and a fixed sample of its rows): it is in the
+arrays; a source's own identity where it has one (`source_identity`), else its length and a fixed sample of its
+rows): it is in the
 stream spec, so a checkpoint of other data is refused on resume like a changed seed.
 """
 
@@ -19,6 +20,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
+from jaxdp.data import source_identity
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import INPUTS, LABELS, ArrayCorpus, Facts, Rows, flatten
 
@@ -87,9 +89,9 @@ class RandomAccessSource:
     return {k: rows[k] for k in self.keys}
 
   def digest(self, h: "hashlib._Hash") -> None:
-    own = getattr(self.source, "_fingerprint", None) or getattr(self.source, "fingerprint", None)
+    own = source_identity.identity(self.source)
     h.update(f"\0{type(self.source).__qualname__}\0{len(self)}\0".encode())
-    if isinstance(own, str):  # A Hugging Face dataset's: it changes with every change of its content.
+    if own is not None:  # A Hugging Face fingerprint, the files' paths, sizes and times: every row counts.
       h.update(own.encode())
       return
     sample = np.unique(np.linspace(0, len(self) - 1, SAMPLE_ROWS).astype(np.int64))
