@@ -110,7 +110,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   abstract = jax.eval_shape(init)
   backend.bind_state(abstract, strategy.state_specs(abstract))
   learn = {"model": net, "task": task_info.task, "cast_inputs": not ds.integer_inputs}
-  checkpoint.check_best(config, eval_metrics(ds, **learn))
+  checkpoint.check_best(config, _traced_metrics(ds, learn))
   replica_step = functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn)
   train_step = backend.map_train(replica_step)
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
@@ -175,6 +175,19 @@ def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cas
   shapes = jax.eval_shape(sums, params, model_state, batch)
   ones = {group: jax.tree.map(lambda _: 1.0, values) for group, values in shapes.items()}
   return list(metrics.summarize_eval(ones, task))
+
+
+def _traced_metrics(ds: data.Dataset, learn: dict[str, Any]) -> list[str]:
+  """`eval_metrics`; a task that reads a feature the data left out is a ConfigError naming it and why."""
+  try:
+    return eval_metrics(ds, **learn)
+  except KeyError as e:
+    left_out = ds.corpus.facts.left_out
+    key = e.args[0] if e.args else None
+    if key not in left_out:
+      raise
+    raise ConfigError(f"the task reads feature {key!r}, which batches leave out: {left_out[key]} (they hold "
+                      f"{', '.join(ds.element_spec())})") from None
 
 
 def _loop_free(replica_step: functools.partial, strategy: strategies.Strategy) -> Callable:

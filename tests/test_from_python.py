@@ -102,3 +102,27 @@ def test_a_file_source_whose_unsampled_row_changed_is_refused_on_resume(config, 
   config.num_train_steps = 4
   with pytest.raises(ConfigError, match="input stream differs .*dataset '<in-memory>@"):
     train.train_and_evaluate(config, str(tmp_path / "w"), train_data=FileRows(path), eval_data=held_out)
+
+
+def _species():
+  """A Hugging Face-like in-memory split: numeric columns and a string column `species`."""
+  rng = np.random.default_rng(0)
+  return {"inputs": rng.random((40, 4), np.float32), "labels": np.arange(40) % 3,
+          "species": np.array(["setosa", "versicolor", "virginica"] * 13 + ["setosa"])}
+
+
+def test_the_summary_lists_the_features_held_and_those_left_out_with_why(config, tmp_path, capsys):
+  config.num_train_steps = 1
+  train.train_and_evaluate(config, str(tmp_path), train_data=_species(), eval_data=_species())
+  line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("features"))
+  assert "inputs (4,) float32, labels () int32; left out: species (text or bytes: no array type on a device" in line
+
+
+def test_a_task_reading_a_left_out_feature_is_one_error_naming_it_and_why(config, tmp_path):
+  from jaxdp.config import ConfigError
+
+  def by_species(model, batch):
+    return ((model(batch["inputs"]).sum(-1) - (batch["species"] == "setosa")) ** 2, {})
+
+  with pytest.raises(ConfigError, match="the task reads feature 'species', which batches leave out: text or bytes"):
+    train.train_and_evaluate(config, str(tmp_path), task=by_species, train_data=_species(), eval_data=_species())
