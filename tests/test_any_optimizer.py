@@ -166,3 +166,11 @@ def test_an_optimizer_object_resumes_bitwise_after_sigkill_and_evaluates_without
   assert restore.stored_config(str(resumed)).optimizer.startswith("<object optax.")
   assert evaluate.main(["jaxdp.evaluate", "--workdir", str(resumed)]) == 0, capsys.readouterr().err
   assert '"eval/accuracy"' in capsys.readouterr().out
+
+
+def test_the_command_line_sets_optimizer_kwargs(tmp_path):
+  from jaxdp.configs import default
+  from jaxdp.tools import cli
+  config, _ = cli.parse(["train", "--config", default.__file__, "--config.optimizer=lion",
+                         "--config.optimizer_kwargs.b1=0.95"], require_workdir=False)
+  assert config.optimizer == "lion" and config.optimizer_kwargs.b1 == 0.95
