@@ -123,7 +123,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
 
 def _check_sharded(strategy: strategies.Strategy, tx: optax.GradientTransformation, shapes: Any, name: str) -> None:
   """A ConfigError naming the optimizer `name` when ZeRO-1 shards the state of one that is not elementwise."""
-  why = strategy.shards_state and zero1_check.refusal(tx, shapes, strategy.options.num_shards)
+  why = strategy.shards_state and tx is not optim.NONE and zero1_check.refusal(tx, shapes, strategy.options.num_shards)
   if why:
     raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
                       f"each device's slice of a parameter alone: {why}")
