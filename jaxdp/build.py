@@ -15,13 +15,14 @@ import ml_collections
 import numpy as np
 import optax
 
-from jaxdp import blocks, checkpoint, data, models, optim, parallel, resident, strategies, tasks
+from jaxdp import blocks, checkpoint, data, models, objects, optim, parallel, resident, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.data import held
 from jaxdp.report import metrics
+from jaxdp.strategies import zero1_check
 from jaxdp.tasks import base as task_lib
 
 
@@ -76,12 +77,14 @@ class Parts:
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
-          task: Any = None, train_data: Any = None, eval_data: Any = None) -> Parts:
+          task: Any = None, train_data: Any = None, eval_data: Any = None,
+          optimizer: optax.GradientTransformation | None = None) -> Parts:
   """Validates `config` and builds its parts; raises ConfigError naming any bad value.
 
   `devices`: build over these instead of `jax.devices()` (e.g. a TPU topology's, to compile ahead of time).
   `model` (an NNX/linen module class or instance), `task` (a function or task object) and `train_data`/
-  `eval_data` (arrays or random-access sources) are objects from Python overriding the config's names.
+  `eval_data` (arrays or random-access sources) and `optimizer` (any optax GradientTransformation) are objects
+  from Python overriding the config's names.
   """
   config = config_lib.with_defaults(config)
   num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
@@ -99,13 +102,15 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   module = {"module": model} if model is not None else {}
   net = models.get_model(config.model, ds.input_shape, num_outputs(facts) if num_outputs else ds.num_classes, **module,
                          task=task_info.task, element_spec=ds.element_spec())  # A linen instance: init on what the task feeds.
-  tx = optim.make(config, jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0])  # Mask from true shapes.
+  shapes = jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0]
+  tx = optim.make(config, shapes, optimizer)  # The decay mask from the true shapes.
+  _check_sharded(strategy, tx, shapes, objects.object_name(optimizer) if optimizer else repr(config.optimizer))
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=net, tx=tx,
                            strategy=strategy)
   abstract = jax.eval_shape(init)
   backend.bind_state(abstract, strategy.state_specs(abstract))
   learn = {"model": net, "task": task_info.task, "cast_inputs": not ds.integer_inputs}
-  checkpoint.check_best(config, eval_metrics(ds, **learn))
+  checkpoint.check_best(config, _traced_metrics(ds, learn))
   replica_step = functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn)
   train_step = backend.map_train(replica_step)
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
@@ -114,6 +119,14 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   make_feed = functools.partial(_feed, config, layout, backend, ds, replica_step, strategy, train_step, flops_step)
   return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
                task_info.task, task_info, make_feed)
+
+
+def _check_sharded(strategy: strategies.Strategy, tx: optax.GradientTransformation, shapes: Any, name: str) -> None:
+  """A ConfigError naming the optimizer `name` when ZeRO-1 shards the state of one that is not elementwise."""
+  why = strategy.shards_state and tx is not optim.NONE and zero1_check.refusal(tx, shapes, strategy.options.num_shards)
+  if why:
+    raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
+                      f"each device's slice of a parameter alone: {why}")
 
 
 def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend: parallel.Backend, ds: data.Dataset,
@@ -162,6 +175,19 @@ def eval_metrics(ds: data.Dataset, *, model: models.Model, task: tasks.Task, cas
   shapes = jax.eval_shape(sums, params, model_state, batch)
   ones = {group: jax.tree.map(lambda _: 1.0, values) for group, values in shapes.items()}
   return list(metrics.summarize_eval(ones, task))
+
+
+def _traced_metrics(ds: data.Dataset, learn: dict[str, Any]) -> list[str]:
+  """`eval_metrics`; a task that reads a feature the data left out is a ConfigError naming it and why."""
+  try:
+    return eval_metrics(ds, **learn)
+  except KeyError as e:
+    left_out = ds.corpus.facts.left_out
+    key = e.args[0] if e.args else None
+    if key not in left_out:
+      raise
+    raise ConfigError(f"the task reads feature {key!r}, which batches leave out: {left_out[key]} (they hold "
+                      f"{', '.join(ds.element_spec())})") from None
 
 
 def _loop_free(replica_step: functools.partial, strategy: strategies.Strategy) -> Callable:

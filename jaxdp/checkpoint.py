@@ -6,6 +6,7 @@ entry to a temporary directory and renames it to its step when complete, so an e
 is never listed (`steps`), never loaded.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -86,8 +87,11 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def restore_or_init(self, backend: Backend, init: Callable[[], TrainState], step: int | None = None,
-                      strategy: Strategy = PLAIN) -> TrainState:
+                      strategy: Strategy = PLAIN, params_only: bool = False) -> TrainState:
     """Checkpoint `step` (default: the newest) when there is one, else a fresh `init()`; placed for `backend`.
+
+    `params_only`: the stored optimizer state is neither read nor checked, and `init` is made with a stateless
+    optimizer (`optim.NONE`): what evaluating and sampling need, whatever optimizer trained the run.
 
     Raises ConfigError, closing the manager first, when the checkpoint does not fit the config or its input
     stream; nothing is written either way.
@@ -96,6 +100,8 @@ class Checkpointer:
       step = self.latest_step() if step is None else step
       if step is None:
         return backend.init(init)
+      if params_only:
+        return self._restore_params(step, backend, init)
       return self._restore(step, backend, init, strategy)
     except BaseException:
       self.close()  # The caller never got a state, so it will not close what it cannot use.
@@ -149,6 +155,20 @@ class Checkpointer:
 
   def _read(self, step: int, abstract: TrainState) -> TrainState:
     return self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))["state"]
+
+  def _restore_params(self, step: int, backend: Backend, init: Callable[[], TrainState]) -> TrainState:
+    wanted = jax.eval_shape(init)
+    stored = {k: v for k, v in _leaves(self.manager.item_metadata(step)["state"].tree).items()
+              if not k.startswith("opt_state/")}
+    self._check_fits(step, stored, wanted.replace(opt_state=()))
+    target = backend.abstract_global(wanted)
+    fields = {f.name: getattr(target, f.name) for f in dataclasses.fields(target) if f.name != "opt_state"}
+    # The standard handler reads whole trees only; the pytree one skips the stored optimizer state.
+    restore = ocp.args.PyTreeRestore(fields, restore_args=ocp.checkpoint_utils.construct_restore_args(fields),
+                                     partial_restore=True)
+    with ocp.CheckpointManager(self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as reader:
+      read = reader.restore(step, args=ocp.args.Composite(state=restore))["state"]
+    return backend.from_global(target.replace(**read, opt_state=wanted.opt_state))  # A stateless optimizer's.
 
   def _check_stream(self, step: int) -> None:
     """Raises a ConfigError naming each value that would change the order of examples after `step`."""

@@ -39,7 +39,7 @@ class Layout:
 
 # Sub-configs that are someone else's keyword arguments (the model's, the builder's): a default there
 # would be an argument the user never gave.
-_OWN_FIELDS = ("model", "builder_kwargs")
+_OWN_FIELDS = ("model", "builder_kwargs", "optimizer_kwargs")
 # Keys jaxdp no longer has, and what took their place. A config that sets one is a ConfigError naming it; the
 # config a checkpoint stores drops them (`drop_removed`), so that older runs still evaluate and resume.
 REMOVED = {

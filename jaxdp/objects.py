@@ -21,6 +21,7 @@ class Objects:
   task: Any = None        # A task function or object (tasks.get's `task`).
   train_data: Any = None  # A dict of arrays or a random-access source (data.load's).
   eval_data: Any = None
+  optimizer: Any = None   # An optax GradientTransformation (optim.make's `optimizer`); recorded, never asked back.
 
   def build_kwargs(self) -> dict[str, Any]:
     """The objects given, as build.build's keywords (only those given: an older build takes none).
@@ -36,16 +37,20 @@ class Objects:
     failing on a name that resolves to nothing (or to another class) in their process.
     """
     names = {"model.name": self.model, "task.name": self.task,
-             "dataset.name": self.eval_data if self.eval_data is not None else self.train_data}
+             "dataset.name": self.eval_data if self.eval_data is not None else self.train_data,
+             "optimizer": self.optimizer}
     named = copy.deepcopy(config)
     for field, obj in names.items():
       if obj is None:
         continue
-      section, key = field.split(".")
+      *sections, key = field.split(".")
+      node = named
       with named.unlocked():
-        if section not in named:
-          named[section] = ml_collections.ConfigDict()
-        named[section][key] = object_name(obj)
+        for section in sections:
+          if section not in node:
+            node[section] = ml_collections.ConfigDict()
+          node = node[section]
+        node[key] = object_name(obj)
     return named
 
 

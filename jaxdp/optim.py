@@ -1,5 +1,6 @@
-"""The optax optimizer, learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
+"""The optax optimizer (any: named by the config or passed from Python), learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any
@@ -10,11 +11,13 @@ import optax
 
 from jaxdp.config import ConfigError
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lion", "adafactor")  # Examples: any optax optimizer works.
 SCHEDULES = ("constant", "cosine")
 MASKS = ("rank>=2", "all")  # Any other weight_decay_mask is a regular expression searched in parameter paths.
 
 PyTree = Any
+# The optimizer of a run that only reads parameters (jaxdp.evaluate, jaxdp.sample): stateless, and never applied.
+NONE = optax.set_to_zero()
 
 
 def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
@@ -72,24 +75,46 @@ def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | 
   return None if spec == "all" else lambda seen: decay_mask(spec, seen)
 
 
-def make(config: ml_collections.ConfigDict, params: PyTree | None = None) -> optax.GradientTransformation:
-  """The optimizer `config.optimizer` with the config's schedule and masked weight decay.
+def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
+         optimizer: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
+  """The optimizer: `optimizer` when given (whole: its own schedule, decay, clipping), else the optax function
+  `config.optimizer` names, with the config's schedule, masked weight decay and `optimizer_kwargs`.
 
   `params`: the parameters or their shapes (`jax.eval_shape`), from which the decay mask is computed; required
   for a correct mask under ZeRO-1, whose optimizer sees every leaf raveled.
   """
-  name, lr = config.optimizer, schedule(config)
-  wd, momentum = config.weight_decay, config.momentum
+  if optimizer is not None:
+    if not isinstance(optimizer, optax.GradientTransformation):
+      raise ConfigError(f"optimizer must be an optax GradientTransformation (e.g. optax.adamw(1e-3)), got "
+                        f"{type(optimizer).__name__}")
+    return optimizer
+  name, lr, wd = config.optimizer, schedule(config), config.weight_decay
   mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on.
   mask = mask if wd else None    # (No mask wrapper at all: the optimizer state keeps its old structure.)
-  if name == "adamw":
-    return optax.adamw(lr, weight_decay=wd, mask=mask)
-  if name == "adam":
-    tx = optax.adam(lr)
-  elif name == "sgd":
-    tx = optax.sgd(lr)
-  elif name == "momentum":
-    tx = optax.sgd(lr, momentum=momentum, nesterov=config.nesterov)
-  else:
-    raise ConfigError(f"unknown optimizer {name!r} (choose from {', '.join(OPTIMIZERS)})")
-  return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd else tx
+  if name == "momentum":  # sgd with config.momentum: the one name that is not optax's.
+    tx = optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov)
+    return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd else tx
+  fn, takes = _optax_function(name)
+  kwargs = dict(config.optimizer_kwargs)
+  given = {"learning_rate": lr, "weight_decay": wd, "mask": mask}
+  if "weight_decay" not in takes:
+    given.pop("mask")
+  clash = sorted(kwargs.keys() & {k for k in given if k in takes})
+  if clash:
+    raise ConfigError(f"optimizer_kwargs sets {', '.join(clash)}: set the config's own key instead")
+  try:
+    tx = fn(**{k: v for k, v in given.items() if k in takes}, **kwargs)
+  except TypeError as e:
+    raise ConfigError(f"optimizer_kwargs {kwargs!r} do not fit optax.{name}: {e}") from None
+  decoupled = "weight_decay" in takes  # Otherwise L2: the decay added to the gradient, as for adam and sgd.
+  return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd and not decoupled else tx
+
+
+def _optax_function(name: Any) -> tuple[Callable[..., optax.GradientTransformation], set[str]]:
+  """The optax optimizer function `name` ("lion") and its parameters' names; a ConfigError naming it otherwise."""
+  fn = getattr(optax, name, None) if isinstance(name, str) and not name.startswith("_") else None
+  takes = set(inspect.signature(fn).parameters) if inspect.isfunction(fn) else set()
+  if "learning_rate" not in takes:
+    raise ConfigError(f"unknown optimizer {name!r}: config.optimizer names an optax optimizer taking a learning rate "
+                      f"(e.g. {', '.join(OPTIMIZERS)}), or pass optimizer=<an optax GradientTransformation> from Python")
+  return fn, takes

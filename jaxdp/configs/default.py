@@ -11,12 +11,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 128            # Global batch size. Must be divisible by the number of devices.
   config.eval_batch_size = 0         # Global eval batch size; 0 means batch_size.
   config.num_train_steps = 400       # Optimizer steps.
-  config.optimizer = "adam"          # sgd | momentum | adam | adamw.
+  config.optimizer = "adam"          # Any optax optimizer (adam, adamw, sgd, lion, adafactor, ...) | momentum (sgd with momentum).
+  # Its other keyword arguments ({"b1": 0.95}); learning_rate, weight_decay and its mask come from the keys below.
+  config.optimizer_kwargs = ml_collections.ConfigDict()
   config.learning_rate = 3e-3        # Peak learning rate. Must be positive.
   config.base_batch_size = 0         # Linear scaling rule: if > 0, the peak lr is learning_rate * batch_size / base_batch_size.
   config.momentum = 0.9              # Momentum of the "momentum" optimizer.
   config.nesterov = False            # Nesterov momentum (the "momentum" optimizer only).
-  config.weight_decay = 0.0          # Decoupled weight decay (adamw), L2 otherwise.
+  config.weight_decay = 0.0          # Decoupled where the optimizer takes weight_decay (adamw, lion), L2 otherwise.
   config.weight_decay_mask = "rank>=2"  # Which decay: rank>=2 (not biases, norm scales) | all | a regex on param paths.
   config.label_smoothing = 0.0       # Train loss against smoothed labels (ImageNet recipe: 0.1); eval loss stays plain.
   config.max_grad_norm = 0.0         # Clip the all-reduced gradient to this global norm (also under ZeRO-1); 0: off.

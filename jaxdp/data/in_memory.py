@@ -7,7 +7,8 @@ index in jaxdp's global order like any other source (in parallel tf.data workers
 feature is a key of the dict (nested dicts flattened with "/"; "inputs"/"labels", when present, are the supervised
 pair); keys whose values are not numeric (text) are left out, as for TFDS. Nothing is prepared or written (no
 ~/tensorflow_datasets). The dataset's name is "<in-memory>@DIGEST", a digest of the data (every byte of a dict of
-arrays; a source's own fingerprint where it has one, else its length and a fixed sample of its rows): it is in the
+arrays; a source's own identity where it has one (`source_identity`), else its length and a fixed sample of its
+rows): it is in the
 stream spec, so a checkpoint of other data is refused on resume like a changed seed.
 """
 
@@ -19,8 +20,9 @@ import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
+from jaxdp.data import source_identity
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import INPUTS, LABELS, ArrayCorpus, Facts, Rows, flatten
+from jaxdp.data.source import INPUTS, LABELS, TEXT, ArrayCorpus, Facts, Rows, flatten
 
 NAME = "<in-memory>"  # The dataset's name before its digest.
 KIND = "in-memory"     # Its source kind in the stream spec.
@@ -39,6 +41,7 @@ class ArraysSource:
   def __init__(self, arrays: Mapping[str, Any], what: str):
     flat = {k: np.asarray(v) for k, v in flatten(arrays).items()}
     self.arrays = {k: v for k, v in flat.items() if _numeric(v.dtype)}
+    self.left_out = {k: _why(v.dtype) for k, v in flat.items() if k not in self.arrays}
     lengths = {k: v.shape[0] if v.ndim else None for k, v in self.arrays.items()}
     if not self.arrays or len(set(lengths.values())) != 1 or None in lengths.values():
       raise ConfigError(f"{what} must be a dict of numeric arrays of one leading length (one row per example), got "
@@ -70,6 +73,7 @@ class RandomAccessSource:
       raise ConfigError(f"{what} has no examples")
     first = self._rows([0])
     self.keys = tuple(k for k, v in first.items() if _numeric(v.dtype))
+    self.left_out = {k: _why(v.dtype) for k, v in first.items() if k not in self.keys}
     if not self.keys:
       raise ConfigError(f"{what}: its examples hold no numeric feature, got {sorted(first)}")
 
@@ -87,9 +91,9 @@ class RandomAccessSource:
     return {k: rows[k] for k in self.keys}
 
   def digest(self, h: "hashlib._Hash") -> None:
-    own = getattr(self.source, "_fingerprint", None) or getattr(self.source, "fingerprint", None)
+    own = source_identity.identity(self.source)
     h.update(f"\0{type(self.source).__qualname__}\0{len(self)}\0".encode())
-    if isinstance(own, str):  # A Hugging Face dataset's: it changes with every change of its content.
+    if own is not None:  # A Hugging Face fingerprint, the files' paths, sizes and times: every row counts.
       h.update(own.encode())
       return
     sample = np.unique(np.linspace(0, len(self) - 1, SAMPLE_ROWS).astype(np.int64))
@@ -106,6 +110,11 @@ def _digest_rows(h: "hashlib._Hash", rows: Rows) -> None:
 def _numeric(dtype: np.dtype) -> bool:
   """Whether a feature of this dtype can be batched onto a device (numbers and booleans)."""
   return np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)
+
+
+def _why(dtype: np.dtype) -> str:
+  """Why a batch leaves out a feature of this (not numeric) dtype."""
+  return f"{TEXT} (dtype {dtype})"
 
 
 def _as_dict(example: Any, what: str) -> Mapping[str, Any]:
@@ -144,14 +153,15 @@ def _facts(splits: dict[str, ArraysSource | RandomAccessSource]) -> Facts:
     h.update(f"\0{split}\0".encode())
     source.digest(h)
   name = f"{NAME}@{h.hexdigest()[:12]}"
+  left_out = {k: why for source in splits.values() for k, why in source.left_out.items()}
   if INPUTS not in features or LABELS not in features:
-    return Facts(name, (), (), 0, features=features)
+    return Facts(name, (), (), 0, features=features, left_out=left_out)
   (input_shape, inputs), (label_shape, labels) = features[INPUTS], features[LABELS]
   image = inputs == np.uint8 and len(input_shape) == 3
   integer = np.issubdtype(inputs, np.integer) and not image
   float_labels = bool(np.issubdtype(labels, np.floating))
   classes = 0 if float_labels else _num_classes(splits)
-  return Facts(name, input_shape, label_shape, classes, integer, image, float_labels, features)
+  return Facts(name, input_shape, label_shape, classes, integer, image, float_labels, features, left_out)
 
 
 def _num_classes(splits: dict[str, ArraysSource | RandomAccessSource]) -> int:

@@ -56,6 +56,7 @@ class Facts:
   float_labels: bool = False           # Labels are float targets (regression), not classes.
   # Every feature as decoded, by its batch name; empty: "inputs" and "labels" only, of the shapes above.
   features: Mapping[str, Feature] = dataclasses.field(default_factory=dict)
+  left_out: Mapping[str, str] = dataclasses.field(default_factory=dict)  # Features no batch holds -> why not.
 
   def decoded(self) -> dict[str, Feature]:
     """Every feature as decoded (before preprocessing), by its batch name."""
@@ -121,6 +122,9 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
   return out
 
 
+TEXT = "text or bytes: no array type on a device"  # Why a batch leaves such a feature out.
+
+
 class FeatureNames:
   """A TFDS dataset's features as batches hold them: flattened with "/", the supervised keys renamed to
   "inputs"/"labels". Features a batch cannot hold are left out: text and bytes (no array type on a device),
@@ -136,12 +140,15 @@ class FeatureNames:
       self.input_key, self.label_key, rename = None, None, {}
     self.features: dict[str, Feature] = {}
     self._keys: dict[str, str] = {}  # Flattened feature name -> batch name.
+    self.left_out: dict[str, str] = {}  # Flattened feature name -> why no batch holds it.
     left_out = []
     for key, tensor in infos.items():
       name = rename.get(key, key)
       dtype = np.dtype(tensor.np_dtype)  # Not `.dtype`: TFDS's TF dtype, which loads TensorFlow.
       if dtype == object and key != self.input_key or (None in tensor.shape and key != self.input_key):
         left_out.append(key)
+        self.left_out[key] = (TEXT if dtype == object else f"its shape {tuple(tensor.shape)} varies: rows of "
+                              f"different shapes do not stack")
         continue
       if name in self.features or name in self._keys.values():
         raise ConfigError(f"dataset {info.full_name!r}: feature {key!r} and its supervised key are both {name!r} in "
@@ -194,7 +201,7 @@ class TfdsCorpus:
 def facts_of(builder: tfds.core.DatasetBuilder, names: FeatureNames) -> Facts:
   """A TFDS dataset's facts: of its supervised keys (a dataset without: no input, no labels) and every feature."""
   if names.input_key is None:
-    return Facts(builder.info.full_name, (), (), 0, features=names.features)
+    return Facts(builder.info.full_name, (), (), 0, features=names.features, left_out=names.left_out)
   features = builder.info.features
   inputs, labels = features[names.input_key], features[names.label_key]
   image = isinstance(inputs, tfds.features.Image)
@@ -202,7 +209,7 @@ def facts_of(builder: tfds.core.DatasetBuilder, names: FeatureNames) -> Facts:
   classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
   float_labels = bool(np.issubdtype(names.features[LABELS][1], np.floating))
   return Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image,
-               float_labels, names.features)
+               float_labels, names.features, names.left_out)
 
 
 class ArrayCorpus:

@@ -49,6 +49,8 @@ class Result:
   eval_metrics: dict[str, float]
   preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
   model: models.Model | None = None  # The model as the run built it.
+  resumed_from: int | None = None  # The checkpoint step this call resumed from (== num_train_steps: nothing to train).
+  preempted_at: int | None = None  # The step checkpointed when a stop was requested.
 
   @functools.cached_property
   def params(self) -> PyTree:
@@ -73,12 +75,14 @@ class _Run:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model: Any = None, task: Any = None,
-                       train_data: Any = None, eval_data: Any = None) -> Result:
+                       train_data: Any = None, eval_data: Any = None, optimizer: Any = None) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
 
   Objects override the config's names: `model` an NNX module class or instance (its current parameters are
   the init) or a linen module; `task` a function or task object `task(model, batch) -> (loss, metrics)`;
-  `train_data`/`eval_data` a dict of numpy arrays or a random-access source. The checkpoints' config records
+  `train_data`/`eval_data` a dict of numpy arrays or a random-access source; `optimizer` any optax
+  GradientTransformation (its own schedule and decay; config.max_grad_norm still clips the reduced gradient
+  before it). The checkpoints' config records
   them as "<object ...>", so that `jaxdp.evaluate` on the workdir says which argument to pass.
   In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins the run first.
 
@@ -86,7 +90,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
   keeps it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
   """
   config = config_lib.with_defaults(config)
-  objects = Objects(model, task, train_data, eval_data)
+  objects = Objects(model, task, train_data, eval_data, optimizer)
   try:
     process.join(config)  # As the CLI does before its command (a no-op after it); sets the compilation cache.
     # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
@@ -135,9 +139,6 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   parts, config, state, clock = run.parts, run.parts.config, run.state, run.clock
   backend, total = parts.backend, config.num_train_steps
   start = int(backend.get(state.step))
-  if start:
-    log.info("resumed from %s/%d%s", run.checkpointer.directory, start,
-             "; already at num_train_steps, nothing to train" if start >= total else "")
   with clock.span("setup"):
     stream = data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
@@ -161,6 +162,10 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
   loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
+  if start:  # The status lines are printed (not logged): a script or notebook sees them as the command line does.
+    reporter.note(f"resumed from step {start} ({run.checkpointer.directory}/{start})"
+                  + (f"; nothing to train: step {start} of {total}" if start >= total else ""))
+    loop.eval_metrics = _last_eval(run.workdir, start) if start >= total else {}
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
       # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
@@ -184,12 +189,13 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
       if watcher.should_stop(step):
         if loop.saved != step:
           loop.save(step, state, force=True)
-        log.info("step %d: stop requested; checkpoint saved, exiting", step)
+        reporter.note(f"step {step}: stop requested; checkpoint saved, exiting (preempted at step {step})")
         loop.finish(step)
-        return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model)
+        return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model,
+                      resumed_from=start or None, preempted_at=step)
   reporter.done()
   loop.finish(total)
-  return Result(state, backend, loop.eval_metrics, model=parts.model)
+  return Result(state, backend, loop.eval_metrics, model=parts.model, resumed_from=start or None)
 
 
 @dataclasses.dataclass
@@ -345,6 +351,15 @@ def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: st
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   return step_flops, batches
+
+
+def _last_eval(workdir: str, step: int) -> dict[str, float]:
+  """The eval metrics metrics.jsonl holds for `step` (a finished run's last), or {} where it holds none."""
+  try:
+    records = [r for r in metrics.read(workdir) if r.get("step") == step]
+  except (OSError, ValueError):
+    return {}
+  return {k: v for r in records for k, v in r.items() if k.startswith("eval/")}
 
 
 def _skipped_at(workdir: str, step: int) -> int:

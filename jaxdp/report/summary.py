@@ -38,6 +38,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {targets}"),
+      "features": features(ds),
       "schedule": (f"{steps}, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
   }
@@ -45,6 +46,13 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
     return lines
   at = list(lines).index("data") + 1  # Right after the data the task reads.
   return {**dict(list(lines.items())[:at]), "task": task, **dict(list(lines.items())[at:])}
+
+
+def features(ds: data.Dataset) -> str:
+  """Each feature a batch holds (name, shape, dtype), then each one left out and why."""
+  held = ", ".join(f"{k} {tuple(v.shape)} {np.dtype(v.dtype).name}" for k, v in ds.element_spec().items())
+  left_out = ds.corpus.facts.left_out
+  return held + ("; left out: " + ", ".join(f"{k} ({why})" for k, why in left_out.items()) if left_out else "")
 
 
 def format_summary(lines: dict[str, str]) -> str:

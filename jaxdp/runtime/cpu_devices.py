@@ -152,6 +152,7 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
     return None
   if backends_started():
     _left = "JAX's: it had started before jaxdp could choose"
+    _check_started(config[KEY], jax.local_device_count(), jax.default_backend())
     return None
   if config.parallel.num_devices:
     _left = "JAX's (config.parallel.num_devices is set)"
@@ -160,6 +161,15 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
   jax.config.update("jax_num_cpu_devices", choice.count)
   _choice = choice
   return choice
+
+
+def _check_started(setting: object, count: int, platform: str) -> None:
+  """A ConfigError when `config.cpu_devices` asks for a count JAX, started on its CPU, does not have ("auto" asks
+  none; an accelerator's run takes none)."""
+  asked = None if setting == AUTO else choose(setting, 1, lambda n: True).count
+  if platform == "cpu" and asked not in (None, count):
+    raise ConfigError(f"config.{KEY}={setting!r} comes too late: JAX already runs on {count} {platform} device(s); "
+                      f"set it before the first JAX call, or {ENV_VAR} before Python starts")
 
 
 def cores() -> int:

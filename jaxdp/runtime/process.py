@@ -51,12 +51,12 @@ def join(config: ml_collections.ConfigDict) -> None:
   """For the Python API (`train_and_evaluate` in a user's script): `init`, as the CLI does before its command.
 
   A run configured in `config`, launched (`python -m jaxdp.launch -- my_train.py`) or on a detected cluster
-  is joined (once: after the CLI's own `init` nothing happens); in a notebook nothing is. Under the launcher
-  the process's CPU devices (JAXDP_CPU_DEVICES) are set first, as the CLI sets them from the same variable.
+  is joined (once: after the CLI's own `init` nothing happens); in a notebook nothing is. The process's CPU
+  devices (JAXDP_CPU_DEVICES, which the launcher sets) are set first, as the CLI sets them from the same variable.
   """
   from jaxdp.runtime import cpu_devices, distributed
   if distributed.joined():  # The CLI joined before its command: its devices are the run's (global count now).
     return
-  if distributed.launched() and (count := cpu_devices.requested([])) is not None:
+  if (count := cpu_devices.requested([])) is not None:  # JAXDP_CPU_DEVICES, as the CLI reads it; launched or not.
     cpu_devices.simulate(count)
   init(config)

@@ -26,10 +26,11 @@ from jaxdp.runtime import compilation_cache, cpu_devices, exits, process, quiet
 from jaxdp.tools import restore
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
-NEW_KEY_SECTIONS = ("model", "task")  # Config sections whose new keys are keyword arguments (of the model, the task).
+NEW_KEY_SECTIONS = ("model", "task", "optimizer_kwargs")  # Sections whose new keys are keyword arguments.
 OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g. --config.batch_size=256);\n"
-                  "    config.model and config.task also take new keys, passed to the model or the task as\n"
-                  "    keyword arguments (e.g. --config.model.dense=64, --config.task.gamma=2.0).")
+                  "    config.model, config.task and config.optimizer_kwargs also take new keys, passed to the model,\n"
+                  "    the task or the optimizer as keyword arguments (e.g. --config.model.dense=64,\n"
+                  "    --config.task.gamma=2.0, --config.optimizer_kwargs.b1=0.95).")
 
 Command = Callable[[ml_collections.ConfigDict, str | None], object]
 

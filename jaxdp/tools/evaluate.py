@@ -29,13 +29,18 @@ EXTRA_HELP = ("  --step: the checkpoint to evaluate (default: the newest).\n"
 RESULTS_FILE = "evaluate.jsonl"
 
 
-def evaluate(config: Any, workdir: str, step: int | None = None, split: str | None = None, *, model: Any = None,
-             task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
+def evaluate(config: Any = None, workdir: str = "", step: int | None = None, split: str | None = None, *,
+             model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
   """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`.
 
+  `config`: None takes the one the checkpoint stores (`restore.stored_config`), as the command line does.
   `model`, `task`, `eval_data`: the objects the run was trained with in place of names (as given to
-  `train_and_evaluate`); the config then is the stored one (`restore.stored_config(workdir)`) or the run's.
+  `train_and_evaluate`).
   """
+  if not workdir:
+    raise restore.ConfigError("jaxdp.evaluate.evaluate needs workdir=, the training run's directory")
+  if config is None:
+    config = restore.stored_config(workdir, step)
   from jaxdp import checkpoint
   from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
   from jaxdp import objects as objects_lib

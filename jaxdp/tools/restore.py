@@ -37,19 +37,21 @@ def config_from(stored: dict[str, Any]) -> ml_collections.ConfigDict:
 
 def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
             objects: Any = None, call: str = "jaxdp.evaluate.evaluate") -> tuple[Any, Any, int]:
-  """(build.Parts, state, step): checkpoint `step` (default: newest) laid out for `config`'s devices and options.
+  """(build.Parts, state, step): checkpoint `step` (default: newest)'s parameters and model state (no optimizer
+  state) laid out for `config`'s devices and options.
 
   `objects` (a `jaxdp.objects.Objects`): the model, task, data passed from Python for names the run's config
   stores as objects; one missing is a ConfigError naming the argument of `call` that passes it.
   """
-  from jaxdp import build, checkpoint  # JAX: only once the devices are set up.
+  from jaxdp import build, checkpoint, optim  # JAX: only once the devices are set up.
   from jaxdp import objects as objects_lib
   objects = objects or objects_lib.Objects()
   check_objects(config, workdir, objects, call)
   step = checkpoint.pick_step(workdir, step)
-  parts = build.build(config, **objects.build_kwargs())
+  # No optimizer: the parameters alone are restored, so a run trained with any optimizer (an object) evaluates.
+  parts = build.build(config, **objects.build_kwargs(), optimizer=optim.NONE)
   with checkpoint.Checkpointer(workdir, config) as ckpt:
-    state = ckpt.restore_or_init(parts.backend, parts.init, step, strategy=parts.strategy)
+    state = ckpt.restore_or_init(parts.backend, parts.init, step, strategy=parts.strategy, params_only=True)
   return parts, state, step
 
 
