@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from jaxdp import config as config_lib
-from jaxdp.runtime import compilation_cache, cpu_devices, exits, process, quiet
+from jaxdp.runtime import cpu_devices, exits, process, quiet
 from jaxdp.tools import restore
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-help", "-helpfull")
@@ -117,6 +117,25 @@ def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> lis
     else:
       rest.append(arg)
   return rest
+
+
+def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
+                 flags: Callable[[argparse.ArgumentParser], None],
+                 command: Callable[[argparse.Namespace, ml_collections.ConfigDict, str], None]) -> int:
+  """A tool on a trained workdir: `--help` answered, logging set up, its own `flags` (with `--step`) split from the
+  config's, the workdir's stored config parsed, then `command(its flags, config, workdir)`; returns the exit status."""
+  start(argv, usage, extra_help)  # Before the logging setup, which loads JAX.
+  process.setup_logging()
+
+  def run() -> None:
+    parser = argparse.ArgumentParser(prog=prog, add_help=False)
+    parser.add_argument("--step", type=int, default=None)
+    flags(parser)
+    ours, rest = own_flags(argv, parser)
+    config, workdir = parse_workdir(rest, usage=usage, extra_help=extra_help, step=ours.step)
+    command(ours, config, workdir)
+
+  return guarded(run)
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:

@@ -52,18 +52,12 @@ def evaluate(config: Any = None, workdir: str = "", step: int | None = None, spl
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
-  cli.start(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
-  process.setup_logging()
-  return cli.guarded(lambda: _evaluate_command(argv))
+  return cli.workdir_tool(argv, prog="python -m jaxdp.evaluate", usage=USAGE, extra_help=EXTRA_HELP,
+                          flags=lambda parser: parser.add_argument("--split", default=None), command=_evaluate_command)
 
 
-def _evaluate_command(argv: list[str]) -> None:
-  """Parses `argv`, evaluates, prints the record and (process 0) appends it to WORKDIR/evaluate.jsonl."""
-  parser = argparse.ArgumentParser(prog="python -m jaxdp.evaluate", add_help=False)
-  parser.add_argument("--step", type=int, default=None)
-  parser.add_argument("--split", default=None)
-  ours, rest = cli.own_flags(argv, parser)
-  config, workdir = cli.parse_workdir(rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+def _evaluate_command(ours: argparse.Namespace, config: Any, workdir: str) -> None:
+  """Evaluates, prints the record and (process 0) appends it to WORKDIR/evaluate.jsonl."""
   process.init(config)
   step, results = evaluate(config, workdir, ours.step, ours.split)
   record = {"step": step, "split": ours.split or config.dataset.eval_split, **results}

@@ -14,7 +14,7 @@ import functools
 import sys
 from typing import Any
 
-from jaxdp.runtime import exits, process
+from jaxdp.runtime import exits
 from jaxdp.tools import cli, restore
 
 USAGE = ("python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] [--prompt TEXT] "
@@ -109,21 +109,20 @@ def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  cli.start(argv, USAGE, EXTRA_HELP)  # Before the logging setup, which loads JAX.
-  process.setup_logging()
-  return cli.guarded(lambda: _sample_command(argv))
+  return cli.workdir_tool(argv, prog="python -m jaxdp.sample", usage=USAGE, extra_help=EXTRA_HELP,
+                          flags=_sample_flags, command=_sample_command)
 
 
-def _sample_command(argv: list[str]) -> None:
-  """Parses `argv`, restores the checkpoint and prints the prompt with its sampled continuation."""
-  parser = argparse.ArgumentParser(prog="python -m jaxdp.sample", add_help=False)
+def _sample_flags(parser: argparse.ArgumentParser) -> None:
+  """What to sample: the prompt, its length, the temperature, the seed."""
   parser.add_argument("--prompt", default="\n")
   parser.add_argument("--num_chars", type=int, default=500)
   parser.add_argument("--temperature", type=float, default=0.8)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--step", type=int, default=None)
-  ours, rest = cli.own_flags(argv, parser)
-  config, workdir = cli.parse_workdir(rest, usage=USAGE, extra_help=EXTRA_HELP, step=ours.step)
+
+
+def _sample_command(ours: argparse.Namespace, config: Any, workdir: str) -> None:
+  """Restores the checkpoint and prints the prompt with its sampled continuation."""
   if not ours.prompt:
     raise ConfigError("--prompt must not be empty")
   model, params, model_state, seq_len = load_model(config, workdir, ours.step, language_model=True)
