@@ -2,6 +2,7 @@
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -95,3 +96,20 @@ def eval_sums(task, outputs, labels, real) -> dict:
   sums = jax.jit(jax.vmap(lambda b: eval_step(state, b), axis_name="data"))({"inputs": outputs, "labels": labels,
                                                                               REAL: real})
   return jax.tree.map(lambda x: np.asarray(x[0]), sums)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> str:
+  """The output of `proc` (started with start_new_session=True), asserting it exited 0; its group killed on a timeout."""
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)  # The script (or the launcher and its processes): none outlives the test.
+    raise
+  assert proc.returncode == 0, out[-4000:]
+  return out
+
+
+def final(workdir) -> dict[str, np.ndarray]:
+  """WORKDIR/final.npz, as a user script under test saves its final state."""
+  with np.load(os.path.join(workdir, "final.npz")) as f:
+    return dict(f)

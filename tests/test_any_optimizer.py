@@ -139,30 +139,15 @@ def _script(workdir, data_dir, steps: int) -> subprocess.Popen:
                           start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen) -> str:
-  try:
-    out, _ = proc.communicate(timeout=300)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise
-  assert proc.returncode == 0, out[-4000:]
-  return out
-
-
-def _final(workdir) -> dict[str, np.ndarray]:
-  with np.load(os.path.join(workdir, "final.npz")) as f:
-    return dict(f)
-
-
 def test_an_optimizer_object_resumes_bitwise_after_sigkill_and_evaluates_without_it(data_dir, tmp_path, capsys):
   reference, resumed = tmp_path / "reference", tmp_path / "resumed"
-  _finish(_script(reference, data_dir, 24))
+  runs.finish(_script(reference, data_dir, 24))
   proc = _script(resumed, data_dir, 24 * 50)
   runs.wait_for(lambda: (resumed / "checkpoints" / "8").is_dir(), timeout=240)
   os.killpg(proc.pid, signal.SIGKILL)
   proc.communicate(timeout=30)
-  _finish(_script(resumed, data_dir, 24))
-  runs.assert_bitwise(_final(resumed), _final(reference))
+  runs.finish(_script(resumed, data_dir, 24))
+  runs.assert_bitwise(runs.final(resumed), runs.final(reference))
   assert restore.stored_config(str(resumed)).optimizer.startswith("<object optax.")
   assert evaluate.main(["jaxdp.evaluate", "--workdir", str(resumed)]) == 0, capsys.readouterr().err
   assert '"eval/accuracy"' in capsys.readouterr().out

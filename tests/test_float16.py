@@ -97,24 +97,15 @@ def _script(workdir, steps: int, devices: int = 8) -> subprocess.Popen:
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen) -> None:
-  try:
-    out, _ = proc.communicate(timeout=300)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise
-  assert proc.returncode == 0, out[-3000:]
-
-
 def test_float16_resumes_bitwise_after_sigkill_scale_included(tmp_path):
   steps = 16
-  _finish(_script(tmp_path / "straight", steps))
+  runs.finish(_script(tmp_path / "straight", steps))
   proc = _script(tmp_path / "killed", steps * 50)
   runs.wait_for(lambda: (tmp_path / "killed" / "checkpoints" / "8").is_dir(), timeout=240)
   os.killpg(proc.pid, signal.SIGKILL)
   proc.communicate(timeout=30)
   assert 8 <= checkpoint.steps(str(tmp_path / "killed"))[-1] < steps
-  _finish(_script(tmp_path / "killed", steps))
+  runs.finish(_script(tmp_path / "killed", steps))
   finals = []
   for run in ("straight", "killed"):
     with np.load(tmp_path / run / "final.npz") as f:

@@ -2,7 +2,6 @@
 `train_and_evaluate`; a workdir trained so says at `jaxdp.evaluate` what to pass; a user's script and task
 resume bitwise (SIGKILL, 8 -> 4 devices) and run under `jaxdp.launch` in 2 processes like in one."""
 
-import json
 import os
 import signal
 import subprocess
@@ -137,27 +136,12 @@ def _script(workdir, data_dir, *args, devices=8, steps=STEPS) -> subprocess.Pope
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
-  try:
-    out, _ = proc.communicate(timeout=timeout)
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)  # The script (or the launcher and its processes): none outlives the test.
-    raise
-  assert proc.returncode == 0, out[-4000:]
-  return out
-
-
-def _final(workdir) -> dict[str, np.ndarray]:
-  with np.load(os.path.join(workdir, "final.npz")) as f:
-    return dict(f)
-
-
 @pytest.fixture(scope="module")
 def user_reference(data_dir, tmp_path_factory):
   """The user's script uninterrupted on 1 process x 8 devices: final parameters and workdir."""
   workdir = tmp_path_factory.mktemp("user_reference")
-  _finish(_script(workdir, data_dir))
-  return _final(workdir), workdir
+  runs.finish(_script(workdir, data_dir))
+  return runs.final(workdir), workdir
 
 
 def test_the_user_script_logs_its_own_metrics_and_stores_main_objects(user_reference):
@@ -191,15 +175,15 @@ def test_a_user_task_resumes_bitwise_after_sigkill(data_dir, tmp_path, user_refe
   proc.communicate(timeout=30)
   from jaxdp import checkpoint
   assert 8 <= checkpoint.steps(str(tmp_path))[-1] < STEPS
-  _finish(_script(tmp_path, data_dir))
-  runs.assert_bitwise(_final(tmp_path), user_reference[0])
+  runs.finish(_script(tmp_path, data_dir))
+  runs.assert_bitwise(runs.final(tmp_path), user_reference[0])
 
 
 def test_a_user_task_resumes_from_8_on_4_devices_bitwise(data_dir, tmp_path, user_reference):
-  _finish(_script(tmp_path, data_dir, steps=16))
-  out = _finish(_script(tmp_path, data_dir, devices=4))
+  runs.finish(_script(tmp_path, data_dir, steps=16))
+  out = runs.finish(_script(tmp_path, data_dir, devices=4))
   assert "over 2 runs" in out and "step 17/40" in out and "step 16/40" not in out, out[-2000:]  # Resumed at 16.
-  runs.assert_bitwise(_final(tmp_path), user_reference[0])
+  runs.assert_bitwise(runs.final(tmp_path), user_reference[0])
 
 
 def test_two_launched_processes_run_a_user_script_like_one(data_dir, tmp_path, user_reference):
@@ -209,17 +193,17 @@ def test_two_launched_processes_run_a_user_script_like_one(data_dir, tmp_path, u
           "--data_dir", data_dir, "--steps", str(STEPS), "--checkpoint_every", "8", "--invariant", "--save",
           "--task_name", "my_train:huber"]
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  out = _finish(subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
+  out = runs.finish(subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
   assert "[0] step" in out and "[1] step" not in out, out[-2000:]  # Two processes, one reporting.
   assert restore.stored_config(str(tmp_path)).task.name == "my_train:huber"
   assert audit.main(["audit", str(ref_dir), str(tmp_path)]) == 0  # The same global batches, step by step.
-  runs.assert_bitwise(_final(tmp_path), ref_params)  # Invariant mode: 2 x 4 devices as 1 x 8.
+  runs.assert_bitwise(runs.final(tmp_path), ref_params)  # Invariant mode: 2 x 4 devices as 1 x 8.
 
 
 def test_a_two_input_model_trains_on_in_memory_features_and_evaluates_from_python(data_dir, tmp_path, capsys):
   """my_train.py --in_memory: the same features as arrays; the workdir names model, task and eval_data to pass."""
-  _finish(_script(tmp_path, data_dir, "--in_memory", steps=24))
+  runs.finish(_script(tmp_path, data_dir, "--in_memory", steps=24))
   records = metrics.read(str(tmp_path))
   losses = [r["train/loss"] for r in records if "train/loss" in r]
   assert np.mean(losses[-6:]) < 0.6 * np.mean(losses[:6]), losses
@@ -256,7 +240,7 @@ def test_users_convolutional_models_train_the_same_bits_on_1_2_4_8_devices_in_in
                                env={**env, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 2, 4, 8)}
   for proc in procs.values():
-    _finish(proc)
+    runs.finish(proc)
   params = {n: dict(np.load(tmp_path / f"{n}.npz")) for n in procs}
   assert len(params[1]) == 8
   for n in (2, 4, 8):
