@@ -176,3 +176,50 @@ def test_restore_refuses_a_stream_other_than_the_checkpoints(tmp_path):
     again.batches(arrays, batch_size=16, seed=1, start_step=start)
   with pytest.raises(ConfigError, match=r"batch_size \(12\) must be divisible by the number of devices \(8\)"):
     again.batches(arrays, batch_size=12, start_step=start)
+
+
+def _arrays(n: int = 64) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(0)
+  return {"inputs": rng.normal(size=(n, 4)).astype(np.float32), "labels": rng.integers(0, 2, n).astype(np.int32)}
+
+
+def _train(dp: jaxdp.DataParallel, model: object, steps: int = 3, **init: object) -> dict[str, np.ndarray]:
+  state = dp.init(model, optax.adam(0.1), **init)
+  step = dp.train_step()
+  for batch in dp.batches(_arrays(), batch_size=16, stop_step=steps):
+    state = step(state, batch)[0]
+  return _params(dp, state.params)
+
+
+def test_zero1_through_train_step_trains_as_plain_and_at_dp_step_is_refused():
+  from flax import nnx
+  plain = _train(jaxdp.DataParallel(), nnx.Linear(4, 2, rngs=nnx.Rngs(0)))
+  zero = jaxdp.DataParallel(shard_optimizer_state=True)
+  _assert_close(_train(zero, nnx.Linear(4, 2, rngs=nnx.Rngs(0))), plain, 1e-5)
+  assert any(not np.allclose(v, 0) for v in plain.values())
+  with pytest.raises(ConfigError, match="ZeRO-1"):
+    zero.step(lambda state, batch: (state, {}))
+
+
+def test_a_linen_module_and_an_nnx_class_initialize_from_the_seed():
+  from flax import linen, nnx
+
+  class Linear(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      self.linear = nnx.Linear(4, 2, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+      return self.linear(x)
+
+  class Dense(linen.Module):  # jaxdp calls a linen module with `train` (models.adapter.from_linen).
+    @linen.compact
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
+      return linen.Dense(2)(x)
+
+  dp = jaxdp.DataParallel(num_devices=2)
+  for model, init in ((Dense(), {"inputs": np.zeros((1, 4), np.float32)}), (Linear, {})):
+    first, again, other = (_train(dp, model, 1, seed=seed, **init) for seed in (0, 0, 1))
+    runs.assert_bitwise(first, again)
+    assert any(not np.array_equal(first[k], other[k]) for k in first)
+  with pytest.raises(ConfigError, match=r"dp.init\(..., inputs=x\)"):
+    dp.init(Dense(), optax.sgd(0.1))
