@@ -6,6 +6,7 @@ It owns the devices, the mesh and the gradient strategy (plain, invariant, ZeRO-
 """
 
 import functools
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,9 @@ class DataParallel:
                   async_checkpointing=False)  # `save` returns with its checkpoint written.
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
                            allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
+    unknown = sorted(set(dataset) - set(config.dataset))
+    if unknown:
+      raise ConfigError(f"DataParallel got unknown options {unknown} (dataset fields: {', '.join(config.dataset)})")
     config.dataset.update(dataset)
     process.join(config)
     self.config = config
@@ -55,6 +59,7 @@ class DataParallel:
     self.model: adapter.Model | None = None
     self.tx: optax.GradientTransformation | None = None
     self._datasets: dict[Any, tuple[Any, datalib.Dataset]] = {}
+    self._eval_steps: dict[int, tuple[Any, Callable]] = {}  # By task: compiled once per `init`, not per eval.
     self._stream: dict | None = None    # The stream spec of the last `batches`: saved with each checkpoint.
     self._restored: dict | None = None  # The stream spec the restored checkpoint was trained on.
 
@@ -66,7 +71,7 @@ class DataParallel:
            inputs: Any = None) -> step_lib.TrainState:
     """A `TrainState` on the devices from an NNX module (class built with `rngs` only, or instance) or a linen
     module (initialized on `inputs`, a sample batch), and any optax optimizer; `train_step` uses both."""
-    self.model, self.tx = _model(model, inputs), optimizer
+    self.model, self.tx, self._eval_steps = _model(model, inputs), optimizer, {}
     init = functools.partial(step_lib.init_state, jax.random.PRNGKey(seed), model=self.model, tx=optimizer,
                              strategy=self.strategy)
     abstract = jax.eval_shape(init)
@@ -109,9 +114,10 @@ class DataParallel:
     self._check_init()
     ds, split = self._open(data, split, train=False)
     self._check_batch(batch_size, 1)
-    eval_step = self.backend.map_eval(functools.partial(step_lib.eval_step, model=self.model,
-                                                        strategy=self.strategy, task=task))
-    return evaluate_lib.exact(self.backend, eval_step, task, ds, split, batch_size, state)
+    if id(task) not in self._eval_steps:  # The task kept with it, so that its id is never another's.
+      self._eval_steps[id(task)] = task, self.backend.map_eval(functools.partial(
+          step_lib.eval_step, model=self.model, strategy=self.strategy, task=task))
+    return evaluate_lib.exact(self.backend, self._eval_steps[id(task)][1], task, ds, split, batch_size, state)
 
   def save(self, workdir: str, state: step_lib.TrainState, *, metrics: dict[str, float] | None = None) -> int:
     """Writes `state` as WORKDIR/checkpoints/<its step> with the stream of the last `batches`; returns the step."""
@@ -153,7 +159,7 @@ class DataParallel:
 
       # The strategy marks the parameters varying itself (`DataAxis.vary`): `grad` then stays local and its
       # reduction is the only one, never N times the gradient.
-      holder = _Params(params, {})
+      holder = types.SimpleNamespace(params=params, model_state={})  # What a strategy reads of a state.
       sums, _, grads = self.strategy.gradients(grad_fn, holder, batch, jax.random.PRNGKey(0), self.backend.axis)
       weight = sums["weight"]["loss"]
       inverse = 1 / jnp.where(weight > 0, weight, 1)  # One reciprocal, then products, as `step.train_step`.
@@ -188,13 +194,6 @@ class DataParallel:
   def _check_init(self) -> None:
     if self.model is None:
       raise ConfigError("call dp.init(model, optimizer) first: the step needs the model and the optimizer")
-
-
-class _Params:
-  """What a strategy reads of a state to take gradients: the parameters, no model state."""
-
-  def __init__(self, params: PyTree, model_state: PyTree):
-    self.params, self.model_state = params, model_state
 
 
 def _model(model: Any, inputs: Any) -> adapter.Model:
