@@ -13,6 +13,7 @@ _PUBLIC = {
     "ConfigError": "jaxdp.config",
     "TrainState": "jaxdp.step",
     "get_model": "jaxdp.models",
+    "DataParallel": "jaxdp.library",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -15,10 +15,17 @@ def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
   `parts` is what `build.build` returns; each example counts once, on any device and process count.
   """
   split = split or parts.config.dataset.eval_split
-  batches = data.eval_batches(parts.ds, split, global_batch=parts.layout.eval_global_batch,
-                              process_index=jax.process_index(), process_count=jax.process_count())
+  return exact(parts.backend, parts.eval_step, parts.task, parts.ds, split, parts.layout.eval_global_batch, state)
+
+
+def exact(backend: Any, eval_step: Any, task: Any, ds: data.Dataset, split: str, global_batch: int,
+          state: Any) -> dict[str, float]:
+  """`eval/<metric>` of `task` and `eval/num_examples` over every example of `split` of `ds`, in global batches
+  of `global_batch`: `eval_step` (mapped by `backend`) sums each batch on the devices, batches combine in order."""
+  batches = data.eval_batches(ds, split, global_batch=global_batch, process_index=jax.process_index(),
+                              process_count=jax.process_count())
   totals = None
   for batch in batches:
-    sums = parts.backend.get(parts.eval_step(state, parts.backend.put_batch(batch)))
+    sums = backend.get(eval_step(state, backend.put_batch(batch)))
     totals = sums if totals is None else task_lib.combine(totals, sums)  # Batches in order: sums, maxima.
-  return metrics.summarize_eval(totals, parts.task)
+  return metrics.summarize_eval(totals, task)
