@@ -88,7 +88,7 @@ def test_invariant_mode_sizes_xla_s_thread_pool_as_for_its_most_devices():
 
 
 def test_a_pool_size_a_parent_set_is_not_taken_for_the_users(monkeypatch):
-  monkeypatch.setattr(xla_cpu, "backends_started", lambda: False)
+  monkeypatch.setattr(cpu_devices, "backends_started", lambda: False)
   monkeypatch.setattr(cpu_devices, "_threads", cpu_devices._threads)
   monkeypatch.delenv("NPROC", raising=False)
   monkeypatch.setenv(cpu_devices.THREADS_ENV, "6")  # The user's own: kept, unless the shards need more.

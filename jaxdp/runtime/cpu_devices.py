@@ -70,8 +70,7 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where nothing was set."""
   global _threads
-  from jaxdp.runtime import xla_cpu
-  if xla_cpu.backends_started():
+  if backends_started():
     _warn_if_started_unlike(config, cores)
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
@@ -82,6 +81,15 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
       os.environ[THREADS_ENV] = os.environ[THREADS_ADDED] = str(threads)
     _threads = f"; XLA's thread pool: {threads}, as on {config.parallel.invariant_shards} devices (parallel.invariant)"
   return threads
+
+
+def backends_started() -> bool:
+  """Whether JAX started its backends (after that, the CPU thread pool is fixed)."""
+  try:  # No public way to ask.
+    from jax._src.xla_bridge import backends_are_initialized
+  except ImportError:  # A JAX without it (private API): only the warning is lost.
+    return False
+  return backends_are_initialized()
 
 
 def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:

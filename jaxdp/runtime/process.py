@@ -40,7 +40,7 @@ def init(config: ml_collections.ConfigDict) -> None:
   import jax
   compilation_cache.use(config)
   from jaxdp.runtime import cpu_devices, distributed
-  cpu_devices.fix_threads(config, xla_cpu.this_machine().cores)  # Before JAX starts its CPU backend.
+  cpu_devices.fix_threads(config, len(os.sched_getaffinity(0)))  # Before JAX starts its CPU backend.
   if not distributed.initialize(config):
     cpu_devices.use(config)  # One process: its CPU devices (config.cpu_devices), before JAX starts its backends.
   elif jax.process_index() != 0:
