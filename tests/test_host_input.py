@@ -15,6 +15,7 @@ import jaxdp.datasets  # noqa: F401  Registers digits, .npz files and token file
 from jaxdp import data
 from jaxdp.data import cache, host_batches, reader
 from jaxdp.data.preprocess import Preprocess
+from jaxdp.data.source import ArrayCorpus
 from jaxdp.datasets import token_file
 from jaxdp.runtime import exits
 
@@ -89,7 +90,7 @@ def test_an_npz_file_reads_the_same_batches_on_the_host(tmp_path):
   path = str(tmp_path / "d.npz")
   np.savez(path, x=rng.randn(90, 4), y=rng.randint(0, 3, 90), extra=rng.randint(0, 9, (90, 2)))
   ds = data.load(ml_collections.ConfigDict({"name": path, "data_dir": str(tmp_path / "tfds"), "std": (2.0,)}))
-  assert isinstance(ds.corpus, cache.CachedCorpus)
+  assert isinstance(ds.corpus, ArrayCorpus) and ds.corpus.decode is None
   _assert_both_paths_agree(ds, batch=8)
 
 
