@@ -53,8 +53,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def tfrecord_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-  """`digits` prepared as TFRecord only (as `tfds build` does by default): the streaming fallback's data. Read only:
-  a test that converts it to ArrayRecord prepares its own."""
+  """`digits` prepared as TFRecord only (as `tfds build` does by default), which jaxdp refuses until converted.
+  Read only: a test that converts it to ArrayRecord prepares its own."""
   import tensorflow_datasets as tfds
   path = str(tmp_path_factory.mktemp("tfrecord"))
   tfds.builder("digits", data_dir=path, file_format="tfrecord").download_and_prepare()

@@ -12,7 +12,7 @@ from PIL import Image
 from jaxdp import train
 from jaxdp.config import ConfigError
 from jaxdp.data import kinds
-from jaxdp.datasets import fingerprint, image_folder
+from jaxdp.datasets import image_folder
 
 CLASSES = ("ant", "bee", "cat")
 SIZES = ((12, 10), (16, 16), (9, 14))  # (H, W): three sizes.

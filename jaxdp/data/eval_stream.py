@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import REAL, example_check, no_autograph, probe_row, read_steps, to_numpy
 
@@ -18,8 +18,6 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   A split with nothing to decode is read by numpy in the caller's thread (`host_batches`); any other through
   tf.data (`_tf_data`: always, for the tests that compare the two).
   """
-  if ds.streamed:
-    return streamed.eval_batches(ds, split, global_batch, process_index, process_count)
   source = ds.source(split)
   n = len(source)
   rows = global_batch // process_count

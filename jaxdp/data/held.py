@@ -14,7 +14,7 @@ from jaxdp.data.dataset import Batch, Dataset
 def nbytes(ds: Dataset, split: str) -> int | None:
   """Bytes the split takes as batches hold it; None when it cannot be held (see the module doc)."""
   pre = ds.options.preprocess
-  if ds.streamed or not host_batches.applies(ds) or pre.augments:
+  if not host_batches.applies(ds) or pre.augments:
     return None
   if getattr(ds.source(split), "held", None) is None:
     return None

@@ -13,7 +13,7 @@ A split with nothing to decode (cached, token file, in-memory, .npz) and no per-
 the caller's thread (`jaxdp.data.host_batches`), any other through tf.data's workers: the same batches either way.
 
 `dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
-epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
+epoch (`sampler.ShardOrder`).
 
 `with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
 as it was read, which the audit records; strip it before the step (`jaxdp.loop.audit.Recorder.take_ids`).
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxdp.batch import ROWS
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed
+from jaxdp.data import bad_examples, host_batches, images, sampler
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.preprocess import HostDraws
 from jaxdp.data.reader import INDEX, example_check, no_autograph, probe_row, read_steps, to_numpy
@@ -38,7 +38,7 @@ _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps
 def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_index: int,
                 process_count: int) -> sampler.GlobalOrder | sampler.ShardOrder:
   """The order of the train stream's examples: one global order, or (dataset.shard_by_process) this process's
-  shard order; under the streaming fallback only its steps_per_epoch holds (its shards are as large)."""
+  shard order."""
   if ds.options.shard_by_process:
     return sampler.ShardOrder(ds.num_examples(split), global_batch // process_count, seed, split, process_index,
                               process_count)
@@ -56,9 +56,6 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   """
   rows = global_batch // process_count
   first_row = process_index * rows
-  if ds.streamed:
-    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step,
-                                  with_ids)
   source = ds.source(split)
   order = train_order(ds, split, seed, global_batch, process_index, process_count)
   pre = ds.options.preprocess
