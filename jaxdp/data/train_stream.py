@@ -29,8 +29,7 @@ import numpy as np
 from jaxdp.batch import ROWS
 from jaxdp.data import bad_examples, host_batches, images, sampler
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.preprocess import HostDraws
-from jaxdp.data.reader import INDEX, example_check, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, drop_row, example_check, probe_row, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
@@ -78,18 +77,14 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     x = images.train_crop(example["inputs"], key, pre.image_size, ds.input_shape[-1], pre.flip)
     return {**example, "inputs": x}
 
-  def finish(batch: dict) -> dict:
-    batch = pre.train(batch, batch.pop("step")[0], seed=seed, global_batch=global_batch, first_row=first_row)
-    del batch["row"]
-    return batch
+  def finish(batch: dict, step: int) -> dict:
+    return pre.train(batch, step, seed=seed, global_batch=global_batch, first_row=first_row)
 
   per_example = crop if pre.image_size else None
 
-  draws = HostDraws(seed, global_batch)  # Made only when the batches are augmented.
-
   def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def make(step: int) -> Batch:
-      return pre.train_host(read(step, swaps), step, draws=draws, first_row=first_row)
+      return finish(read(step, swaps), step)
 
     def positions(step: int) -> Batch:  # A held split has no unreadable example: nothing is ever swapped.
       at = ids(step).astype(np.int32)
@@ -102,8 +97,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
     batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
                          first_row, per_example)
-    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return to_numpy(batches, ds.options.prefetch)
+    return (finish(b, int(b.pop("step")[0])) for b in map(drop_row, to_numpy(batches, ds.options.prefetch)))
 
   check = example_check(ds, per_example)
 
