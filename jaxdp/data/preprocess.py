@@ -135,8 +135,7 @@ class Preprocess:
     affine = self.affine(batch[INPUTS].dtype)
     if affine is None:
       return {**out, INPUTS: np.ascontiguousarray(batch[INPUTS], np.float32)}
-    x = np.array(batch[INPUTS], np.float32)  # A copy of its own (never the source's array): normalized in place.
     scale, offset = affine
-    np.multiply(x, scale, out=x)
+    x = np.multiply(batch[INPUTS], scale, dtype=np.float32)  # Cast and scaled in one pass, into an array of its own.
     np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}
