@@ -30,7 +30,7 @@ def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:
   """Steps per transfer for `rows` rows a step of `ds`: as many as fit in `block_mb` MiB, at most MAX_STEPS;
   1 (a transfer per step) for batches tf.data decodes, whose reading ahead would also raise a bad example's
   error that many steps early."""
-  if ds.streamed or not host_batches.applies(ds):
+  if not host_batches.applies(ds):
     return 1
   return steps_fitting(rows * ds.row_bytes(), block_mb)
 
@@ -92,7 +92,7 @@ def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int)
             f"{ahead}; the step takes its batch from the block on the devices")
   if block_mb <= 0:
     why = "parallel.block_mb=0"
-  elif ds.streamed or not host_batches.applies(ds):
+  elif not host_batches.applies(ds):
     why = "batches decoded by tf.data" + _uncached(ds)
   else:
     mib = rows * ds.row_bytes() / 2**20
@@ -103,7 +103,7 @@ def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int)
 
 def _uncached(ds: Dataset) -> str:
   """Why a TFDS dataset that could be held decoded in memory is not: its size against `dataset.cache_mb`."""
-  mib = ds.corpus.decoded_mib() if isinstance(ds.corpus, TfdsCorpus) and not ds.streamed else None
+  mib = ds.corpus.decoded_mib() if isinstance(ds.corpus, TfdsCorpus) else None
   if mib is None:
     return ""
   setting, budget = ds.options.cache_mb, ds.options.cache_budget_mib

@@ -8,7 +8,6 @@ is never listed (`steps`), never loaded.
 
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,7 +29,6 @@ from jaxdp.strategies import Strategy
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_MODES = ("max", "min")
-log = logging.getLogger("jaxdp")
 
 
 def directory(workdir: str) -> str:
@@ -174,13 +172,8 @@ class Checkpointer:
     """Raises a ConfigError naming each value that would change the order of examples after `step`."""
     if self.stream is None:
       return
-    saved = self.stored_meta(step).get("stream")
-    if saved is None:
-      log.warning("checkpoint %s/%d stores no input stream (written by an older jaxdp): resuming without checking "
-                  "that the seed, batch size and dataset are unchanged", self.directory, step)
-      return
     try:
-      data.check_resume(saved, self.stream)
+      data.check_resume(self.stored_meta(step).get("stream", {}), self.stream)
     except ConfigError as e:
       raise ConfigError(f"checkpoint {self.directory}/{step}: {e} (the checkpoint is left untouched)") from None
 

@@ -50,6 +50,7 @@ REMOVED = {
     "dataset.max_memory_gb": "it limited nothing",
     "parallel.flat_allreduce": "the gradient is all-reduced leaf by leaf everywhere",
     "parallel.bucket_bytes": "the gradient is all-reduced leaf by leaf everywhere",
+    "dataset.shuffle_buffer": "a TFRecord-only dataset is converted (python -m jaxdp.data.convert), never streamed",
 }
 
 

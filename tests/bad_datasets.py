@@ -73,10 +73,3 @@ class BadTrainPngs(BadPngs, skip_registration=True):
   def __init__(self, **kwargs):
     super().__init__(bad_train=(5,), **kwargs)
 
-
-class StreamedBadPngs(BadPngs):
-  """Registered with TFDS (as `streamed_bad_pngs`), so that it can be prepared as TFRecord only and then streamed
-  (`dataset.shard_by_process`): a user's builder class always prepares ArrayRecord. Train example 5 is truncated."""
-
-  def __init__(self, **kwargs):
-    super().__init__(bad_train=(5,), **kwargs)

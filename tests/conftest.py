@@ -53,8 +53,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def tfrecord_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-  """`digits` prepared as TFRecord only (as `tfds build` does by default): the streaming fallback's data. Read only:
-  a test that converts it to ArrayRecord prepares its own."""
+  """`digits` prepared as TFRecord only (as `tfds build` does by default), which jaxdp refuses until converted.
+  Read only: a test that converts it to ArrayRecord prepares its own."""
   import tensorflow_datasets as tfds
 
   from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)

@@ -1,5 +1,5 @@
-"""A bad example in the paths that decode outside a step's read (a split decoded once in memory, `dataset.cache_mb`;
-the streaming fallback) is named by split and index, or skipped on request, as on the path that reads by index."""
+"""A bad example in the path that decodes outside a step's read (a split decoded once in memory, `dataset.cache_mb`)
+is named by split and index, or skipped on request, as on the path that reads by index."""
 
 import io
 import itertools
@@ -111,23 +111,6 @@ def test_a_bad_example_in_a_cached_split_is_one_error_line_through_the_cli(tmp_p
   [index] = _undecodable(_load(tmp_path / "tfds", 64, name="bad_datasets:BadTrainPngs"), "train")
   assert len(errors) == 1 and f"cannot decode example {index} of split 'train'" in errors[0], errors
   assert "Traceback" not in proc.stdout + proc.stderr
-
-
-def test_a_bad_example_in_the_streaming_fallback_is_an_error_naming_split_and_index(tmp_path):
-  path = tmp_path / "tfrecord"
-  tfds.builder("streamed_bad_pngs", data_dir=str(path), file_format="tfrecord").download_and_prepare()
-  ds = _load(path, 64, name="streamed_bad_pngs", shard_by_process=True)
-  assert ds.streamed  # Prepared as TFRecord only: streamed, not read by index.
-  records = ds.builder.as_dataset("train", shuffle_files=False, decoders={"image": tfds.decode.SkipDecoding()})
-  [index] = [i for i, r in enumerate(tfds.as_numpy(records)) if not _opens(r["image"])]  # In file order.
-  for process_count in (1, 2):
-    process = 0 if process_count == 1 else index * 2 // 64  # The process whose shard holds it.
-    stream = data.train_batches(ds, "train", seed=0, global_batch=16, start_step=0, process_index=process,
-                                process_count=process_count)
-    with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'train' \(Invalid PNG"):
-      list(itertools.islice(stream, STEPS))
-  with pytest.raises(data.BadExampleError, match=rf"cannot decode example {index} of split 'train' \(Invalid PNG"):
-    list(data.eval_batches(ds, "train", global_batch=8, process_index=1, process_count=2))  # Streamed too.
 
 
 def test_a_bad_example_in_a_split_kept_on_disk_is_named_and_skipped_by_later_opens_too(tmp_path):

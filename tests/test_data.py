@@ -13,7 +13,7 @@ import tensorflow_datasets as tfds
 from jaxdp import data, parallel
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
-from jaxdp.data import cache, reader
+from jaxdp.data import cache, preprocess, reader
 from jaxdp.data.preprocess import Preprocess, batch_dtype
 
 B = 32
@@ -149,15 +149,28 @@ def _crop_and_flip_of(out, raw, pad=4):
 
 
 def test_crop_and_flip_at_known_draws():
-  images = tf.reshape(tf.range(2 * 4 * 5, dtype=tf.int32) % 251 + 1, [2, 4, 5, 1])
-  images = tf.cast(images, tf.uint8)
+  x = (np.arange(2 * 4 * 5).reshape(2, 4, 5, 1) % 251 + 1).astype(np.uint8)
   pre = Preprocess(crop_padding=2, flip=True)
   # Row 0: offset 0 (shifted down-right by 2, zeros enter), no flip. Row 1: offset 2 (unchanged), flipped.
-  out = pre.augment(images, tf.constant([[0.0, 0.0, 0.9], [0.5, 0.5, 0.1]])).numpy()
-  x = images.numpy()
+  out = pre.augment(x, np.array([[0.0, 0.0, 0.9], [0.5, 0.5, 0.1]], np.float32))
   np.testing.assert_array_equal(out[0, 2:, 2:], x[0, :-2, :-2])
   assert (out[0, :2] == 0).all() and (out[0, :, :2] == 0).all()
   np.testing.assert_array_equal(out[1], x[1, :, ::-1])
+
+
+def test_a_rows_draws_are_keyed_by_seed_step_and_global_row():
+  """Rows [2, 4) of global batch `step` take rows [2, 4) of that step's draws: the same on any process count; other
+  steps and seeds draw anew."""
+  x = (np.arange(4 * 6 * 6).reshape(4, 6, 6, 1) % 251).astype(np.uint8)
+  pre = Preprocess(crop_padding=2, flip=True)
+  one = pre.train({"inputs": x}, 5, seed=1, global_batch=4, first_row=0)["inputs"]
+  half = pre.train({"inputs": x[2:]}, 5, seed=1, global_batch=4, first_row=2)["inputs"]
+  np.testing.assert_array_equal(one[2:], half)
+  np.testing.assert_array_equal(one, pre.finish({"inputs": pre.augment(x, preprocess.draws(1, 4, 5))})["inputs"])
+  for step, seed in ((6, 1), (5, 2)):
+    assert not np.array_equal(one, pre.train({"inputs": x}, step, seed=seed, global_batch=4, first_row=0)["inputs"])
+  draws = preprocess.draws(1, 4, 5)
+  assert draws.dtype == np.float32 and draws.shape == (4, 3) and (draws >= 0).all() and (draws < 1).all()
 
 
 def test_eval_is_not_augmented(tmp_path):
@@ -189,8 +202,7 @@ def _sorted_rows(x):
 
 
 def test_shard_by_process_is_deterministic_disjoint_and_even(data_dir):
-  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "shard_by_process": True,
-                                            "shuffle_buffer": 256}))
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "shard_by_process": True}))
   steps_per_epoch = (digits_train := ds.num_examples("train")) // 2 // (B // 2)  # 1437 // 2 // 16 = 44
   per_process = [_train(ds, steps_per_epoch, process_index=p, process_count=2) for p in range(2)]
   assert [len(b) for b in per_process] == [steps_per_epoch, steps_per_epoch]

@@ -14,6 +14,7 @@ import batches
 from jaxdp import data
 from jaxdp.data import cache, host_batches, reader
 from jaxdp.data.preprocess import Preprocess
+from jaxdp.data.source import ArrayCorpus
 from jaxdp.datasets import token_file
 from jaxdp.runtime import exits
 
@@ -88,7 +89,7 @@ def test_an_npz_file_reads_the_same_batches_on_the_host(tmp_path):
   path = str(tmp_path / "d.npz")
   np.savez(path, x=rng.randn(90, 4), y=rng.randint(0, 3, 90), extra=rng.randint(0, 9, (90, 2)))
   ds = data.load(ml_collections.ConfigDict({"name": path, "data_dir": str(tmp_path / "tfds"), "std": (2.0,)}))
-  assert isinstance(ds.corpus, cache.CachedCorpus)
+  assert isinstance(ds.corpus, ArrayCorpus) and ds.corpus.decode is None
   _assert_both_paths_agree(ds, batch=8)
 
 
@@ -103,29 +104,32 @@ def test_the_host_path_uses_no_tf_data(data_dir, monkeypatch):
   assert len(_train(ds, host=True, steps=3)) == 3 and _eval(ds, host=True)
 
 
-def test_the_numpy_and_tf_finish_are_the_same_function_of_the_data():
-  """`finish_host` against `finish` on extreme values and every dtype the streams cast."""
+def test_finish_is_one_float32_multiply_add_and_the_casts_a_device_holds():
+  """`finish` on extreme values and every dtype the streams cast."""
   pre = Preprocess(mean=(0.3, 0.6, 0.9), std=(0.11, 0.7, 3.0))
   rng = np.random.RandomState(2)
   batch = {"inputs": rng.randint(0, 256, (4, 3, 2, 3)).astype(np.uint8), "labels": rng.randint(0, 9, 4),
            "f64": rng.randn(4) * 1e30, "u64": rng.randint(0, 2**62, 4).astype(np.uint64), "b": rng.rand(4) > 0.5,
            "_index": np.arange(4, dtype=np.int64)}
-  tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in batch.items()}).items()}
-  host = pre.finish_host(batch)
-  batches.assert_same([host], [tf_out])
+  host = pre.finish(batch)
+  scale, offset = (np.asarray(a, np.float32) for a in pre.affine(np.uint8))
+  want = {**{k: v.astype(host[k].dtype) for k, v in batch.items()},
+          "inputs": batch["inputs"].astype(np.float32) * scale - offset}
+  batches.assert_same([host], [want])
+  np.testing.assert_allclose(host["inputs"], (batch["inputs"] / 255 - (0.3, 0.6, 0.9)) / (0.11, 0.7, 3.0), rtol=1e-5)
   # As a device holds them: 64-bit narrowed to 32, integer labels int32; jaxdp's own keys as they are.
   assert {k: v.dtype.name for k, v in host.items()} == {"inputs": "float32", "labels": "int32", "f64": "float32",
                                                         "u64": "uint32", "b": "bool", "_index": "int64"}
   floats = {"inputs": rng.randn(4, 3) * 1e3}
-  tf_out = {k: v.numpy() for k, v in pre.finish({k: tf.constant(v) for k, v in floats.items()}).items()}
-  batches.assert_same([pre.finish_host(floats)], [tf_out])
+  scale, offset = pre.affine(np.float64)
+  batches.assert_same([pre.finish(floats)], [{"inputs": floats["inputs"].astype(np.float32) * scale - offset}])
 
 
 def test_normalizing_on_the_host_never_writes_into_the_rows_it_was_given():
   """A float32 batch may be a view of the split itself (held in memory): it is normalized in a copy."""
   rows = np.arange(6, dtype=np.float32).reshape(2, 3)
   before = rows.copy()
-  out = Preprocess(mean=(1.0,), std=(2.0,)).finish_host({"inputs": rows})
+  out = Preprocess(mean=(1.0,), std=(2.0,)).finish({"inputs": rows})
   np.testing.assert_array_equal(rows, before)
   np.testing.assert_array_equal(out["inputs"], (before - 1.0) / 2.0)
 

@@ -2,7 +2,6 @@
 
 import dataclasses
 import hashlib
-import logging
 import os
 import re
 import types
@@ -12,13 +11,12 @@ import ml_collections
 import numpy as np
 import pytest
 import runs
-import tensorflow_datasets as tfds
 
 from jaxdp import build, checkpoint, data, train
 from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
-from jaxdp.data import convert, images
+from jaxdp.data import images
 from jaxdp.configs import mlp_digits
 
 
@@ -60,22 +58,23 @@ def test_the_same_stream_on_another_device_count_resumes(config, tmp_path):
   assert int(result.backend.get(result.state.step)) == 4 and result.backend.num_devices == 4
 
 
-def test_a_checkpoint_without_a_stored_stream_resumes_with_a_warning(config, tmp_path, caplog):
+def test_a_checkpoint_without_a_stored_stream_is_refused_in_one_line(config, tmp_path):
   parts = build.build(config)
   with checkpoint.Checkpointer(str(tmp_path), config) as old:  # No stream: as an older jaxdp wrote it.
     old.save(2, parts.backend.init(parts.init), parts.backend)
+  before = _digest(tmp_path)
   config.num_train_steps = 4
-  with caplog.at_level(logging.WARNING, logger="jaxdp"):
-    result = train.train_and_evaluate(config, str(tmp_path))
-  assert int(result.backend.get(result.state.step)) == 4
-  assert "stores no input stream" in caplog.text
+  with pytest.raises(ConfigError, match=r"checkpoint .*/2: the checkpoint's input stream is of jaxdp's order "
+                                        r"version 1, this jaxdp reads version \d+.*\(the checkpoint is left untouched\)"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert _digest(tmp_path) == before
 
 
 def test_a_failed_restore_closes_the_manager(config, tmp_path, monkeypatch):
   train.train_and_evaluate(_saving(config), str(tmp_path))
   config.seed = 3
   parts = build.build(config)
-  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"seed": 3})
+  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.resume.VERSION, "seed": 3})
   closed = []
   monkeypatch.setattr(ckpt.manager, "close", lambda: closed.append(True))
   with pytest.raises(ConfigError, match="seed"):
@@ -163,61 +162,19 @@ def test_another_crop_recipe_is_refused(data_dir, monkeypatch):
     data.check_resume(saved, _spec(ds))
 
 
-def _tfrecord_digits(tmp_path):
-  """digits prepared as TFRecord only, read under dataset.shard_by_process: the streaming fallback."""
-  path = str(tmp_path / "tfrecord")
-  builder = tfds.builder("digits", data_dir=path, file_format="tfrecord")
-  builder.download_and_prepare()
-  return path, str(builder.data_dir)
-
-
-def test_the_streaming_fallback_converted_to_reads_by_index_is_refused(config, tmp_path, capsys):
-  config.dataset.data_dir, version_dir = _tfrecord_digits(tmp_path)
-  config.dataset.shard_by_process = True
-  train.train_and_evaluate(_saving(config), str(tmp_path / "run"))
-  assert convert.main(["convert", version_dir]) == 0  # As jaxdp's own error suggests: converted in place.
-  before = _digest(tmp_path / "run" / "checkpoints")
-  config.num_train_steps = 4
-  with pytest.raises(ConfigError, match=r"order 'streamed' -> 'shard'.*was each process streams its TFRecord"):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
-  assert _digest(tmp_path / "run" / "checkpoints") == before
-
-
-def test_the_shuffle_buffer_is_guarded_only_where_it_is_used(data_dir, tmp_path):
-  by_index = {"name": "digits", "data_dir": data_dir, "shard_by_process": True}
-  streamed = {**by_index, "data_dir": _tfrecord_digits(tmp_path)[0]}
-  for fields in ({"name": "digits", "data_dir": data_dir}, by_index):  # The global order; the shard order.
-    small, big = (data.load(ml_collections.ConfigDict({**fields, "shuffle_buffer": b})) for b in (64, 128))
-    data.check_resume(_spec(small), _spec(big))
-  small, big = (data.load(ml_collections.ConfigDict({**streamed, "shuffle_buffer": b})) for b in (64, 128))
-  assert small.streamed
-  with pytest.raises(ConfigError, match="shuffle_buffer 64 -> 128"):
-    data.check_resume(_spec(small), _spec(big))
-
-
-def _old(order: str, **changes) -> dict:
-  """A digits spec as jaxdp wrote it before the `order` key (global batch 32, 2 processes)."""
-  spec = {"dataset": "digits/1.1.0", "source": "tfds-array_record", "split": "train", "seed": 0, "global_batch": 32,
-          "shard_by_process": order != "global", "crop_padding": 0, "flip": False, "image_size": 0}
-  if order != "global":
-    spec.update(process_count=2, shuffle_buffer=16_384)
+def _old(**changes) -> dict:
+  """A digits spec as jaxdp wrote it before the spec named its order's version (global batch 32, 2 processes)."""
+  spec = {"dataset": "digits/1.1.0", "source": "tfds-array_record", "order": "shard", "split": "train", "seed": 0,
+          "global_batch": 32, "process_count": 2, "features": ["inputs", "labels"], "crop_padding": 0, "flip": False,
+          "image_size": 0}
   return {**spec, **changes}
 
 
-def test_specs_saved_before_the_order_key_resume_the_same_stream(data_dir, tmp_path, caplog):
-  fields = {"name": "digits", "data_dir": data_dir}
-  by_order = {"global": data.load(ml_collections.ConfigDict(fields)),
-              "shard": data.load(ml_collections.ConfigDict({**fields, "shard_by_process": True})),
-              "streamed": data.load(ml_collections.ConfigDict({**fields, "shard_by_process": True,
-                                                               "data_dir": _tfrecord_digits(tmp_path)[0]}))}
-  for order, ds in by_order.items():
-    assert _spec(ds)["order"] == order
-    data.check_resume(_old(order), _spec(ds))
-  data.check_resume(_old("shard", shuffle_buffer=64), _spec(by_order["shard"]))  # Unused by reads by index.
-  assert "predates jaxdp telling the streaming fallback from reads by index" in caplog.text
-  for saved, current, key in ((_old("global"), "shard", "order 'global' -> 'shard'"),
-                              (_old("shard"), "global", "order 'shard' -> 'global'"),
-                              (_old("shard", shuffle_buffer=64), "streamed", "shuffle_buffer 64 -> 16384"),
-                              (_old("global", seed=1), "global", "seed 1 -> 0")):
-    with pytest.raises(ConfigError, match=re.escape(key)):
-      data.check_resume(saved, _spec(by_order[current]))
+def test_a_spec_of_another_order_version_is_refused_in_one_line(data_dir):
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "shard_by_process": True}))
+  current = _spec(ds)
+  assert {k: v for k, v in current.items() if k != "version"} == _old()  # Nothing else differs.
+  for saved, version in ((_old(), 1), (_old(shard_by_process=True), 1), ({**current, "version": 1}, 1)):
+    with pytest.raises(ConfigError, match=rf"order version {version}, this jaxdp reads version {data.resume.VERSION}"):
+      data.check_resume(saved, current)
+  data.check_resume(dict(current), current)

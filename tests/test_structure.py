@@ -138,7 +138,7 @@ def test_importing_the_trainer_and_the_pipeline_loads_no_tensorflow():
   result = _run("import sys\n"
                 "import jaxdp, jaxdp.train, jaxdp.evaluate, jaxdp.sample, jaxdp.datasets, jaxdp.loop.train\n"
                 "from jaxdp import data\n"
-                "from jaxdp.data import cache, convert, host_batches, images, reader, sampler, streamed\n"
+                "from jaxdp.data import cache, convert, host_batches, images, reader, sampler\n"
                 "print(sorted(m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')))")
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == "[]"

@@ -12,7 +12,7 @@ from PIL import Image
 from jaxdp import train
 from jaxdp.config import ConfigError
 from jaxdp.data import kinds
-from jaxdp.datasets import fingerprint, image_folder
+from jaxdp.datasets import image_folder
 
 CLASSES = ("ant", "bee", "cat")
 SIZES = ((12, 10), (16, 16), (9, 14))  # (H, W): three sizes.
@@ -171,25 +171,46 @@ def test_prepared_copy_depends_on_the_source_identity(tmp_path):
 
 
 def test_missing_paths_are_config_errors(tmp_path):
-  for name in (str(tmp_path / "nowhere"), "./nowhere_h3b", str(tmp_path / "x.npz")):
+  for name in (str(tmp_path / "nowhere"), "./nowhere_h3b"):
     with pytest.raises(ConfigError, match="not found"):
       builder_for(name, str(tmp_path), {})
+  with pytest.raises(ConfigError, match="not found"):
+    _load_npz(str(tmp_path / "x.npz"))
   os.makedirs(tmp_path / "empty" / "cls")
   with pytest.raises(ConfigError, match="no class subfolders of images"):
     builder_for(str(tmp_path / "empty"), str(tmp_path), {})
+
+
+def _load_npz(path: str, **kwargs):
+  """The dataset of the .npz file `path`, opened as `config.dataset.name` names it."""
+  from jaxdp import data
+  return data.load(ml_collections.ConfigDict({"name": path, "builder_kwargs": kwargs}))
+
+
+def _read_all(ds, split: str) -> dict[str, np.ndarray]:
+  """Every row of a split, in its order."""
+  source = ds.source(split)
+  return source.read(np.arange(len(source)))
 
 
 def test_npz_with_one_set_is_split_deterministically(tmp_path):
   rng = np.random.RandomState(0)
   x, y = rng.randn(50, 4), rng.randint(0, 3, 50)
   np.savez(tmp_path / "blobs.npz", x=x, y=y)
-  builder = prepared(builder_for(str(tmp_path / "blobs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.2}))
-  assert builder.info.features["inputs"].shape == (4,) and builder.info.features["inputs"].np_dtype == np.float32
-  assert builder.info.features["label"].num_classes == 3
+  ds = _load_npz(str(tmp_path / "blobs.npz"), test_fraction=0.2)
+  assert ds.input_shape == (4,) and ds.element_spec()["inputs"].dtype == np.float32 and ds.num_classes == 3
   order = np.random.RandomState(0).permutation(50)  # The documented split: seed 0, first 20% -> test.
-  test = builder.as_data_source("test")
-  got = sorted(tuple(np.round(test[i]["inputs"], 5)) for i in range(len(test)))
+  test = _read_all(ds, "test")["inputs"]
+  got = sorted(tuple(np.round(r, 5)) for r in test)
   assert got == sorted(tuple(np.round(x[j].astype(np.float32), 5)) for j in order[:10])
+
+
+def test_an_npz_is_held_in_memory_and_writes_nothing(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  np.savez(tmp_path / "c.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2)
+  ds = _load_npz(str(tmp_path / "c.npz"))
+  assert ds.builder is None and ds.kind == "npz" and ds.name.startswith("c.npz@")
+  assert sorted(os.listdir(tmp_path)) == ["c.npz"]
 
 
 def test_npz_keras_layout_uint8_images(tmp_path):
@@ -197,11 +218,10 @@ def test_npz_keras_layout_uint8_images(tmp_path):
   arrays = {"x_train": rng.randint(0, 255, (20, 6, 6), np.uint8), "y_train": rng.randint(0, 4, 20),
             "x_test": rng.randint(0, 255, (7, 6, 6), np.uint8), "y_test": rng.randint(0, 4, 7)}
   np.savez(tmp_path / "pics.npz", **arrays)
-  builder = prepared(builder_for(str(tmp_path / "pics.npz"), str(tmp_path / "tfds"), {}))
-  assert isinstance(builder.info.features["inputs"], tfds.features.Image)
-  assert builder.info.features["inputs"].shape == (6, 6, 1)
-  test = builder.as_data_source("test")
-  got = {test[i]["inputs"][..., 0].tobytes(): test[i]["label"] for i in range(len(test))}
+  ds = _load_npz(str(tmp_path / "pics.npz"))
+  assert ds.corpus.facts.image and ds.input_shape == (6, 6, 1)
+  test = _read_all(ds, "test")
+  got = {x[..., 0].tobytes(): y for x, y in zip(test["inputs"], test["labels"])}
   assert got == {x.tobytes(): y for x, y in zip(arrays["x_test"], arrays["y_test"])}
 
 
@@ -210,22 +230,20 @@ def test_npz_keras_layout_uint8_images(tmp_path):
     ({"x": np.zeros((8, 2)), "y": -np.ones(8, int)}, ["labels y", ">= 0"]),
     ({"x_train": np.zeros((4, 2)), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 2)), "m_train": np.zeros(4)},
      ["missing: m_test, y_test"]),
-    ({"x": np.zeros((8, 2)), "y": np.zeros(8, int), "label": np.zeros(8)}, ["'label'", "rename one"]),
+    ({"x": np.zeros((8, 2)), "y": np.zeros(8, int), "labels": np.zeros(8)}, ["'labels'", "rename one"]),
     ({"x_train": np.zeros((4, 2)), "y_train": np.zeros(4, int), "x_test": np.zeros((2, 2)), "y_test": np.zeros(2, int),
       "meta": np.zeros(4)}, ["without a suffix: meta"]),
 ])
 def test_bad_npz_is_a_config_error_naming_it(arrays, words, tmp_path):
   np.savez(tmp_path / "bad.npz", **arrays)
   with pytest.raises(ConfigError) as e:
-    builder_for(str(tmp_path / "bad.npz"), str(tmp_path), {})
+    _load_npz(str(tmp_path / "bad.npz"))
   assert "bad.npz" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
 
 
 def _npz_dataset(tmp_path, **arrays):
-  from jaxdp import data
   np.savez(tmp_path / "arrays.npz", **arrays)
-  return data.load(ml_collections.ConfigDict({"name": str(tmp_path / "arrays.npz"), "data_dir": str(tmp_path / "tfds"),
-                                              "builder_kwargs": {"test_fraction": 0.25}}))
+  return _load_npz(str(tmp_path / "arrays.npz"), test_fraction=0.25)
 
 
 def _split_rows(ds, split):
@@ -273,19 +291,6 @@ def test_npz_keras_layout_with_extra_arrays(tmp_path):
   np.testing.assert_array_equal(rows["labels"], arrays["y_test"][rows["w"].astype(int)])
 
 
-def test_a_classic_npz_keeps_its_prepared_copy(tmp_path):
-  """x/y with classes, as before extra arrays and targets: the same config name (so the same prepared copy and
-  stream spec for its checkpoints); one file with more arrays gets its own."""
-  x, y = np.zeros((10, 2)), np.arange(10) % 2
-  np.savez(tmp_path / "c.npz", x=x, y=y)
-  classic = builder_for(str(tmp_path / "c.npz"), str(tmp_path), {})
-  assert classic.builder_config.name == fingerprint.config_name(str(tmp_path / "c.npz"),
-      fingerprint.file_stats([str(tmp_path / "c.npz")]), {"test_fraction": 0.1})
-  assert isinstance(classic.info.features["label"], tfds.features.ClassLabel)
-  np.savez(tmp_path / "c.npz", x=x, y=y, w=y)
-  assert builder_for(str(tmp_path / "c.npz"), str(tmp_path), {}).builder_config.name != classic.builder_config.name
-
-
 # End to end: each kind of user data trains through jaxdp.data.load and jaxdp.train.
 
 def _blobs_npz(root) -> str:
@@ -326,50 +331,48 @@ def test_float_labels_are_targets(tmp_path):
 def test_npz_split_sizes_round_and_every_example_falls_in_one_split(tmp_path):
   x, y = np.arange(94, dtype=np.float32).reshape(47, 2), np.arange(47) % 2
   np.savez(tmp_path / "odd.npz", x=x, y=y)
-  builder = prepared(builder_for(str(tmp_path / "odd.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.1}))
+  ds = _load_npz(str(tmp_path / "odd.npz"), test_fraction=0.1)
   order = np.random.RandomState(0).permutation(47)  # 4.7 test examples round to 5.
   for split, rows in (("test", order[:5]), ("train", order[5:])):
-    source = builder.as_data_source(split)
-    assert sorted(tuple(source[i]["inputs"]) for i in range(len(source))) == sorted(map(tuple, x[rows])), split
+    assert sorted(map(tuple, _read_all(ds, split)["inputs"])) == sorted(map(tuple, x[rows])), split
 
 
-def test_npz_arrays_that_are_neither_images_nor_classes_are_tensors(tmp_path):
+def test_npz_arrays_keep_their_shapes_and_integer_labels_are_classes(tmp_path):
   rng = np.random.RandomState(0)
-  x = rng.randint(0, 255, (12, 4, 4, 2), np.uint8)  # Two channels: no image format holds them.
-  np.savez(tmp_path / "pairs.npz", x=x, y=rng.randint(0, 3, (12, 2)))  # Two integers per example: targets.
-  builder = builder_for(str(tmp_path / "pairs.npz"), str(tmp_path / "tfds"), {"test_fraction": 0.25})
-  features = builder.info.features
-  assert type(features["inputs"]) is tfds.features.Tensor and features["inputs"].shape == (4, 4, 2)
-  assert type(features["label"]) is tfds.features.Tensor and features["label"].shape == (2,)
+  x = rng.randint(0, 255, (12, 4, 4, 2), np.uint8)  # Two channels: kept as they are.
+  np.savez(tmp_path / "pairs.npz", x=x, y=rng.randint(0, 3, (12, 2)))  # Two classes per example, as token labels.
+  ds = _load_npz(str(tmp_path / "pairs.npz"), test_fraction=0.25)
+  assert ds.input_shape == (4, 4, 2) and ds.label_shape == (2,) and ds.num_classes == 3 and not ds.float_labels
 
 
-def test_a_held_out_fraction_or_file_of_more_arrays_is_a_prepared_copy_of_its_own(tmp_path):
-  np.savez(tmp_path / "c.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2, w=np.zeros(10))
+def test_a_held_out_fraction_or_file_of_more_arrays_is_data_of_its_own(tmp_path):
+  """The dataset's name (in the stream spec, so a checkpoint's resume check) changes with the split and the data."""
   path = str(tmp_path / "c.npz")
-  names = {f: builder_for(path, str(tmp_path), {"test_fraction": f}).builder_config.name for f in (0.1, 0.2)}
-  assert names[0.1] != names[0.2]
-  as_classic = fingerprint.config_name(path, fingerprint.file_stats([path]), {"test_fraction": 0.1})
-  assert names[0.1] != as_classic  # Its features are part of its name: never read as the x/y file it once was.
+  np.savez(path, x=np.zeros((10, 2)), y=np.arange(10) % 2)
+  names = {f: _load_npz(path, test_fraction=f).name for f in (0.1, 0.2)}
+  assert names[0.1] != names[0.2] and names[0.1] == _load_npz(path, test_fraction=0.1).name
+  np.savez(path, x=np.zeros((10, 2)), y=np.arange(10) % 2, w=np.zeros(10))
+  assert _load_npz(path, test_fraction=0.1).name != names[0.1]
 
 
 @pytest.mark.parametrize("fraction", [True, 0, 1, "0.1"])
 def test_a_bad_test_fraction_is_a_config_error_naming_it(tmp_path, fraction):
   np.savez(tmp_path / "c.npz", x=np.zeros((10, 2)), y=np.arange(10) % 2)
   with pytest.raises(ConfigError, match=f"test_fraction must be in \\(0, 1\\), got {fraction!r}"):
-    builder_for(str(tmp_path / "c.npz"), str(tmp_path), {"test_fraction": fraction})
+    _load_npz(str(tmp_path / "c.npz"), test_fraction=fraction)
 
 
 def test_an_npz_whose_fraction_leaves_a_split_empty_is_a_config_error(tmp_path):
   np.savez(tmp_path / "few.npz", x=np.zeros((5, 2)), y=np.arange(5) % 2)
   with pytest.raises(ConfigError, match="test_fraction 0.05 of the 5 examples .* leaves a split empty"):
-    builder_for(str(tmp_path / "few.npz"), str(tmp_path), {"test_fraction": 0.05})
+    _load_npz(str(tmp_path / "few.npz"), test_fraction=0.05)
 
 
 def test_an_npz_counts_the_classes_of_both_splits(tmp_path):
   arrays = {"x_train": np.zeros((4, 2)), "y_train": np.array([0, 1, 1, 0]), "x_test": np.zeros((2, 2)),
             "y_test": np.array([4, 0])}  # A class seen in test only still counts.
   np.savez(tmp_path / "k.npz", **arrays)
-  assert builder_for(str(tmp_path / "k.npz"), str(tmp_path), {}).info.features["label"].num_classes == 5
+  assert _load_npz(str(tmp_path / "k.npz")).num_classes == 5
 
 
 def test_hidden_folders_and_files_are_not_classes_or_images(tmp_path):

@@ -1,6 +1,5 @@
-"""Runs with nothing to decode never load TensorFlow (seconds of every process's start): the train order's numpy
-twin of TF's stateless ops (`jaxdp.data.philox`, bitwise TF's), the features' numpy dtypes, TensorBoard files
-written without `tf.io.gfile`."""
+"""Runs with nothing to decode never load TensorFlow (seconds of every process's start): the train order and the
+augmentation draws are numpy's, the features' numpy dtypes, TensorBoard files written without `tf.io.gfile`."""
 
 import os
 import subprocess
@@ -8,59 +7,11 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
-import tensorflow as tf
 
 import runs
 from jaxdp import train
-from jaxdp.data import philox
 
-SEEDS = [(0, 0), (1, 2), (-1, 5), (2**63 - 1, -2**63), (3, 1), *[tuple(int(v) for v in pair) for pair in
-         np.random.default_rng(0).integers(-2**63, 2**63 - 1, size=(6, 2), dtype=np.int64)]]
 REPORT = "tensorflow modules loaded:"
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_fold_in_is_tfs(seed):
-  for data in (0, 1, 7, -3, 2**40):
-    want = tf.random.experimental.stateless_fold_in(tf.constant(seed, tf.int64), tf.constant(data, tf.int64))
-    np.testing.assert_array_equal(philox.fold_in(seed, data), want.numpy())
-  steps = np.arange(-2, 70)  # Many at once, as `HostDraws` folds a block of steps in.
-  want = [tf.random.experimental.stateless_fold_in(tf.constant(seed, tf.int64), s).numpy() for s in steps]
-  np.testing.assert_array_equal(philox.fold_in(seed, steps), want)
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_shuffle_is_tfs(seed):
-  for n in [*range(0, 40), 255, 256, 257, 1797, 70_001]:
-    want = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), tf.constant(seed, tf.int64))
-    np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
-
-
-def test_shuffle_drawn_in_chunks_is_tfs(monkeypatch):
-  monkeypatch.setattr(philox, "DRAW_CHUNK", 12)  # Chunk edges inside the draws of every size below.
-  for seed in SEEDS[:4]:
-    for n in (2, 13, 14, 25, 100, 1797):
-      want = tf.random.experimental.stateless_shuffle(tf.range(n, dtype=tf.int64), tf.constant(seed, tf.int64))
-      np.testing.assert_array_equal(philox.shuffle(n, seed), want.numpy(), err_msg=f"n={n}")
-
-
-@pytest.mark.parametrize("keyed", [True, False])
-@pytest.mark.parametrize("pattern", ["random", "none", "all_to_the_end", "each_to_the_next"])
-def test_swapped_is_the_swaps_done_in_turn(pattern, keyed, monkeypatch):
-  """The closed form of the shuffle's swaps (`philox.swapped`) against doing them one by one, on targets TF's
-  draws rarely make: chains of swaps through one position, and none at all; also as splits over KEYED_MAX sort."""
-  if not keyed:
-    monkeypatch.setattr(philox, "KEYED_MAX", 0)
-  rng = np.random.default_rng(0)
-  for n in [2, 3, 5, 64, 1000]:
-    steps = np.arange(n - 1)
-    targets = {"random": steps + rng.integers(0, n - steps), "none": steps, "all_to_the_end": np.full(n - 1, n - 1),
-               "each_to_the_next": steps + 1}[pattern]
-    order = list(range(n))
-    for i, j in enumerate(targets.tolist()):
-      order[i], order[j] = order[j], order[i]
-    np.testing.assert_array_equal(philox.swapped(targets.astype(np.int64)), order, err_msg=f"n={n}")
 
 
 def _loaded(code: str) -> list[str]:

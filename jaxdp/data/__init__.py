@@ -10,15 +10,15 @@ The modules, in the order the data flows through them:
   as Python objects (`in_memory`: a dict of numpy arrays, any random-access source); `source`: the random-access
   `Source` interface.
 - `held`: a split held whole, finished as its batches are, for the devices to gather from (`jaxdp.resident`).
-- `sampler`: which examples global batch `step` holds, a pure function of (seed, step).
+- `sampler`: which examples global batch `step` holds, a pure function of (seed, step); `rng`, numpy's generator
+  keyed by (seed, stream, epoch or step).
 - `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order);
-  `host_batches`: the same rows of a split with nothing to decode (cached, token file, in-memory, .npz), read by
+  `host_batches`: the same rows of a split with nothing to decode (cached, token file, in-memory arrays, .npz), read by
   numpy in the caller's thread, bitwise the same batches, no tf.data.
-- `images`, `preprocess`: crops of images of varying size (per example); augmentation, normalization (per batch,
-  in TF or, for `host_batches`, in numpy).
+- `images`, `preprocess`: crops of images of varying size (per example, in the tf.data decode); augmentation and
+  normalization (per batch, in numpy, keyed by (seed, step) and position).
 - `train_stream`: `train_batches`, resumable at any step (its docstring states the contract);
-  `eval_stream`: `eval_batches`, every example once, padded and masked; `streamed`: both for a dataset
-  prepared as TFRecord only, under `dataset.shard_by_process`.
+  `eval_stream`: `eval_batches`, every example once, padded and masked.
 - `resume`: `stream_spec`, saved with every checkpoint, and `check_resume`, which compares it on restore.
 
 TensorFlow is imported where it is used, at its first use (its import takes seconds, and a process that never

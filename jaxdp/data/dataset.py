@@ -12,7 +12,6 @@ import tensorflow_datasets as tfds
 
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
-from jaxdp.data import prepare
 from jaxdp.data.preprocess import Preprocess, batch_dtype
 from jaxdp.data.source import INPUTS, Corpus, Source
 
@@ -31,7 +30,6 @@ class Options:
   """How batches are read and prepared (`config.dataset` fields beyond the dataset's name)."""
   preprocess: Preprocess = Preprocess()
   shard_by_process: bool = False
-  shuffle_buffer: int = 16_384
   prefetch: int = 2
   cache_mb: float | str = CACHE_AUTO  # Splits decoded at most this big (MiB, all together) are decoded once, in memory.
   skip_bad_examples: bool = False  # An example that does not decode is replaced (`bad_examples`), not an error.
@@ -45,10 +43,7 @@ class Options:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int | None, ...]) -> "Options":
     """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`)."""
-    options = cls(Preprocess.from_config(config, input_shape), bool(config.shard_by_process), config.shuffle_buffer,
-                  config.prefetch, config.cache_mb, bool(config.skip_bad_examples), bool(config.cache_on_disk))
-    if not isinstance(options.shuffle_buffer, int) or options.shuffle_buffer < 1:
-      raise ConfigError(f"dataset.shuffle_buffer must be a positive integer, got {options.shuffle_buffer!r}")
+    options = cls(Preprocess.from_config(config, input_shape), bool(config.shard_by_process), config.prefetch, config.cache_mb, bool(config.skip_bad_examples), bool(config.cache_on_disk))
     options.cache_budget_mib  # A bad value fails now, naming itself.
     if not isinstance(options.prefetch, int) or options.prefetch < -1:
       raise ConfigError(f"dataset.prefetch must be an integer >= 0 (or -1: autotune), got {options.prefetch!r}")
@@ -133,16 +128,6 @@ class Dataset:
     """The split's random-access source (the corpus opens each split once)."""
     return self.corpus.source(split)
 
-  @property
-  def streamed(self) -> bool:
-    """Read as a stream (shard_by_process on a dataset prepared as TFRecord only), not by index."""
-    return self.options.shard_by_process and self.builder is not None and not prepare.random_access(self.builder)
-
   def num_examples(self, split: Any) -> int:
     """Examples in a split spec such as "test" or "train[:90%]"."""
-    if self.streamed:
-      try:
-        return int(self.builder.info.splits[split].num_examples)
-      except (KeyError, ValueError, AssertionError) as e:
-        raise ConfigError(f"unknown split {split!r} of dataset {self.builder.name!r}: {e}") from None
     return len(self.source(split))

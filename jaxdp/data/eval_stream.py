@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed, tf_setup
+from jaxdp.data import bad_examples, host_batches, images, sampler, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.reader import REAL, example_check, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import REAL, drop_row, example_check, probe_row, read_steps, to_numpy
 
 
 def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: int,
@@ -18,8 +18,6 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
   A split with nothing to decode is read by numpy in the caller's thread (`host_batches`); any other through
   tf.data (`_tf_data`: always, for the tests that compare the two).
   """
-  if ds.streamed:
-    return streamed.eval_batches(ds, split, global_batch, process_index, process_count)
   source = ds.source(split)
   n = len(source)
   rows = global_batch // process_count
@@ -41,22 +39,19 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     return {**example, "inputs": images.eval_crop(example["inputs"], pre.image_size, pre.crop_ratio,
                                                   ds.input_shape[-1])}
 
-  def finish(batch: dict) -> dict:
-    return pre.finish({k: v for k, v in batch.items() if k not in ("step", "row")})
 
   per_example = crop if pre.image_size else None
   stop = math.ceil(n / global_batch)
 
   def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    return host_batches.batches(lambda step: pre.finish_host(read(step, swaps)), first, stop)
+    return host_batches.batches(lambda step: pre.finish(read(step, swaps)), first, stop)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     tf = tf_setup.tensorflow()
     probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
     steps = tf.data.Dataset.range(first, stop)
     batches = read_steps(ds, probe, steps, lambda step: read(int(step), swaps), rows, lo, per_example)
-    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return to_numpy(batches, ds.options.prefetch)
+    return (pre.finish(drop_row(b, "step")) for b in to_numpy(batches, ds.options.prefetch))
 
   check = example_check(ds, per_example)
 

@@ -2,10 +2,9 @@
 
 A cached split (`cache.DecodedSource`), a token file, in-memory arrays or an `.npz` already reads final arrays: the
 tf.data round trip of the streams (a `numpy_function` read, maps, prefetch) cost more than the read itself
-(docs/design-notes.md#input-pipeline-choices). Here each batch is `source.read(ids)` then
-`Preprocess.train_host` / `finish_host`, bitwise the same as the tf.data path's (tests/test_host_input.py), built
-when the caller asks for it: no thread of its own, so its iterator may be pulled from any one thread (the device
-prefetch overlaps it with the step).
+(docs/design-notes.md#input-pipeline-choices). Here each batch is `source.read(ids)` then `Preprocess.train` / `finish`,
+bitwise the same as the tf.data path's (tests/test_host_input.py), built when the caller asks for it: no thread
+of its own, so its iterator may be pulled from any one thread (the device prefetch overlaps it with the step).
 
 A read that fails surfaces as tf.data surfaces it: an `UnreadableExample` as itself, for the bad-example guard;
 any other error as a `tf.errors.OpError` holding its Python traceback, so that the CLI reports it in one line

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jaxdp.data import tf_setup
-from jaxdp.data.preprocess import AUGMENT, seed_for
+from jaxdp.data.sampler import AUGMENT
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -25,9 +25,11 @@ RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic
 
 
 def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
-  """A stateless seed [2] for the example at row `row` of global batch `step`."""
+  """A stateless seed [2] for the example at row `row` of global batch `step` (TF's: the crop is a TF op)."""
   tf = tf_setup.tensorflow()
-  return tf.random.experimental.stateless_fold_in(seed_for(seed, AUGMENT, step), tf.cast(row, tf.int64))
+  per_step = tf.random.experimental.stateless_fold_in(tf.constant([seed, AUGMENT], tf.int64),
+                                                      tf.cast(step, tf.int64))
+  return tf.random.experimental.stateless_fold_in(per_step, tf.cast(row, tf.int64))
 
 
 def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:

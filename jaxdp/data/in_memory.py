@@ -133,13 +133,20 @@ def open_data(config: ml_collections.ConfigDict, train_data: Any = None, eval_da
   if len(given) == 2 and config.train_split == config.eval_split:
     raise ConfigError(f"dataset.train_split and dataset.eval_split are both {config.train_split!r}: in-memory "
                       f"train_data and eval_data need two split names")
-  splits = {split: (ArraysSource if is_arrays(data) else RandomAccessSource)(data, f"{what} ({split!r})")
-            for split, data, what in given}
-  facts = _facts(splits)
-  return Dataset(ArrayCorpus(facts, splits), Options.from_config(config, facts.input_shape), kind=KIND)
+  return open_splits(config, {split: data for split, data, _ in given},
+                     whats={split: f"{what} ({split!r})" for split, _, what in given})
 
 
-def _facts(splits: dict[str, ArraysSource | RandomAccessSource]) -> Facts:
+def open_splits(config: ml_collections.ConfigDict, data: dict[str, Any], name: str = NAME, kind: str = KIND,
+                whats: dict[str, str] | None = None) -> Dataset:
+  """The `Dataset` of `data` (split -> a dict of arrays or a random-access source), named `name`@digest."""
+  splits = {split: (ArraysSource if is_arrays(d) else RandomAccessSource)(d, (whats or {}).get(split, repr(split)))
+            for split, d in data.items()}
+  facts = _facts(splits, name)
+  return Dataset(ArrayCorpus(facts, splits), Options.from_config(config, facts.input_shape), kind=kind)
+
+
+def _facts(splits: dict[str, ArraysSource | RandomAccessSource], prefix: str) -> Facts:
   """The data's facts: its features (the splits must agree), its supervised pair when it has one, its digest."""
   h = hashlib.sha256()
   features = None
@@ -152,7 +159,7 @@ def _facts(splits: dict[str, ArraysSource | RandomAccessSource]) -> Facts:
     features = these
     h.update(f"\0{split}\0".encode())
     source.digest(h)
-  name = f"{NAME}@{h.hexdigest()[:12]}"
+  name = f"{prefix}@{h.hexdigest()[:12]}"
   left_out = {k: why for source in splits.values() for k, why in source.left_out.items()}
   if INPUTS not in features or LABELS not in features:
     return Facts(name, (), (), 0, features=features, left_out=left_out)

@@ -8,6 +8,7 @@ most), so no kind depends on the order of the table.
 """
 
 import dataclasses
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -49,9 +50,14 @@ TFDS_NAME = tfds_kind("a registered TFDS name", lambda name: True, tfds_dataset.
 KINDS = (  # Every kind but the fallback.
     Kind("a token file", lambda name: name == token_file.NAME, token_file.open_dataset),
     tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)), tfds_dataset.by_class),
-    tfds_kind("an .npz file", is_npz, tfds_dataset.shipped("npz")),
+    Kind("an .npz file", is_npz, lambda config, kwargs: _shipped_module("npz").open_dataset(config, kwargs)),
     tfds_kind("an image folder", is_folder, tfds_dataset.shipped("image_folder")),
 )
+
+
+def _shipped_module(name: str) -> Any:
+  """Module `jaxdp.datasets.<name>`, imported when a dataset of its kind opens (this package never imports it)."""
+  return importlib.import_module(f"{tfds_dataset.SHIPPED}.{name}")
 
 
 def find(name: str) -> Kind:

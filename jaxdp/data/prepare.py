@@ -74,12 +74,11 @@ def random_access(builder: tfds.core.DatasetBuilder) -> bool:
 
 
 def require_random_access(builder: tfds.core.DatasetBuilder) -> None:
-  """A dataset prepared as TFRecord only: one line saying how to convert it (or to stream it)."""
+  """A dataset prepared as TFRecord only: one line saying how to convert it."""
   if random_access(builder):
     return
   formats = ", ".join(sorted(f.value for f in builder.info.available_file_formats())) or "unknown"
   raise ConfigError(
       f"dataset {builder.name!r} is prepared in {str(builder.data_dir)!r} as {formats} only; jaxdp reads "
       f"examples by index from ArrayRecord. Convert it once with `python -m jaxdp.data.convert "
-      f"{builder.data_dir}` (or stream it with dataset.shard_by_process=True: batches then depend on the "
-      f"process count)")
+      f"{builder.data_dir}`")

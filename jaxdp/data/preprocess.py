@@ -1,10 +1,9 @@
 """Host-side preprocessing of whole batches: train augmentation (random crop with padding, horizontal
 flip), then inputs to float32 and per-channel normalization.
 
-Every function takes one process's rows of a global batch and uses only vectorized ops (no per-example
-map), so it costs a few ops per batch: TF ops inside tf.data, or their numpy twins (`*_host`, bitwise the same)
-for batches built without tf.data (`jaxdp.data.host_batches`). Augmentation is stateless: the draws of global
-batch `step` come from one `tf.random.stateless_uniform` seeded by (seed, step) over all its rows, and
+Every function takes one process's rows of a global batch as numpy arrays (read, or decoded by tf.data) and uses
+only vectorized ops (no per-example map), so it costs a few ops per batch. Augmentation is stateless: the draws of
+global batch `step` come from one generator keyed by (seed, step) (`sampler.rng`) over all its rows, and
 the example at global position `id = step * global_batch + row` takes row `row`. An example's crop and
 flip therefore depend on the seed and its position only, never on which process or device gets it.
 """
@@ -12,54 +11,19 @@ flip therefore depend on the seed and its position only, never on which process 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data import philox, tf_setup
-
-if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
-  import tensorflow as tf
+from jaxdp.data import sampler
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
-SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a seed.
-# Steps whose draws `HostDraws` makes at once: numpy's per-call costs spread over them.
-DRAW_BLOCK = 64
 
 
-def seed_for(seed: int, stream: int, counter: tf.Tensor) -> tf.Tensor:
-  """A stateless-op seed [2] for `counter` (an epoch or a step) of one random stream of `seed`."""
-  tf = tf_setup.tensorflow()
-  base = tf.constant([seed, stream], tf.int64)
-  return tf.random.experimental.stateless_fold_in(base, tf.cast(counter, tf.int64))
-
-
-def augment_draws(seed: int, global_batch: int, step: tf.Tensor) -> tf.Tensor:
-  """The augmentation draws [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
-  tf = tf_setup.tensorflow()
-  return tf.random.stateless_uniform([global_batch, 3], seed_for(seed, AUGMENT, step))
-
-
-class HostDraws:
-  """`augment_draws` of one stream's steps as numpy, bitwise (`jaxdp.data.philox`, no TF), made DRAW_BLOCK steps at
-  a time; call it from one thread at a time."""
-
-  def __init__(self, seed: int, global_batch: int):
-    self.seed, self.global_batch = seed, global_batch
-    self._block, self._draws = -1, np.zeros([0])
-
-  def __call__(self, step: int) -> np.ndarray:
-    """Global batch `step`'s draws [global_batch, 3]."""
-    block, k = divmod(int(step), DRAW_BLOCK)
-    if block != self._block:
-      steps = np.arange(block * DRAW_BLOCK, (block + 1) * DRAW_BLOCK)
-      seeds = philox.fold_in((self.seed, AUGMENT), steps)  # `seed_for`'s, step by step.
-      self._draws = philox.uniform(seeds, self.global_batch * 3).reshape(DRAW_BLOCK, self.global_batch, 3)
-      self._block = block
-    return self._draws[k]
+def draws(seed: int, global_batch: int, step: int) -> np.ndarray:
+  """The augmentation draws float32 [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
+  return sampler.rng(seed, sampler.AUGMENT, step).random((global_batch, 3), np.float32)
 
 
 def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
@@ -122,57 +86,11 @@ class Preprocess:
     """Whether train batches of fixed-size images are augmented per batch (varying sizes: per example)."""
     return bool(self.crop_padding or self.flip) and not self.image_size
 
-  def train(self, batch: dict, step: tf.Tensor, *, seed: int, global_batch: int, first_row: int) -> dict:
-    """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
-    tf = tf_setup.tensorflow()
-    if INPUTS not in batch:  # A dataset without supervised keys: nothing to augment (its options say so).
-      return self.finish(batch)
-    x = batch[INPUTS]
-    if self.augments:
-      draws = augment_draws(seed, global_batch, step)
-      x = self.augment(x, draws[first_row:first_row + tf.shape(x)[0]])
-    return self.finish({**batch, INPUTS: x})
-
-  def augment(self, images: tf.Tensor, draws: tf.Tensor) -> tf.Tensor:
-    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
-
-    One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
-    (top + i, left + width - 1 - j) when the row is flipped.
-    """
-    tf = tf_setup.tensorflow()
-    rows, height, width, channels = (tf.shape(images)[0], *images.shape[1:])
-    pad = self.crop_padding
-    top = tf.cast(draws[:, 0] * (2 * pad + 1), tf.int32)
-    left = tf.cast(draws[:, 1] * (2 * pad + 1), tf.int32)
-    j = tf.range(width)[None, :]
-    cols = left[:, None] + (tf.where((draws[:, 2] < 0.5)[:, None], width - 1 - j, j) if self.flip else j)
-    ys = top[:, None] + tf.range(height)[None, :]                                   # [rows, height]
-    hp, wp = height + 2 * pad, width + 2 * pad
-    flat = (tf.range(rows)[:, None, None] * hp + ys[:, :, None]) * wp + cols[:, None, :]  # [rows, height, width]
-    padded = tf.pad(images, [[0, 0], [pad, pad], [pad, pad], [0, 0]]) if pad else images
-    return tf.gather(tf.reshape(padded, [-1, channels]), flat)
-
-  def finish(self, batch: dict) -> dict:
-    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized; every other feature to its `batch_dtype`."""
-    tf = tf_setup.tensorflow()
-    out = {k: v if k.startswith("_") or v.dtype == tf.string else tf.cast(v, batch_dtype(k, v.dtype.as_numpy_dtype))
-           for k, v in batch.items()}  # jaxdp's own keys ("_index", "_real") stay as they are.
-    if INPUTS not in batch:
-      return out
-    x = tf.cast(batch[INPUTS], tf.float32)
-    affine = self.affine(batch[INPUTS].dtype.as_numpy_dtype)
-    if affine is not None:
-      # Broadcast to one example's full shape first: TF broadcasts over a leading axis much faster.
-      shape = tf.shape(x)[1:]
-      scale, offset = (tf.broadcast_to(tf.constant(a), shape) for a in affine)
-      x = x * scale - offset
-    return {**out, INPUTS: x}
-
   def affine(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
     """(scale, offset), float32 per channel: inputs of `dtype` are normalized as x * scale - offset; None: as they are.
 
     (x / 255 - mean) / std (uint8; else x - mean) as one multiply-add: scale = 1 / (255 std), offset = mean / std.
-    The one home of the formula: `finish` (TF) and `finish_host` (numpy) both apply it, in float32.
+    The one home of the formula, applied in float32.
     """
     scale = 1 / 255 if np.dtype(dtype) == np.uint8 else 1.0
     if not (self.mean or self.std or scale != 1.0):
@@ -181,18 +99,22 @@ class Preprocess:
     mean = np.asarray(self.mean or (0.0,), np.float32)
     return np.float32(scale) / std, mean / std
 
-  def train_host(self, batch: dict[str, np.ndarray], step: int, *, draws: HostDraws,
-                 first_row: int) -> dict[str, np.ndarray]:
-    """`train` in numpy, bitwise the same: augments then finishes rows [first_row, first_row + rows) of `step`."""
-    if INPUTS not in batch:
-      return self.finish_host(batch)
+  def train(self, batch: dict[str, np.ndarray], step: int, *, seed: int, global_batch: int,
+            first_row: int) -> dict[str, np.ndarray]:
+    """Augments then finishes rows [first_row, first_row + rows) of global batch `step`."""
+    if INPUTS not in batch:  # A dataset without supervised keys: nothing to augment (its options say so).
+      return self.finish(batch)
     x = batch[INPUTS]
     if self.augments:
-      x = self.augment_host(x, draws(step)[first_row:first_row + len(x)])
-    return self.finish_host({**batch, INPUTS: x})
+      x = self.augment(x, draws(seed, global_batch, step)[first_row:first_row + len(x)])
+    return self.finish({**batch, INPUTS: x})
 
-  def augment_host(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """`augment` in numpy (the same float32 draws to offsets, the same one gather), bitwise the same."""
+  def augment(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
+
+    One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
+    (top + i, left + width - 1 - j) when the row is flipped.
+    """
     rows, height, width, channels = images.shape
     pad = self.crop_padding
     top = (draws[:, 0] * np.float32(2 * pad + 1)).astype(np.int32)
@@ -203,8 +125,9 @@ class Preprocess:
     padded = np.pad(images, [(0, 0), (pad, pad), (pad, pad), (0, 0)]) if pad else images
     return padded[np.arange(rows)[:, None, None], ys[:, :, None], cols[:, None, :]]
 
-  def finish_host(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """`finish` in numpy, bitwise the same (the same casts; `affine` applied in float32), every array contiguous."""
+  def finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized (`affine`, in float32); every other feature to its
+    `batch_dtype`; every array contiguous. jaxdp's own keys ("_index", "_real") stay as they are."""
     out = {k: v if k == INPUTS or k.startswith("_") or v.dtype == object else
            np.ascontiguousarray(v, batch_dtype(k, v.dtype)) for k, v in batch.items()}
     if INPUTS not in batch:
@@ -212,8 +135,7 @@ class Preprocess:
     affine = self.affine(batch[INPUTS].dtype)
     if affine is None:
       return {**out, INPUTS: np.ascontiguousarray(batch[INPUTS], np.float32)}
-    x = np.array(batch[INPUTS], np.float32)  # A copy of its own (never the source's array): normalized in place.
     scale, offset = affine
-    np.multiply(x, scale, out=x)
+    x = np.multiply(batch[INPUTS], scale, dtype=np.float32)  # Cast and scaled in one pass, into an array of its own.
     np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}

@@ -118,6 +118,13 @@ def decoded_spec(probe: dict[str, np.ndarray], decode: Callable[[dict], dict],
   return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
 
 
+def drop_row(batch: Batch, *keys: str) -> Batch:
+  """A decoded batch without the positions `read_steps` gave its rows for keyed crops ("row", and `keys`)."""
+  for key in ("row", *keys):
+    del batch[key]
+  return batch
+
+
 def to_numpy(batches: tf.data.Dataset, prefetch: int) -> Iterator[Batch]:
   """The batches as numpy, `prefetch` deep (0: none; -1: autotuned)."""
   return iter(tfds.as_numpy(prefetched(batches, prefetch)))

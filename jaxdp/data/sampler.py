@@ -1,8 +1,8 @@
 """The stateless global order: which examples global batch `step` holds, as a pure function of (seed, step).
 
 Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, where
-e, k = divmod(step, steps_per_epoch) and the permutation is `tf.random.experimental.stateless_shuffle`
-seeded by (seed, epoch), computed by its numpy twin (`jaxdp.data.philox`); the last n % B examples of each epoch sit it out. Process p of P reads rows
+e, k = divmod(step, steps_per_epoch) and the permutation is numpy's, of a counter-based generator keyed by
+(seed, epoch) (`rng`); the last n % B examples of each epoch sit it out. Process p of P reads rows
 [p * B / P, (p + 1) * B / P) of each global batch. Only the permutations of the epochs in use are held
 (n int64 each), never the examples. `ShardOrder` is the opt-in `dataset.shard_by_process` order.
 """
@@ -13,8 +13,8 @@ import threading
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data import philox
-from jaxdp.data.preprocess import SHUFFLE
+
+SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a generator.
 
 # Permutations this process keeps (n int64 each), shared by every `GlobalOrder` of the same (n, seed): the train
 # stream's, which reads ahead and so computes each epoch's first, and the audit's digest in the loop's thread,
@@ -24,6 +24,12 @@ from jaxdp.data.preprocess import SHUFFLE
 EPOCHS_HELD = 4
 _held: collections.OrderedDict[tuple[int, int, int], np.ndarray] = collections.OrderedDict()  # Least recent first.
 _held_lock = threading.Lock()
+
+
+def rng(seed: int, stream: int, counter: int) -> np.random.Generator:
+  """The generator of `counter` (an epoch or a step) of one random `stream` of `seed`: Philox, counter-based, keyed
+  by a hash of the three, so any (seed, epoch) or (seed, step) is drawn alone, on any process, in any order."""
+  return np.random.Generator(np.random.Philox(np.random.SeedSequence([seed % 2**64, stream, counter % 2**64])))
 
 
 def steps_per_epoch(n: int, batch: int, split: str) -> int:
@@ -59,7 +65,7 @@ def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
   with _held_lock:
     order = _held.get(key)
   if order is None:  # Computed outside the lock: other threads read the epochs held meanwhile.
-    order = philox.shuffle(n, philox.fold_in((seed, SHUFFLE), epoch))
+    order = rng(seed, SHUFFLE, epoch).permutation(n)
     order.flags.writeable = False
   with _held_lock:
     order = _held.setdefault(key, order)

@@ -42,12 +42,9 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
   names = FeatureNames(builder.info)  # A dataset without supervised keys gives all its features, no inputs.
   input_shape = tuple(builder.info.features[names.input_key].shape) if names.input_key is not None else ()
   options = Options.from_config(config, input_shape)
-  if not options.shard_by_process:
-    prepare.require_random_access(builder)
+  prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
-  if prepare.random_access(builder):
-    corpus = cache.maybe_cached(corpus, options.cache_budget_mib, options.cache_on_disk)
-  return Dataset(corpus, options, builder)
+  return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib, options.cache_on_disk), options, builder)
 
 
 def registered(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False,

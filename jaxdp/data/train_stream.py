@@ -13,7 +13,7 @@ A split with nothing to decode (cached, token file, in-memory, .npz) and no per-
 the caller's thread (`jaxdp.data.host_batches`), any other through tf.data's workers: the same batches either way.
 
 `dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
-epoch (`sampler.ShardOrder`, by index; or, for a dataset prepared as TFRecord only, `jaxdp.data.streamed`).
+epoch (`sampler.ShardOrder`).
 
 `with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
 as it was read, which the audit records; strip it before the step (`jaxdp.loop.audit.Recorder.take_ids`).
@@ -27,10 +27,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from jaxdp.batch import ROWS
-from jaxdp.data import bad_examples, host_batches, images, sampler, streamed, tf_setup
+from jaxdp.data import bad_examples, host_batches, images, sampler, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
-from jaxdp.data.preprocess import HostDraws
-from jaxdp.data.reader import INDEX, example_check, no_autograph, probe_row, read_steps, to_numpy
+from jaxdp.data.reader import INDEX, drop_row, example_check, probe_row, read_steps, to_numpy
 
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
@@ -38,7 +37,7 @@ _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps
 def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_index: int,
                 process_count: int) -> sampler.GlobalOrder | sampler.ShardOrder:
   """The order of the train stream's examples: one global order, or (dataset.shard_by_process) this process's
-  shard order; under the streaming fallback only its steps_per_epoch holds (its shards are as large)."""
+  shard order."""
   if ds.options.shard_by_process:
     return sampler.ShardOrder(ds.num_examples(split), global_batch // process_count, seed, split, process_index,
                               process_count)
@@ -56,9 +55,6 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   """
   rows = global_batch // process_count
   first_row = process_index * rows
-  if ds.streamed:
-    return streamed.train_batches(ds, split, seed, global_batch, start_step, process_index, process_count, stop_step,
-                                  with_ids)
   source = ds.source(split)
   order = train_order(ds, split, seed, global_batch, process_index, process_count)
   pre = ds.options.preprocess
@@ -81,18 +77,14 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     x = images.train_crop(example["inputs"], key, pre.image_size, ds.input_shape[-1], pre.flip)
     return {**example, "inputs": x}
 
-  def finish(batch: dict) -> dict:
-    batch = pre.train(batch, batch.pop("step")[0], seed=seed, global_batch=global_batch, first_row=first_row)
-    del batch["row"]
-    return batch
+  def finish(batch: dict, step: int) -> dict:
+    return pre.train(batch, step, seed=seed, global_batch=global_batch, first_row=first_row)
 
   per_example = crop if pre.image_size else None
 
-  draws = HostDraws(seed, global_batch)  # Made only when the batches are augmented.
-
   def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     def make(step: int) -> Batch:
-      return pre.train_host(read(step, swaps), step, draws=draws, first_row=first_row)
+      return finish(read(step, swaps), step)
 
     def positions(step: int) -> Batch:  # A held split has no unreadable example: nothing is ever swapped.
       at = ids(step).astype(np.int32)
@@ -105,8 +97,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
     batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
                          first_row, per_example)
-    batches = batches.map(no_autograph(finish), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return to_numpy(batches, ds.options.prefetch)
+    return (finish(b, int(b.pop("step")[0])) for b in map(drop_row, to_numpy(batches, ds.options.prefetch)))
 
   check = example_check(ds, per_example)
 

@@ -7,7 +7,7 @@ it records the checkpoint it restored and the step it started from. `python -m j
 (`jaxdp.tools.audit`) checks what was recorded.
 
 The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
-split (`data.reader.INDEX`; under the streaming fallback, the position of the record it delivered), and
+split (`data.reader.INDEX`), and
 `Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
 of the loop, the state's step after it, trains the stream's batch s - 1). The `data/digest` metric is the
 sampler's global batch (no process holds the whole batch as read).

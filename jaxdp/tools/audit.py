@@ -181,7 +181,7 @@ def _not_in_order(entries: list[Entry], i: int) -> None:
 
 
 def _check_order(entries: list[Entry]) -> None:
-  """Every recorded global batch is the one its order names, where the stream reads by one (not streamed)."""
+  """Every recorded global batch is the one its order names, where the stream's ids were read."""
   orders: dict[tuple, Callable[[int], np.ndarray] | None] = {}
   for entry in entries:
     h = entry.segment.header
@@ -200,7 +200,7 @@ def _check_order(entries: list[Entry]) -> None:
 
 def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
                     process_count: int) -> Callable[[int], np.ndarray] | None:
-  """Stream step -> the global batch the order names; None where none is known (streamed, or ids not read)."""
+  """Stream step -> the global batch the order names; None where none is known (ids not read)."""
   from jaxdp.data import resume, sampler
   if order == resume.GLOBAL:
     whole = sampler.GlobalOrder(n, batch, seed, split)
