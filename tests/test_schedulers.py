@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
 import pytest
 import runs
 import test_multiprocess as mp
@@ -190,8 +191,9 @@ def _assert_like_one_by_eight(data_dir, workdir, reference) -> None:
   config = runs.config_with(_overrides(data_dir))
   backend = parallel.make_backend("mesh")
   state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, mp._init_for(config))
-  for a, b in zip(jax.tree.leaves(backend.get(state.params)), jax.tree.leaves(ref_params)):
-    assert a == pytest.approx(b, rel=1e-4, abs=1e-6)
+  # test_multiprocess's standard for 2 x 4 against 1 x 8: gloo's sums across processes round in another order.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), backend.get(state.params),
+               ref_params)
   assert audit.main(["audit", str(workdir)]) == 0  # Every example once per epoch.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
 
@@ -337,7 +339,7 @@ def test_a_second_run_on_a_live_workdir_is_refused_and_a_killed_one_resumes(data
   last = max(checkpoint.steps(str(workdir)))
   resumed = subprocess.run(args(last + 2), env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"resumed from {workdir}/checkpoints/{last}" in resumed.stdout
+  assert f"resumed from step {last} ({workdir}/checkpoints/{last})" in resumed.stdout, resumed.stdout[-3000:]
 
 
 def test_a_workdir_without_locks_is_trained_with_a_warning(tmp_path, monkeypatch, caplog):
