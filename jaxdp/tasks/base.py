@@ -5,6 +5,7 @@ A task is `task(model, batch) -> (loss, metrics)` on one replica's rows; loss an
 job, by each metric's kind, so every strategy keeps its guarantees for any task.
 """
 
+import collections
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -70,10 +71,17 @@ def run(task: Task, model: BoundModel, batch: dict[str, jax.Array]) -> dict[str,
   loss, metrics = task(model, batch)
   out = {"loss": as_metric("loss", loss), **{str(k): as_metric(str(k), v) for k, v in dict(metrics).items()}}
   if len(out) != len(metrics) + 1:
-    raise ConfigError(f"task metric keys {sorted((k for k in metrics if str(k) == 'loss' or [str(j) for j in metrics].count(str(k)) > 1), key=repr)} name one metric twice: each is reported as str(key), and 'loss' is the loss's")
+    raise ConfigError(f"task metric keys {_colliding(metrics)} name one metric twice: each is reported as "
+                      "str(key), and 'loss' is the loss's")
   if out["loss"].reduce != "mean":  # The gradient is the mean's: a summed loss would not combine as one.
     raise ConfigError(f"the task's loss must reduce by mean, got reduce={out['loss'].reduce!r}")
   return out
+
+
+def _colliding(metrics: Mapping[Any, Any]) -> list[Any]:
+  """The keys of `metrics` whose str() is "loss" or another key's str()."""
+  names = collections.Counter(str(k) for k in metrics)
+  return sorted((k for k in metrics if str(k) == "loss" or names[str(k)] > 1), key=repr)
 
 
 def by_kind(metrics: Mapping[str, Metric]) -> dict[str, dict[str, jax.Array]]:
