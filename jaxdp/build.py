@@ -6,7 +6,7 @@ Shared by the training loop (jaxdp.loop.train) and the tools (jaxdp.tools: inspe
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,41 +15,14 @@ import ml_collections
 import numpy as np
 import optax
 
-from jaxdp import blocks, checkpoint, data, models, objects, optim, parallel, resident, strategies, tasks
+from jaxdp import checkpoint, data, feed, models, objects, optim, parallel, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
-from jaxdp.data import held
 from jaxdp.report import metrics
 from jaxdp.strategies import zero1_check
 from jaxdp.tasks import base as task_lib
-
-
-@dataclasses.dataclass(frozen=True)
-class Feed:
-  """How the training loop feeds its steps: a device batch each, a device block of several (`jaxdp.blocks`), or
-  blocks of row ids into the train split held on the devices (`jaxdp.resident`)."""
-  steps: int  # Steps per host-to-device transfer; above 1 a block (`backend.put_block`), which each step indexes.
-  train_step: Callable  # (state, what is placed) -> (state, metrics): Parts.train_step, or its block form.
-  flops_step: Callable  # The same without an accumulation loop, only for counting FLOPs. Both compile when called.
-  # Makes the train split, finished, to place on every device (`resident.place`); then the stream yields row ids
-  # (`train_batches(row_ids=True)`) in blocks of `steps`. Made when placed and not kept: up to resident_mb of host.
-  held: Callable[[], data.Batch] | None = None
-
-  def device_inputs(self, backend: parallel.Backend, host: Iterator[data.Batch], start: int,
-                    prefetch: int) -> tuple[parallel.Prefetcher | parallel.Inline, Iterator]:
-    """What `train_step` takes, one per step from step `start`, made of the host stream `host` (`parallel.prefetch`:
-    `prefetch` ahead by a thread, or when asked): the placing iterator (close it when done; its `waited` is the
-    input waited for) and the per-step one."""
-    if self.steps == 1 and self.held is None:
-      placed = parallel.prefetch(backend, host, prefetch)
-      return placed, placed
-    # One transfer per block of steps (jaxdp.blocks): the stream's step `start` opens the first block.
-    put = resident.place(backend, self.held()) if self.held is not None else (
-        lambda item: (backend.put_block(item[0]), item[1]))
-    placed = parallel.prefetch(backend, blocks.stack(host, self.steps, start), prefetch, put=put)
-    return placed, blocks.repeat(placed)
 
 
 @dataclasses.dataclass
@@ -68,12 +41,11 @@ class Parts:
   flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
   task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
   task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
-  make_feed: Callable[[], Feed] | None = None  # Builds `feed`.
 
   @functools.cached_property
-  def feed(self) -> Feed:
-    """How the training loop's steps take their batches; made at first use, as it may open the train split."""
-    return self.make_feed()
+  def steps_per_block(self) -> int:
+    """Train steps per host-to-device transfer (`jaxdp.feed`); at first use, as it reads the train split's spec."""
+    return feed.steps_per_block(self.ds, self.layout.process_batch)
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
@@ -116,9 +88,8 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
   eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
   accumulates = strategy.options.accum_steps > 1
   flops_step = backend.map_train(_loop_free(replica_step, strategy)) if accumulates else train_step
-  make_feed = functools.partial(_feed, config, layout, backend, ds, replica_step, strategy, train_step, flops_step)
   return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
-               task_info.task, task_info, make_feed)
+               task_info.task, task_info)
 
 
 def _check_sharded(strategy: strategies.Strategy, tx: optax.GradientTransformation, shapes: Any, name: str) -> None:
@@ -127,28 +98,6 @@ def _check_sharded(strategy: strategies.Strategy, tx: optax.GradientTransformati
   if why:
     raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
                       f"each device's slice of a parameter alone: {why}")
-
-
-def _feed(config: ml_collections.ConfigDict, layout: config_lib.Layout, backend: parallel.Backend, ds: data.Dataset,
-          replica_step: functools.partial, strategy: strategies.Strategy, train_step: Callable,
-          flops_step: Callable) -> Feed:
-  """The train split held on the devices when it fits `parallel.resident_mb`; else blocks of host batches when
-  they fit `parallel.block_mb`; else a batch per transfer."""
-  def mapped(select: Callable[[Callable], Callable], **kind: bool) -> tuple[Callable, Callable]:
-    step = backend.map_train(select(replica_step), **kind)
-    if strategy.options.accum_steps == 1:
-      return step, step
-    return step, backend.map_train(select(_loop_free(replica_step, strategy)), **kind)
-
-  split, local = config.dataset.train_split, len(backend.local_devices)
-  budget = resident.budget_mib(config.parallel.resident_mb, backend.platform)
-  if resident.fits(ds, split, budget, local) and held.holds(ds, split):
-    return Feed(resident.steps_per_block(layout.process_batch, config.parallel.block_mb),
-                *mapped(resident.select, held=True), held=functools.partial(held.split, ds, split))
-  steps = blocks.steps_per_block(ds, layout.process_batch, config.parallel.block_mb)
-  if steps > 1:
-    return Feed(steps, *mapped(blocks.select, block=True))
-  return Feed(1, train_step, flops_step)
 
 
 def _first_targets(ds: data.Dataset, dataset: ml_collections.ConfigDict, rows: int = 64) -> np.ndarray:

@@ -51,6 +51,8 @@ REMOVED = {
     "parallel.flat_allreduce": "the gradient is all-reduced leaf by leaf everywhere",
     "parallel.bucket_bytes": "the gradient is all-reduced leaf by leaf everywhere",
     "dataset.shuffle_buffer": "a TFRecord-only dataset is converted (python -m jaxdp.data.convert), never streamed",
+    "parallel.block_mb": "batches with nothing to decode travel in blocks of a fixed size: jaxdp.feed",
+    "parallel.resident_mb": "a train split is no longer held on the devices: docs/design-notes.md#one-feeder",
 }
 
 
@@ -89,7 +91,7 @@ def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sets(config: ml_collections.ConfigDict | dict[str, Any], key: str) -> bool:
-  """Whether `config` has the dotted `key` ("parallel.block_mb")."""
+  """Whether `config` has the dotted `key` ("parallel.prefetch")."""
   *parents, name = key.split(".")
   for part in parents:
     config = config.get(part)
@@ -131,7 +133,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
 
   `config` has its defaults filled (`with_defaults`).
   """
-  for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps"):
+  for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps", "parallel.prefetch"):
     _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
@@ -145,11 +147,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
                       f"({layout.per_device_batch})")
   _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
   _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
-  _number(config, "parallel.block_mb", lambda v: v >= 0, "a number >= 0 (0: one transfer per step)")
-  resident_mb = config.parallel.resident_mb
-  if resident_mb != "auto" and not mib(resident_mb) >= 0:
-    raise ConfigError(f"parallel.resident_mb must be 'auto' or a number of MiB >= 0 (0: the train split never held "
-                      f"on the devices), got {resident_mb!r}")
   for key, value in (("dtype", config.dtype), ("parallel.allreduce_dtype", config.parallel.allreduce_dtype)):
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")
@@ -168,7 +165,7 @@ def mib(value: Any) -> float:
 
 def _number(config: ml_collections.ConfigDict, key: str, ok: Callable[[float], bool], what: str, *,
             integer: bool = False) -> None:
-  """A ConfigError unless `key` ("parallel.block_mb") is a number (an int if `integer`; no bool) where `ok` holds."""
-  value = config[key]  # ConfigDict reads a dotted key ("parallel.block_mb") as nested fields.
+  """A ConfigError unless `key` ("parallel.prefetch") is a number (an int if `integer`; no bool) where `ok` holds."""
+  value = config[key]  # ConfigDict reads a dotted key ("parallel.prefetch") as nested fields.
   if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)) or not ok(value):
     raise ConfigError(f"{key} must be {what}, got {value!r}")

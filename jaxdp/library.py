@@ -7,7 +7,7 @@ It owns the devices, the mesh and the gradient strategy (plain, invariant, ZeRO-
 
 import functools
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -18,7 +18,7 @@ from flax import linen, nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import checkpoint, parallel, strategies
+from jaxdp import checkpoint, feed, parallel, strategies
 from jaxdp import data as datalib
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -84,8 +84,9 @@ class DataParallel:
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, jnp.asarray(x)), tree)
 
   def batches(self, data: Any, *, batch_size: int, seed: int = 0, start_step: int = 0, stop_step: int | None = None,
-              split: str | None = None) -> Iterator[PyTree]:
-    """This process's rows of global batches `start_step`, ... (`stop_step`: excluded; None: forever), placed.
+              split: str | None = None) -> feed.Feeder:
+    """This process's rows of global batches `start_step`, ... (`stop_step`: excluded; None: forever), placed
+    ahead on the devices by a thread (`jaxdp.feed`; `close()` stops it, as does dropping the iterator).
 
     `data`: a dataset name, a dict of numpy arrays or a random-access source; one global order of `seed`, so
     the batches are the same on any device and process count. After `restore`, a stream other than the
@@ -99,7 +100,8 @@ class DataParallel:
     self._stream = spec
     host = datalib.train_batches(ds, split, seed=seed, global_batch=batch_size, start_step=start_step,
                               process_index=jax.process_index(), process_count=jax.process_count(), stop_step=stop_step)
-    return map(self.backend.put_batch, host)
+    return feed.Feeder(self.backend, host, feed.steps_per_block(ds, batch_size // jax.process_count()),
+                       self.config.parallel.prefetch)
 
   def train_step(self, task: Callable = step_lib.CLASSIFICATION) -> Callable:
     """The compiled `(state, batch) -> (state, metrics)` for `task(model, batch) -> (loss, metrics)`: the loss and
@@ -141,8 +143,8 @@ class DataParallel:
     `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
     if self.strategy.shards_state:
       raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
-    mapped = jax.shard_map(fn, mesh=self.backend.mesh, in_specs=(P(), P(parallel.AXIS)), out_specs=P(),
-                           check_vma=self.backend.checked)
+    mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
+                           out_specs=P(), check_vma=self.backend.checked)
     return jax.jit(mapped, donate_argnums=0)
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:

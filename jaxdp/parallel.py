@@ -9,22 +9,18 @@ the loop asks a `Backend` for replicas and copies (and the platform, e.g. to bou
 
 import abc
 import functools
-import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxdp.config import ConfigError
 from jaxdp.strategies import DataAxis, DataParallel, Strategy
 
-log = logging.getLogger("jaxdp")
 PyTree = Any
 AXIS = "data"
 
@@ -53,23 +49,29 @@ class Backend(abc.ABC):
 
   @abc.abstractmethod
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
-    """This process's host batch -> the step's device batch (the one host-to-device seam)."""
+    """This process's host batch -> a device batch, rows split over the devices (what eval steps take)."""
 
   @abc.abstractmethod
-  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
-    """This process's (batches stacked [steps, rows, ...], first step) -> a device block (`jaxdp.blocks`)."""
+  def put_block(self, block: dict[str, np.ndarray]) -> PyTree:
+    """This process's batches of k steps, stacked [k, rows, ...] -> a device block, rows split over the devices."""
 
   @abc.abstractmethod
-  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
-    """Host arrays (the same in every process) -> a copy on every device, laid out as the state is."""
+  def put_index(self, index: int) -> jax.Array:
+    """A step's index in its block, on every device (what `map_train`'s step takes with the block)."""
 
   @abc.abstractmethod
-  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
-    """The compiled, device-mapped `step(state, batch) -> (state, metrics)`; the state is donated.
+  def abstract_item(self, spec: dict[str, jax.ShapeDtypeStruct], rows: int, steps: int) -> PyTree:
+    """The shapes of what a train step takes, for blocks of `steps` steps of `rows` rows a process, each row
+    as `spec` (shape and dtype of one example): to compile or count the step before any batch exists."""
 
-    `block`: the step takes a device block (`put_block`) in place of a batch (`jaxdp.blocks.select`);
-    `held`: a pair (device block of row ids, `put_replicated` split) (`jaxdp.resident.select`).
-    """
+  def put_step(self, batch: dict[str, np.ndarray]) -> tuple[PyTree, jax.Array]:
+    """One host batch as a train step takes it: a block of one step, and index 0."""
+    return self.put_block({k: v[None] for k, v in batch.items()}), self.put_index(0)
+
+  @abc.abstractmethod
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    """The compiled, device-mapped `step(state, batch) -> (state, metrics)` as `(state, (block, index))`, its
+    batch taken out of the device block on the devices (`select`: `jaxdp.feed`); the state is donated."""
 
   @abc.abstractmethod
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,29 +134,26 @@ class PmapBackend(Backend):
     # One call for the whole batch: cheaper than one per array (docs/design-notes.md#loop-host-costs).
     return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, sharding)
 
-  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
-    batches, first = block
-    sharding = NamedSharding(self._local_mesh, P(AXIS))
+  def put_block(self, block: dict[str, np.ndarray]) -> PyTree:
     n = len(self.local_devices)
 
     def per_device(v: np.ndarray) -> np.ndarray:  # [steps, rows, ...] -> [devices, steps, rows / devices, ...]
       return np.ascontiguousarray(np.swapaxes(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 0, 1))
 
-    return jax.device_put(({k: per_device(v) for k, v in batches.items()}, np.full(n, first)), sharding)
+    return jax.device_put({k: per_device(v) for k, v in block.items()}, NamedSharding(self._local_mesh, P(AXIS)))
 
-  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
-    sharding = NamedSharding(self._local_mesh, P(AXIS))
+  def put_index(self, index: int) -> jax.Array:
     n = len(self.local_devices)
+    return jax.device_put(np.full(n, index, np.int32), NamedSharding(self._local_mesh, P(AXIS)))
 
-    def one(x: np.ndarray) -> jax.Array:  # One transfer per device, never n copies on the host.
-      shards = [jax.device_put(x[None], d) for d in self.local_devices]
-      return jax.make_array_from_single_device_arrays((n, *x.shape), sharding, shards)
+  def abstract_item(self, spec: dict[str, jax.ShapeDtypeStruct], rows: int, steps: int) -> PyTree:
+    n = len(self.local_devices)
+    block = {k: jax.ShapeDtypeStruct((n, steps, rows // n, *v.shape), v.dtype) for k, v in spec.items()}
+    return block, jax.ShapeDtypeStruct((n,), np.int32)
 
-    return {k: one(v) for k, v in tree.items()}
-
-  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
-    # A block's (and a held split's) leaves carry the device axis first, as a batch's do: pmap maps them alike.
-    return self._pmap(functools.partial(step, axis=self.axis), donate_argnums=0)
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    # A block's leaves and the index carry the device axis first, as a batch's do: pmap maps them alike.
+    return self._pmap(select(functools.partial(step, axis=self.axis)), donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return self._pmap(functools.partial(step, axis=self.axis))
@@ -220,23 +219,25 @@ class MeshBackend(Backend):
     # (docs/design-notes.md#loop-host-costs); with several, JAX places each array as before.
     return jax.make_array_from_process_local_data(self.sharded, batch)
 
-  def put_block(self, block: tuple[dict[str, np.ndarray], np.ndarray]) -> PyTree:
-    # Rows sharded as a batch's, along the block's second axis; the first step on every device.
-    shardings = (NamedSharding(self.mesh, P(None, AXIS)), NamedSharding(self.mesh, P()))
-    return jax.make_array_from_process_local_data(shardings, block)
+  def put_block(self, block: dict[str, np.ndarray]) -> PyTree:
+    # Rows sharded as a batch's, along the block's second axis.
+    return jax.make_array_from_process_local_data(NamedSharding(self.mesh, P(None, AXIS)), block)
 
-  def put_replicated(self, tree: dict[str, np.ndarray]) -> PyTree:
-    return jax.make_array_from_process_local_data(NamedSharding(self.mesh, P()), tree)
+  def put_index(self, index: int) -> jax.Array:
+    return jax.make_array_from_process_local_data(NamedSharding(self.mesh, P()), np.int32(index))
+
+  def abstract_item(self, spec: dict[str, jax.ShapeDtypeStruct], rows: int, steps: int) -> PyTree:
+    sharding, rows = NamedSharding(self.mesh, P(None, AXIS)), rows * jax.process_count()
+    block = {k: jax.ShapeDtypeStruct((steps, rows, *v.shape), v.dtype, sharding=sharding) for k, v in spec.items()}
+    return block, jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(self.mesh, P()))
 
   def _shard_map(self, step: Callable[..., Any], out_specs: Any, batch_specs: Any = P(AXIS)) -> Callable[..., Any]:
     return jax.shard_map(functools.partial(step, axis=self.axis), mesh=self.mesh,
                          in_specs=(self.state_specs, batch_specs), out_specs=out_specs, check_vma=self.checked)
 
-  def map_train(self, step: Callable[..., Any], block: bool = False, held: bool = False) -> Callable[..., Any]:
-    batch_specs = (P(None, AXIS), P()) if block or held else P(AXIS)
-    if held:  # The row ids' block, sharded as a block's rows; the split replicated.
-      batch_specs = (batch_specs, P())
-    return jax.jit(self._shard_map(step, (self.state_specs, P()), batch_specs), donate_argnums=0)
+  def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
+    mapped = self._shard_map(select(step), (self.state_specs, P()), (P(None, AXIS), P()))
+    return jax.jit(mapped, donate_argnums=0)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(self._shard_map(step, P()))
@@ -278,121 +279,13 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
   return PmapBackend(devices)
 
 
-def prefetch(backend: Backend, batches: Iterator[Any], size: int,
-             put: Callable[[Any], PyTree] | None = None) -> "Prefetcher | Inline":
-  """The device batches of `batches`, in order; `size` > 0: read and placed ahead by one thread, `size` deep.
+def select(step: Callable[..., Any]) -> Callable[..., Any]:
+  """The per-replica `step(state, batch, **kw)` as `(state, (block, index), **kw)`: on the block's batch `index`."""
 
-  `size` 0: each batch is read and placed when asked for, in the caller's thread. `put`: how a host batch is
-  placed (default `backend.put_batch`; `backend.put_block` for blocks of steps). Either way `waited` counts the
-  seconds `next` spent on batches that were not placed yet: the input the caller waited for.
-  """
-  put = put or backend.put_batch
-  if size <= 0:
-    return Inline(batches, put)
-  return Prefetcher(backend, batches, size, put)
+  def block_step(state: Any, item: tuple[PyTree, jax.Array], **kwargs: Any) -> Any:
+    block, index = item
+    return step(state, jax.tree.map(lambda a: lax.dynamic_index_in_dim(a, index, 0, keepdims=False), block), **kwargs)
 
-
-class Inline(Iterator[PyTree]):
-  """Each batch read and placed when `next` asks for it, in the caller's thread: all of that time waits for input."""
-
-  def __init__(self, batches: Iterator[Any], put: Callable[[Any], PyTree]):
-    self._batches, self._put = iter(batches), put
-    self.waited = 0.0  # Seconds spent in `next`.
-
-  def __next__(self) -> PyTree:
-    began = time.perf_counter()
-    try:
-      return self._put(next(self._batches))
-    finally:
-      self.waited += time.perf_counter() - began
-
-  def close(self) -> None:
-    """Nothing runs ahead: nothing to stop."""
-
-
-class Prefetcher(Iterator[PyTree]):
-  """One background thread reads host batches and places them on devices, up to `size` ahead, in order.
-
-  So reading and placing overlap the steps: `next` waits only when the thread is behind. An exception in the
-  thread (the stream's, the placement's) is raised by the `next` that would have returned that batch. The
-  thread stops at the stream's end, or at `close` (also on garbage collection): it holds no reference to
-  this object, so dropping the iterator stops it.
-  """
-  JOIN_S = 30.0  # How long `close` waits for the thread to finish the batch it is reading.
-
-  def __init__(self, backend: Backend, batches: Iterator[Any], size: int,
-               put: Callable[[Any], PyTree] | None = None):
-    self._queue: queue.Queue = queue.Queue(maxsize=size)
-    self._stop = threading.Event()
-    put = put or backend.put_batch
-    self._thread = threading.Thread(target=_produce, args=(put, iter(batches), self._queue, self._stop),
-                                    name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
-    self._done = False
-    self.waited = 0.0  # Seconds `next` waited for a batch the thread had not placed yet (input, not host work).
-    self._thread.start()
-
-  def __next__(self) -> PyTree:
-    if self._done:
-      raise StopIteration
-    try:  # A batch placed ahead is no wait for input, however long the loop's thread waits to run meanwhile.
-      batch, error = self._queue.get_nowait()
-    except queue.Empty:
-      began = time.perf_counter()
-      batch, error = self._queue.get()
-      self.waited += time.perf_counter() - began
-    if batch is not _END and error is None:
-      return batch
-    self._done = True
-    self._thread.join()  # Finished: the thread's frames, which the error's traceback holds, can be released.
-    if error is not None:
-      raise error
-    raise StopIteration
-
-  def close(self) -> None:
-    """Stops the thread and drops the batches it placed ahead; returns once it stopped (at most JOIN_S)."""
-    self._done = True
-    self._stop.set()
-    self._drain()  # A thread waiting to put a batch sees the room, then the stop.
-    if self._thread.is_alive() and self._thread is not threading.current_thread():
-      self._thread.join(self.JOIN_S)
-      if self._thread.is_alive():
-        log.warning("the input prefetch thread is still reading a batch after %.0f s; leaving it", self.JOIN_S)
-    self._drain()  # The batch it put on its way out.
-
-  def _drain(self) -> None:
-    """Drops whatever the queue holds, without waiting."""
-    while True:
-      try:
-        self._queue.get_nowait()
-      except queue.Empty:
-        return
-
-  def __del__(self) -> None:
-    if hasattr(self, "_thread"):  # Not when __init__ failed before the thread existed.
-      self.close()
-
-
-_END = object()  # The stream's end, as the thread queues it.
-_PUT_POLL_S = 0.1  # How often a thread waiting for room checks for `close`.
-
-
-def _produce(put: Callable[[Any], PyTree], batches: Iterator[Any], out: queue.Queue, stop: threading.Event) -> None:
-  """The prefetch thread: (device batch, None) per batch, then (_END, None), or (None, error) on a failure."""
-  try:
-    for batch in batches:
-      if not _put(out, (put(batch), None), stop) or stop.is_set():
-        return  # Stopped: not one more read.
-    _put(out, (_END, None), stop)
-  except BaseException as e:  # Anything, to be raised in the loop's thread.
-    _put(out, (None, e), stop)
-
-
-def _put(out: queue.Queue, item: tuple[Any, BaseException | None], stop: threading.Event) -> bool:
-  """Queues `item` once there is room; False when stopped first."""
-  while not stop.is_set():
-    try:
-      out.put(item, timeout=_PUT_POLL_S)
-      return True
-    except queue.Full:
-      pass
-  return False
+  # The program keeps the step's name (jit_train_step): XLA dumps and profiles are found by it.
+  block_step.__name__ = block_step.__qualname__ = getattr(getattr(step, "func", step), "__name__", "step")
+  return block_step

@@ -63,14 +63,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.invariant = False  # Bitwise-identical results on any power-of-two device count (ordered gradient sum).
   config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.
-  config.parallel.prefetch = 2       # Host batches (or blocks of them) placed on devices ahead of the step.
-  # Splits with nothing to decode (cached, token file, in memory): small batches go to the devices up to this
-  # many MiB (at most 64 steps) per transfer, not one transfer a step (jaxdp.blocks); 0: one per step.
-  config.parallel.block_mb = 4.0
-  # A train split with nothing to decode, held whole (in memory, cached) and not augmented, is placed on the devices
-  # once when its copies on this process's devices take at most this many MiB; each step then gathers its own rows
-  # there and only row ids travel (jaxdp.resident). 0: never; "auto": 0 on CPU, 1024 MiB on accelerators.
-  config.parallel.resident_mb = config_dict.FieldReference("auto", field_type=object)
+  config.parallel.prefetch = 2       # Transfers of train batches (k steps' each: jaxdp.feed) placed ahead of the step by a thread.
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float

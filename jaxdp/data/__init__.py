@@ -35,3 +35,9 @@ from jaxdp.data.train_stream import train_batches
 
 __all__ = ["BadExampleError", "Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps",
            "skipped_through", "stream_spec", "train_batches"]
+
+
+def decoded_by(ds: Dataset) -> str | None:
+  """None when numpy makes the batches of `ds` on the host (nothing to decode), else why tf.data decodes them."""
+  from jaxdp.data import host_batches
+  return None if host_batches.applies(ds) else "batches decoded by tf.data"

@@ -7,12 +7,11 @@ import contextlib
 import dataclasses
 import functools
 import gc
-import itertools
 import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -20,8 +19,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxdp import blocks, build, checkpoint, data, models, parallel, resident, tasks
-from jaxdp.data import held
+from jaxdp import build, checkpoint, data, feed, models, parallel, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -143,11 +141,12 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     stream = data.train_batches(
         parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
         start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
-        with_ids=run.recorder.recording, row_ids=parts.feed.held is not None)
+        with_ids=run.recorder.recording)
     # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
-    placed, batches, train_step, flops_step = _device_batches(parts, run.recorder.take_ids(stream), start, stack)
+    batches = feed.Feeder(backend, run.recorder.take_ids(stream), parts.steps_per_block, config.parallel.prefetch)
+    stack.callback(batches.close)  # The prefetch thread stops however the loop ends.
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
-    step_flops, batches = _count_flops(parts, train_step, flops_step, state, batches, start < total)
+    step_flops = _count_flops(parts, state, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
     writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
@@ -170,15 +169,15 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     for step in range(start + 1, total + 1):
       # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
       # to run again after taking a ready batch, which is host time (docs/design-notes.md#loop-host-costs).
-      waited = placed.waited
+      waited = batches.waited
       batch = next(batches)
-      clock.add("input", placed.waited - waited)
+      clock.add("input", batches.waited - waited)
       profiler.before(step)
       with clock.span("train"):  # Dispatch, and waiting for an older step when too many are in flight.
         # The step donates `state`: the last completed one can no longer be saved, and dropping it here releases
         # the previous step's arrays in the step's time, as any loop pays it (not as host work between steps).
         loop.completed = None
-        state, step_metrics = train_step(state, batch)
+        state, step_metrics = parts.train_step(state, batch)
         tracker.push(step, step_metrics)
       garbage.after(step)  # While the devices run the step just dispatched.
       loop.completed = (step, state)
@@ -311,46 +310,28 @@ class _Loop:
     self.reporter.note(self.run.clock.line())
 
 
-def _device_batches(parts: build.Parts, host: Iterator[dict[str, np.ndarray]], start: int,
-                    stack: contextlib.ExitStack) -> tuple[parallel.Prefetcher | parallel.Inline, Iterator, Callable,
-                                                          Callable]:
-  """The placing iterator (its `waited`: the input waited for), one device batch (or the device block holding
-  it) per step, placed ahead by the prefetch thread, and the train step and FLOPs step that take them."""
-  feed = parts.feed
-  placed, batches = feed.device_inputs(parts.backend, host, start, parts.config.parallel.prefetch)
-  stack.callback(placed.close)  # The prefetch thread stops however the loop ends.
-  return placed, batches, feed.train_step, feed.flops_step
-
-
 def _describe_input(parts: build.Parts) -> str:
   """The start summary's `input` line: how the train batches reach the devices."""
-  config, feed = parts.config, parts.feed
-  if feed.held is not None:
-    return resident.describe(held.nbytes(parts.ds, config.dataset.train_split), len(parts.backend.local_devices),
-                             feed.steps, config.parallel.resident_mb, config.parallel.prefetch)
-  return blocks.describe(parts.ds, parts.layout.process_batch, feed.steps, config.parallel.block_mb,
-                         config.parallel.prefetch)
+  return feed.describe(parts.ds, parts.layout.process_batch, parts.steps_per_block, parts.config.parallel.prefetch)
 
 
-def _count_flops(parts: build.Parts, train_step: Any, flops_step: Any, state: step_lib.TrainState,
-                 batches: Iterator, will_train: bool) -> tuple[float | None, Iterator]:
-  """The step's FLOPs per device (XLA cost analysis of the compiled step on the first batch), printed.
+def _count_flops(parts: build.Parts, state: step_lib.TrainState, will_train: bool) -> float | None:
+  """The step's FLOPs per device (XLA's cost analysis of the step compiled for the batches' shapes), printed.
 
-  Returns the FLOPs and `batches` with the first batch put back. With no accumulation loop the compile
-  done here is the one the first real step reuses (JAX caches the executable); with one, the loop-free step
-  is counted from its lowered program (`flops.lowered_flops`), not compiled.
+  With no accumulation loop the compile done here is the one the first real step reuses (JAX caches the
+  executable); with one, the loop-free step is counted from its lowered program (`flops.lowered_flops`), not
+  compiled: that would cost a second compile of the step.
   """
   step_flops = None
   if will_train:
-    first = next(batches)
-    batches = itertools.chain([first], batches)
-    if flops_step is None or flops_step is train_step:  # Compiled here, reused by the first step.
-      step_flops = flops_lib.step_flops(train_step, state, first)
-    else:  # Accumulation: a loop-free step only to count; not compiled, it would cost a second compile of the step.
-      step_flops = flops_lib.lowered_flops(flops_step, state, first)
+    item = parts.backend.abstract_item(parts.ds.element_spec(), parts.layout.process_batch, parts.steps_per_block)
+    if parts.flops_step is parts.train_step:
+      step_flops = flops_lib.step_flops(parts.train_step, state, item)
+    else:
+      step_flops = flops_lib.lowered_flops(parts.flops_step, state, item)
   device = parts.backend.devices[0]
   summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
-  return step_flops, batches
+  return step_flops
 
 
 def _last_eval(workdir: str, step: int) -> dict[str, float]:

@@ -1,0 +1,167 @@
+"""The one way train batches reach the devices: blocks of k >= 1 steps, placed ahead by one thread.
+
+The host stream's batches are stacked k steps at a time, each block placed in one transfer by the prefetch
+thread, and every step passes `(block, its index in the block)`: the step takes its own batch out of the block
+on the device (`parallel.select`, which `Backend.map_train` applies). k is 1 for batches tf.data decodes (reading
+ahead would raise a bad example's error steps early); for batches with nothing to decode, whose placing costs
+the host about the same whatever their size, as many as fit `BLOCK_MIB` (docs/design-notes.md#loop-host-costs).
+The batches, and so the results, are bitwise the ones placed step by step; the last block is padded with
+copies of its last batch (one program shape; the copies are never read).
+"""
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jaxdp import data, parallel
+
+log = logging.getLogger("jaxdp")
+PyTree = Any
+Block = dict[str, np.ndarray]  # Each feature stacked [steps, rows, ...].
+BLOCK_MIB = 4.0  # Bytes of batches per transfer; beyond it the transfer's cost per step is already small.
+MAX_STEPS = 64   # Beyond this a block only reads further ahead.
+
+
+def steps_per_block(ds: data.Dataset, rows: int) -> int:
+  """Steps per transfer for `rows` rows a step of `ds`: 1 where tf.data decodes, else as many as fit BLOCK_MIB."""
+  if data.decoded_by(ds):
+    return 1
+  return int(max(1, min(MAX_STEPS, BLOCK_MIB * 2**20 // max(1, rows * ds.row_bytes()))))
+
+
+def stack(batches: Iterator[data.Batch], steps: int) -> Iterator[tuple[Block, int]]:
+  """The host batches as blocks of `steps`, each with how many of its steps are real.
+
+  Fewer in the last block, and in one cut short by a failed read, whose error is raised after it, so that it
+  surfaces at the step whose batch failed, as it does one transfer per step.
+  """
+  while True:
+    chunk, error = [], None
+    try:
+      chunk.extend(itertools.islice(batches, steps))
+    except Exception as e:
+      if not chunk:
+        raise
+      error = e
+    if not chunk:
+      return
+    real = len(chunk)
+    if steps == 1:  # A view: a decoded image batch is never copied on the host.
+      yield {k: v[None] for k, v in chunk[0].items()}, real
+    else:
+      chunk += [chunk[-1]] * (steps - real)  # Same shape as every block: the step compiles once.
+      yield {k: np.stack([b[k] for b in chunk]) for k in chunk[0]}, real
+    if error is not None:
+      raise error
+
+
+def describe(ds: data.Dataset, rows: int, steps: int, prefetch: int) -> str:
+  """The start summary's `input` line: how host batches of `rows` rows reach the devices, and why."""
+  ahead = f"{prefetch} transfers ahead by a thread"
+  if steps > 1:
+    return f"{steps} steps' batches per transfer (nothing to decode), {ahead}; the step takes its batch from the block"
+  why = data.decoded_by(ds) or f"one step's batch, {rows * ds.row_bytes() / 2**20:.3g} MiB, fills a transfer"
+  return f"one transfer per step ({why}), {ahead}"
+
+
+class Feeder(Iterator[tuple[PyTree, jax.Array]]):
+  """`(device block, index)` for each step of `batches`: one thread stacks and places blocks, `depth` ahead.
+
+  So reading and placing overlap the steps: `next` waits only when the thread is behind, and `waited` counts
+  those seconds (the input the caller waited for). An exception in the thread (the stream's, the placement's)
+  is raised by the `next` that would have returned that step. The thread stops at the stream's end, or at
+  `close` (also on garbage collection): it holds no reference to this object.
+  """
+  JOIN_S = 30.0  # How long `close` waits for the thread to finish the block it is reading.
+
+  def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int):
+    self.steps = steps
+    self._indices = [backend.put_index(i) for i in range(steps)]  # Placed once; every block reuses them.
+    self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    self._stop = threading.Event()
+    blocks = stack(iter(batches), steps)
+    self._thread = threading.Thread(target=_produce, args=(backend.put_block, blocks, self._queue, self._stop),
+                                    name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
+    self._block, self._real, self._at, self._done = None, 0, 0, False
+    self.waited = 0.0
+    self._thread.start()
+
+  def __next__(self) -> tuple[PyTree, jax.Array]:
+    if self._at == self._real:
+      (self._block, self._real), self._at = self._next_block(), 0
+    self._at += 1
+    return self._block, self._indices[self._at - 1]
+
+  def _next_block(self) -> tuple[PyTree, int]:
+    """The next placed block and its real steps; raises the thread's error, or StopIteration at the end."""
+    if self._done:
+      raise StopIteration
+    try:  # A block placed ahead is no wait for input, however long the loop's thread waits to run meanwhile.
+      item, error = self._queue.get_nowait()
+    except queue.Empty:
+      began = time.perf_counter()
+      item, error = self._queue.get()
+      self.waited += time.perf_counter() - began
+    if item is not _END and error is None:
+      return item
+    self._done = True
+    self._thread.join()  # Finished: the thread's frames, which the error's traceback holds, can be released.
+    if error is not None:
+      raise error
+    raise StopIteration
+
+  def close(self) -> None:
+    """Stops the thread and drops the blocks it placed ahead; returns once it stopped (at most JOIN_S)."""
+    self._done = True
+    self._stop.set()
+    self._drain()  # A thread waiting to put a block sees the room, then the stop.
+    if self._thread.is_alive() and self._thread is not threading.current_thread():
+      self._thread.join(self.JOIN_S)
+      if self._thread.is_alive():
+        log.warning("the input prefetch thread is still reading a batch after %.0f s; leaving it", self.JOIN_S)
+    self._drain()  # The block it put on its way out.
+
+  def _drain(self) -> None:
+    """Drops whatever the queue holds, without waiting."""
+    while True:
+      try:
+        self._queue.get_nowait()
+      except queue.Empty:
+        return
+
+  def __del__(self) -> None:
+    if hasattr(self, "_thread"):  # Not when __init__ failed before the thread existed.
+      self.close()
+
+
+_END = object()  # The stream's end, as the thread queues it.
+_PUT_POLL_S = 0.1  # How often a thread waiting for room checks for `close`.
+
+
+def _produce(put: Callable[[Block], PyTree], blocks: Iterator[tuple[Block, int]], out: queue.Queue,
+             stop: threading.Event) -> None:
+  """The prefetch thread: ((device block, real steps), None) per block, then (_END, None), or (None, error)."""
+  try:
+    for block, real in blocks:
+      if not _put(out, ((put(block), real), None), stop) or stop.is_set():
+        return  # Stopped: not one more read.
+    _put(out, (_END, None), stop)
+  except BaseException as e:  # Anything, to be raised in the loop's thread.
+    _put(out, (None, e), stop)
+
+
+def _put(out: queue.Queue, item: tuple[Any, BaseException | None], stop: threading.Event) -> bool:
+  """Queues `item` once there is room; False when stopped first."""
+  while not stop.is_set():
+    try:
+      out.put(item, timeout=_PUT_POLL_S)
+      return True
+    except queue.Full:
+      pass
+  return False
