@@ -64,7 +64,7 @@ def bench(model_fields: dict, input_shape: tuple[int, ...], num_classes: int, ho
   backend = parallel.make_backend("mesh", args.devices)
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=model, tx=tx, strategy=strategy)
   backend.bind_state(jax.eval_shape(init))
-  state, batch = backend.init(init), backend.put_batch(host)
+  state, batch = backend.init(init), backend.put_step(host)
   started = time.perf_counter()
   compiled = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, strategy=strategy)).lower(
       state, batch).compile()

@@ -64,7 +64,8 @@ def setup(workload: str, num_devices: int) -> dict[str, Any]:
   host = {"inputs": rng.standard_normal((batch, *shape)).astype(np.float32),
           "labels": rng.integers(0, NUM_CLASSES, batch).astype(np.int32)}
   options = strategies.StrategyOptions.from_config(config, num_devices)  # As jaxdp.build.
-  return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host), "options": options}
+  return {"model": model, "tx": tx, "backend": backend, "batch": backend.put_batch(host),
+          "item": backend.put_step(host), "options": options}
 
 
 class Stepper:
@@ -93,7 +94,7 @@ def jaxdp_contender(env: dict[str, Any], step_fn: Callable | None = None) -> Ste
   backend.bind_state(jax.eval_shape(init))
   state = backend.init(init)
   train = backend.map_train(functools.partial(step_fn, model=model, tx=tx))
-  return Stepper(train, state, env["batch"])
+  return Stepper(train, state, env["item"])  # What a jaxdp step takes: a block of one step and its index.
 
 
 def baseline_contender(env: dict[str, Any]) -> Stepper:

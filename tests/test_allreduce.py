@@ -52,7 +52,7 @@ def _two_steps(config):
                                process_index=0, process_count=1)
   metrics = []
   for _ in range(2):
-    state, m = parts.train_step(state, parts.backend.put_batch(next(batches)))
+    state, m = parts.train_step(state, parts.backend.put_step(next(batches)))
     metrics.append(parts.backend.get(m))
   return parts.backend.get(state.params), metrics
 

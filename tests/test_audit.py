@@ -9,9 +9,8 @@ import pytest
 from jaxdp.loop import audit as recording
 from jaxdp.tools import audit
 from jaxdp.report import metrics
-from jaxdp import parallel, train
+from jaxdp import feed, train
 from jaxdp.data import sampler
-from jaxdp.batch import ROWS
 from jaxdp.data.reader import INDEX
 
 B = 256  # digits' train split has 1,437 examples: 5 steps per epoch.
@@ -152,23 +151,14 @@ def test_a_reader_that_reads_another_steps_rows_is_caught(order, process_count):
     audit.check_entries([seg], audit.lineage([seg]))
 
 
-@pytest.mark.parametrize("resident_mb,step_keys", [(0, ["inputs", "labels"]), (1024, [ROWS])])
-def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, tmp_path, monkeypatch, resident_mb,
-                                                                     step_keys):
-  """Also for a split held on the devices (resident_mb > 0): the step gathers the rows the audit records."""
-  audited.parallel.resident_mb = resident_mb
-  placed, gathered = [], []
-  real_prefetch = parallel.prefetch
+def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, tmp_path, monkeypatch):
+  placed = []
+  real_stack = feed.stack
 
-  def prefetch(backend, batches, size, put=None):  # What goes to the devices, hence to the step.
-    def keys(b):  # A batch, or a block of steps' batches with its real count (jaxdp.blocks).
-      batch = b[0][0] if isinstance(b, tuple) else b
-      if ROWS in batch:
-        gathered.extend(batch[ROWS][:b[1]])
-      return sorted(batch)
-    return real_prefetch(backend, (placed.append(keys(b)) or b for b in batches), size, put)
+  def stack(batches, steps):  # What goes to the devices, hence to the step.
+    return real_stack((placed.append(sorted(b)) or b for b in batches), steps)
 
-  monkeypatch.setattr(parallel, "prefetch", prefetch)
+  monkeypatch.setattr(feed, "stack", stack)
   read = []
   real_take = recording.Recorder.take_ids
 
@@ -177,15 +167,11 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
 
   monkeypatch.setattr(recording.Recorder, "take_ids", take_ids)
   _train(audited, tmp_path, 6, dataset=dict(audited.dataset, shard_by_process=True))
-  assert placed and all(keys == step_keys for keys in placed)
+  assert placed and all(keys == ["inputs", "labels"] for keys in placed)
   entries = audit.lineage(audit.load(str(tmp_path)))
   assert [e.step for e in entries] == list(range(1, 7))
   for entry, ids in zip(entries, read):
     np.testing.assert_array_equal(entry.ids, ids)
-  if gathered:  # Each step's rows, as the devices gather them, are the ids recorded.
-    assert len(gathered) == 6
-    for entry, rows in zip(entries, gathered):
-      np.testing.assert_array_equal(entry.ids, rows)
   assert "steps 1..6 in 1 segment(s)" in audit.check(str(tmp_path))  # The shard order's batches, once per epoch.
 
 

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 import jaxdp
+from jaxdp import feed
 from jaxdp.configs import default
 from jaxdp.loop import collector
 from jaxdp.loop.collector import Collector
@@ -100,7 +101,7 @@ def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path,
   config.log_every_steps = config.eval_every_steps = 40
   config.checkpoint_every_steps = config.check_replicas_every_steps = 0
   config.best_metric, config.best_mode = "eval/mse", "min"
-  config.parallel.block_mb = 0  # A read per step, inside the loop: blocks would read all 40 steps before it.
+  monkeypatch.setattr(feed, "BLOCK_MIB", 0)  # A read per step, inside the loop: blocks would read all 40 steps before it.
   enabled: list[bool] = []
   jaxdp.train_and_evaluate(config, str(tmp_path), model=Linear, train_data=Rows(64, enabled),
                            eval_data={"inputs": np.zeros((8, 4), np.float32), "labels": np.zeros(8, np.float32)})

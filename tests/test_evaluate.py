@@ -21,9 +21,9 @@ def finished(data_dir, tmp_path_factory):
   # count (a psum of per-device sums gave 2.29305030 on 4 devices for 2.29305013 on 8).
   with config.model.unlocked():
     config.model.hidden = (24,)  # Not in the config file: evaluate must take it from the checkpoint.
-  with config.parallel.unlocked():
-    del config.parallel["resident_mb"]  # As a config file of one's own may write it: not the default's "auto".
-    config.parallel.resident_mb = 0
+  with config.dataset.unlocked():
+    del config.dataset["cache_mb"]  # As a config file of one's own may write it: not the default's "auto".
+    config.dataset.cache_mb = 64
   workdir = tmp_path_factory.mktemp("finished")
   train.train_and_evaluate(config, str(workdir))
   evals = {r["step"]: r for r in metrics.read(str(workdir)) if "eval/loss" in r}
@@ -48,7 +48,7 @@ def test_the_stored_config_comes_back_with_the_runs_own_types(finished):
   than the default's as the run had it."""
   stored = restore.stored_config(str(finished[0]))
   assert type(stored.model.hidden) is tuple and stored.model.hidden == (24,)
-  assert type(stored.parallel.resident_mb) is int and stored.parallel.resident_mb == 0
+  assert type(stored.dataset.cache_mb) is int and stored.dataset.cache_mb == 64
 
 
 def _results(workdir) -> list[dict]:

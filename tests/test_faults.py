@@ -33,13 +33,13 @@ def test_nan_on_one_device_is_skipped_by_all_replicas(config, backend_name):
   per_device = config.batch_size // 8
   poisoned["inputs"] = batch["inputs"].copy()
   poisoned["inputs"][3 * per_device] = np.nan  # One example on device 3 only.
-  state, m = step(state, backend.put_batch(poisoned))
+  state, m = step(state, backend.put_step(poisoned))
   assert int(backend.get(m)["nonfinite"]) == 1
   after = backend.replicas(state)
   jax.tree.map(np.testing.assert_array_equal, after.params, before.params)  # Skipped everywhere...
   jax.tree.map(np.testing.assert_array_equal, after.opt_state, before.opt_state)
   assert int(backend.get(state.step)) == 1  # ... while the batch counts as consumed.
-  state, m = step(state, backend.put_batch(batch))  # A clean batch trains again.
+  state, m = step(state, backend.put_step(batch))  # A clean batch trains again.
   assert int(backend.get(m)["nonfinite"]) == 0
   moved = backend.replicas(state.params)
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(moved), jax.tree.leaves(before.params)))

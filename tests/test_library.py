@@ -153,7 +153,7 @@ def test_value_and_grad_gives_the_global_gradient_of_one_device(options):
     loss, grads = dp.value_and_grad(_loss)(params, batch)
     return params, (loss, grads)
 
-  _, (loss, grads) = step(dp.replicate(params), dp.backend.put_batch(batch))
+  _, (loss, grads) = step(dp.replicate(params), dp.backend.put_step(batch))
   np.testing.assert_allclose(float(loss), float(want_loss), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(grads["w"]), np.asarray(want["w"]), rtol=1e-5)
 

@@ -22,12 +22,9 @@ K = 20  # Steps before the checkpoint that the elastic restarts resume from; run
 
 
 def _overrides(data_dir, **more):
-  # The split held on the devices (jaxdp.resident; "auto" is off on CPU): these runs are its multi-process tests,
-  # held on one process as on two, resumed across counts; the other launches (test_restarts, test_launch) read
-  # host batches.
   return {"dataset.data_dir": data_dir, "model.name": "mlp", "num_train_steps": 2 * K, "log_every_steps": 1,
           "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, "audit_data": True,
-          "parallel.resident_mb": 8, **more}
+          **more}
 
 
 def _launch(workdir, overrides, processes=2, devices=4, **popen):

@@ -10,7 +10,6 @@ from jaxdp.report import metrics
 
 def _poison(config, monkeypatch, steps: set[int]) -> None:
   """Global batches whose index is in `steps` get NaN inputs (so a NaN loss on every device)."""
-  config.parallel.resident_mb = 0  # Host batches: a split held on the devices has its steps take row ids.
   real = data.train_batches
 
   def poisoned(*args, start_step: int, **kwargs):

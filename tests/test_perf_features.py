@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax import monitoring
 
-from jaxdp import config as config_lib, train
+from jaxdp import config as config_lib, feed, train
 from jaxdp.loop import goodput, preemption, replicas, step_metrics
 from jaxdp.report import metrics
 from jaxdp.runtime import compilation_cache
@@ -89,7 +89,7 @@ def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
 
   monkeypatch.setattr(data, "train_batches", slow)
   config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps = 10, 10, 10
-  config.parallel.block_mb = 0  # A batch a transfer: each step waits for its own.
+  monkeypatch.setattr(feed, "BLOCK_MIB", 0)  # A batch a transfer: each step waits for its own.
   train.train_and_evaluate(config, str(tmp_path))
   # At most 4 batches are read ahead while the step compiles: the other 6 are waited for, 0.25 s less a step each,
   # and about 1.5 s in all; waits counted from the run's start would sum to over 5 s.

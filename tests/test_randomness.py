@@ -26,7 +26,7 @@ def _masks(config, steps: int = 1) -> list:
   masks = []
   for batch in itertools.islice(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size,
                                                    start_step=0, process_index=0, process_count=1), steps):
-    state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+    state, _ = parts.train_step(state, parts.backend.put_step(batch))
     masks.append(jax.tree.leaves(parts.backend.replicas(state.model_state))[0])
   return masks
 
@@ -74,7 +74,7 @@ def _train_steps(config, steps):
   state = parts.backend.init(parts.init)
   for batch in itertools.islice(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size,
                                                    start_step=0, process_index=0, process_count=1), steps):
-    state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+    state, _ = parts.train_step(state, parts.backend.put_step(batch))
   return parts.backend.get(state.params)
 
 

@@ -135,7 +135,7 @@ def test_flops_per_step_count_every_micro_batch(ten_steps):
   ten_steps.grad_accum_steps = 4
   accumulated = build.build(ten_steps)
   state = accumulated.backend.init(accumulated.init)
-  batch = accumulated.backend.put_batch(next(data.train_batches(
+  batch = accumulated.backend.put_step(next(data.train_batches(
       accumulated.ds, "train", seed=0, global_batch=256, start_step=0, process_index=0, process_count=1)))
   whole = flops.step_flops(plain.flops_step, state, batch)
   per_step = flops.step_flops(accumulated.flops_step, state, batch)

@@ -29,7 +29,7 @@ def _one_step(backend_name, num_devices, model, tx, batch, init):
   backend = parallel.make_backend(backend_name, num_devices)
   state = backend.init(init)
   train = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
-  state, _ = train(state, backend.put_batch(batch))
+  state, _ = train(state, backend.put_step(batch))
   return backend.get(state)
 
 
@@ -78,7 +78,7 @@ def test_naive_pmean_under_shard_map_would_be_caught(config):
   train = naive.map_train(functools.partial(step_lib.train_step, model=model, tx=tx))
   state = naive.init(init)
   params0 = naive.get(state.params)
-  state, _ = train(state, naive.put_batch(batch))
+  state, _ = train(state, naive.put_step(batch))
   got = jax.tree.map(lambda a, b: a - b, params0, naive.get(state.params))
   ratio = np.asarray(jax.tree.leaves(got)[0]) / np.asarray(jax.tree.leaves(grads)[0])
   np.testing.assert_allclose(np.nanmedian(ratio), 8.0, rtol=1e-3)  # The trap the tests must catch.
@@ -95,7 +95,7 @@ def test_running_statistics_are_averaged_over_replicas(config):
   per_replica = [parts.model.apply(params, model_state, jnp.asarray(x), train=True)[1]
                  for x in np.split(batch["inputs"], 8)]  # Each replica's slice alone.
   expected = jax.tree.map(lambda *xs: np.mean(xs, axis=0), *per_replica)
-  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  state, _ = parts.train_step(state, parts.backend.put_step(batch))
   replicas = parts.backend.replicas(state.model_state)
   jax.tree.map(lambda r, e: np.testing.assert_allclose(r, np.broadcast_to(e, r.shape), rtol=1e-5, atol=1e-7),
                replicas, expected)
@@ -117,7 +117,7 @@ def test_label_smoothing_trains_against_smoothed_targets(config):
   grads = jax.grad(loss)(state.params)
   backend = parallel.make_backend("mesh", 8)
   train = backend.map_train(functools.partial(step_lib.train_step, model=model, tx=tx, task=task))
-  params1 = backend.get(train(backend.init(init), backend.put_batch(batch))[0]).params
+  params1 = backend.get(train(backend.init(init), backend.put_step(batch))[0]).params
   got = jax.tree.map(lambda a, b: a - b, state.params, params1)
   jax.tree.map(lambda g, r: np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6), got, grads)
 
@@ -138,5 +138,5 @@ def test_the_model_sees_its_parameters_in_the_compute_dtype_in_train_and_eval(co
   backend.map_eval(functools.partial(step_lib.eval_step, model=spy, strategy=strategy))(
       state, backend.put_batch({**batch, REAL: np.ones(len(batch["labels"]), bool)}))
   backend.map_train(functools.partial(step_lib.train_step, model=spy, tx=tx, strategy=strategy))(
-      state, backend.put_batch(batch))
+      state, backend.put_step(batch))
   assert seen == [{"bfloat16"}, {"bfloat16"}], seen

@@ -42,7 +42,7 @@ def test_clipping_matches_optax_on_the_full_batch_gradient(config, zero1):
   grads = _full_batch_grads(parts, params0, model_state, batch)
   assert optax.tree.norm(grads) > 4 * config.max_grad_norm  # Clipping is active.
   expected, _ = optax.clip_by_global_norm(config.max_grad_norm).update(grads, optax.EmptyState())
-  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  state, _ = parts.train_step(state, parts.backend.put_step(batch))
   # SGD with learning rate 1: params0 - params1 is the clipped gradient.
   got = jax.tree.map(lambda a, b: a - b, params0, parts.backend.get(state.params))
   # atol: params0 - params1 loses the last bits of parameters of size ~0.5 (a float32 ulp there is 6e-8).
@@ -68,7 +68,7 @@ def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(co
   parts = build.build(config)
   state = parts.backend.init(parts.init)
   before = parts.backend.replicas(state.params)
-  state, metrics = parts.train_step(state, parts.backend.put_batch(_first_batch(parts, config)))
+  state, metrics = parts.train_step(state, parts.backend.put_step(_first_batch(parts, config)))
   assert int(parts.backend.get(metrics)["nonfinite"]) == 1
   after = parts.backend.replicas(state.params)
   jax.tree.map(np.testing.assert_array_equal, before, after)  # No replica moved, not even partly.
@@ -94,7 +94,7 @@ def _three_steps(config, **parallel):
   batches = data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
                                process_index=0, process_count=1)
   for _ in range(3):
-    state, _ = parts.train_step(state, parts.backend.put_batch(next(batches)))
+    state, _ = parts.train_step(state, parts.backend.put_step(next(batches)))
   return parts.backend.get((state.model_state, state.params))
 
 
@@ -176,7 +176,7 @@ def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config,
     config.grad_accum_steps = accum
     parts = build.build(config)
     state = parts.backend.init(parts.init)
-    _, metrics = parts.train_step(state, parts.backend.put_batch(_first_batch(parts, config)))
+    _, metrics = parts.train_step(state, parts.backend.put_step(_first_batch(parts, config)))
     reported.append(parts.backend.get(metrics))
   for got in reported[1:]:
     assert got["loss"] == pytest.approx(reported[0]["loss"], rel=1e-5)

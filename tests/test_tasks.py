@@ -407,7 +407,7 @@ def test_a_task_sees_the_datasets_features_only_never_jaxdps_own_keys(config):
   batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
                                   process_index=0, process_count=1, with_ids=True))
   assert INDEX in batch  # The audit's ids ride with the batch ...
-  state, _ = parts.train_step(state, parts.backend.put_batch(batch))
+  state, _ = parts.train_step(state, parts.backend.put_step(batch))
   evaluate.run(parts, state)  # ... as eval batches carry which rows are real (padding) ...
   assert {train for train, _ in seen} == {True, False}, seen
   assert all(keys == ["inputs", "labels"] for _, keys in seen), seen  # ... but neither reaches the task.
@@ -423,5 +423,5 @@ def test_a_max_metric_below_zero_is_the_max_over_micro_batches(config):
   parts = build.build(config, task=task)
   batch = next(data.train_batches(parts.ds, "train", seed=0, global_batch=config.batch_size, start_step=0,
                                   process_index=0, process_count=1))
-  _, got = parts.train_step(parts.backend.init(parts.init), parts.backend.put_batch(batch))
+  _, got = parts.train_step(parts.backend.init(parts.init), parts.backend.put_step(batch))
   assert float(np.asarray(parts.backend.get(got)["lowest"])) == -1.0 - batch["labels"].min()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import checkpoint, data, train
+from jaxdp import checkpoint, data, feed, train
 from jaxdp.runtime import compilation_cache
 from jaxdp.loop import evaluate
 from jaxdp.tools import sample
@@ -137,8 +137,7 @@ def test_a_run_stopped_inside_its_profiled_steps_ends_as_a_finished_one(config, 
   """The trace of the steps profiled so far, the run's time record at the stop, and no input thread left behind."""
   monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 3)
   config.profile_steps, config.num_train_steps = (2, 4), 100
-  # Batches from the host, one a transfer, placed by a thread that still has batches to read at the stop.
-  config.parallel.resident_mb = config.parallel.block_mb = 0
+  monkeypatch.setattr(feed, "BLOCK_MIB", 0)  # One step a transfer: the thread still has batches to read at the stop.
   before = runs.prefetch_threads()  # Other tests' runs may still be letting theirs go.
   assert train.train_and_evaluate(config, str(tmp_path)).preempted
   assert glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
@@ -214,7 +213,6 @@ def _failing_stream(monkeypatch, at_step: int, error: Exception | None = None, n
 def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, monkeypatch, every, kept):
   _failing_stream(monkeypatch, 5, OSError("disk gone"))  # Batch 5 is step 6's.
   config.num_train_steps, config.checkpoint_every_steps = 10, every
-  config.parallel.prefetch = 0  # Else the error surfaces while placing batches ahead, before step 5 runs.
   with pytest.raises(OSError, match="disk gone"):
     train.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.steps(str(tmp_path)) == kept
@@ -222,7 +220,7 @@ def test_an_error_in_the_input_keeps_the_last_completed_step(config, tmp_path, m
 
 def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, tmp_path, monkeypatch, caplog):
   _failing_stream(monkeypatch, 5, OSError("disk gone"))
-  config.num_train_steps, config.checkpoint_every_steps, config.parallel.prefetch = 10, 4, 0
+  config.num_train_steps, config.checkpoint_every_steps = 10, 4
   save = checkpoint.Checkpointer.save
 
   def full_disk(self, *args, force: bool = False, **kwargs):
@@ -239,7 +237,6 @@ def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, 
 
 def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, monkeypatch):
   _failing_stream(monkeypatch, -1, nan_steps={5, 6})
-  config.parallel.resident_mb = 0  # NaN host batches: the split is not held on the devices, whose steps take row ids.
   config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 10, 8, 4
   config.max_consecutive_nonfinite = 2
   with pytest.raises(train.NonFiniteError):

@@ -178,7 +178,7 @@ def compute_seconds(config: ml_collections.ConfigDict, warmup: int = 3, steps: i
   trial.parallel.num_devices = 1
   parts = build.build(trial)
   state = parts.backend.init(parts.init)
-  batch = parts.backend.put_batch(hlo.fake_batch(hlo.batch_shapes(parts.ds, parts.layout.global_batch)))
+  batch = parts.backend.put_step(hlo.fake_batch(hlo.batch_shapes(parts.ds, parts.layout.global_batch)))
   times = []
   for i in range(warmup + steps):
     start = time.perf_counter()
