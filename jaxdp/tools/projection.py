@@ -12,7 +12,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from jaxdp import build
 from jaxdp import config as config_lib
