@@ -1,10 +1,5 @@
-"""`python -m jaxdp.audit`: the command's code lives in `jaxdp.tools.audit`; `jaxdp.audit` is that module."""
+"""`python -m jaxdp.audit`: the command `jaxdp.tools.audit`, which `import jaxdp.audit` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.audit", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.audit")
+tools.entry_point(__name__, "audit")

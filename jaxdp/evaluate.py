@@ -1,10 +1,5 @@
-"""`python -m jaxdp.evaluate`: the command's code lives in `jaxdp.tools.evaluate`; `jaxdp.evaluate` is that module."""
+"""`python -m jaxdp.evaluate`: the command `jaxdp.tools.evaluate`, which `import jaxdp.evaluate` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.evaluate", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.evaluate")
+tools.entry_point(__name__, "evaluate")

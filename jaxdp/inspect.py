@@ -1,10 +1,5 @@
-"""`python -m jaxdp.inspect`: the command's code lives in `jaxdp.tools.inspect`; `jaxdp.inspect` is that module."""
+"""`python -m jaxdp.inspect`: the command `jaxdp.tools.inspect`, which `import jaxdp.inspect` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.inspect", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.inspect")
+tools.entry_point(__name__, "inspect")

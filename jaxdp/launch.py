@@ -1,10 +1,5 @@
-"""`python -m jaxdp.launch`: the command's code lives in `jaxdp.tools.launch`; `jaxdp.launch` is that module."""
+"""`python -m jaxdp.launch`: the command `jaxdp.tools.launch`, which `import jaxdp.launch` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.launch", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.launch")
+tools.entry_point(__name__, "launch")

@@ -1,10 +1,5 @@
-"""`python -m jaxdp.plot`: the command's code lives in `jaxdp.tools.plot`; `jaxdp.plot` is that module."""
+"""`python -m jaxdp.plot`: the command `jaxdp.tools.plot`, which `import jaxdp.plot` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.plot", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.plot")
+tools.entry_point(__name__, "plot")

@@ -1,10 +1,5 @@
-"""`python -m jaxdp.sample`: the command's code lives in `jaxdp.tools.sample`; `jaxdp.sample` is that module."""
+"""`python -m jaxdp.sample`: the command `jaxdp.tools.sample`, which `import jaxdp.sample` also gives."""
 
-import importlib
-import runpy
-import sys
+from jaxdp import tools
 
-if __name__ == "__main__":
-  runpy.run_module("jaxdp.tools.sample", run_name="__main__")
-else:
-  sys.modules[__name__] = importlib.import_module("jaxdp.tools.sample")
+tools.entry_point(__name__, "sample")

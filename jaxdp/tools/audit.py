@@ -1,13 +1,9 @@
-"""`python -m jaxdp.audit WORKDIR [OTHER]`: checks the data order `config.audit_data=True` recorded.
+"""`python -m jaxdp.audit WORKDIR [OTHER]`: checks the data order that `config.audit_data=True` recorded.
 
-What is recorded, and how, is `jaxdp.loop.audit` (the loop's recorder). The segments, in order, give the
-lineage of the final state: a resume keeps the steps up to the checkpoint it restored (later steps of the
-segment before were lost with it) and continues. The lineage must be steps 1, 2, 3, ... (a replayed or
-skipped step is named), every global batch must be whole, and every completed epoch must hold each example
-at most once (n - n % B distinct ones). Two workdirs are compared step by step; the first step whose global
-batches differ is named. The check also compares the ids with the order the stream reads by
-(`jaxdp.data.sampler`), where it is one: a reader that read other rows than its order names is caught even
-when every example is still seen once per epoch.
+One workdir: its lineage (a resume keeps the steps up to the checkpoint it restored) must be steps 1, 2, 3, ... with
+whole global batches, each completed epoch holds an example at most once, and each batch is the one its order
+(`jaxdp.data.sampler`) names. Two workdirs: the first step whose global batches differ is named. The recorder is
+`jaxdp.loop.audit`.
 """
 
 import dataclasses
@@ -132,8 +128,7 @@ def lineage(segments: list[Segment]) -> list[Entry]:
 
 def check(workdir: str) -> str:
   """Proves exactly-once per completed epoch (and no replayed or skipped step); returns the summary line."""
-  segments = load(workdir)
-  return f"{workdir}: {check_entries(segments, lineage(segments))}"
+  return f"{workdir}: {check_entries(segments := load(workdir), lineage(segments))}"
 
 
 def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
@@ -253,21 +248,20 @@ def main(argv: list[str]) -> int:
   if args and args[0] in ("-h", "--help"):
     print(f"{USAGE}\n\n{__doc__}")
     return 0
-  return cli.guarded(lambda: _audit_command(args))
 
+  def audit() -> int:
+    if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
+      raise ConfigError(f"expected one or two workdirs, got {args!r} ({USAGE})")
+    try:
+      print(check(args[0]) if len(args) == 1 else compare(*args))
+    except AuditError as e:
+      print(f"audit failed: {e}")
+      return 1
+    except FileNotFoundError as e:  # No records: a command-line mistake (the wrong workdir, or none audited).
+      raise ConfigError(str(e)) from None
+    return 0
 
-def _audit_command(args: list[str]) -> int:
-  """Prints the audit's summary line (status 0) or its first failure (status 1)."""
-  if len(args) not in (1, 2) or any(a.startswith("-") for a in args):
-    raise ConfigError(f"expected one or two workdirs, got {args!r} ({USAGE})")
-  try:
-    print(check(args[0]) if len(args) == 1 else compare(*args))
-  except AuditError as e:
-    print(f"audit failed: {e}")
-    return 1
-  except FileNotFoundError as e:  # No records: a command-line mistake (the wrong workdir, or none audited).
-    raise ConfigError(str(e)) from None
-  return 0
+  return cli.guarded(audit)
 
 
 if __name__ == "__main__":

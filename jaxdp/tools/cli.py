@@ -1,10 +1,5 @@
-"""The command line the tools share: flags -> (config, workdir), and the one error path (`guarded`).
-
-`train`, `evaluate`, `sample` and `inspect` take the same `--config CONFIG.py [--config.key=value ...]
-[--workdir DIR] [--cpu_devices N]`; this module parses them without importing the training loop. A tool's
-own flags (`--step`, `--prompt`, ...) are split from these by `own_flags`; the tools that read a trained
-workdir parse with `parse_workdir`, whose config defaults to the one the checkpoint stores.
-"""
+"""The command line the tools share: `--config FILE [--config.key=value ...] [--workdir DIR] [--cpu_devices N]` ->
+(config, workdir), parsed without importing the training loop, and the one error path (`guarded`)."""
 
 import argparse
 import ast
@@ -32,27 +27,22 @@ OVERRIDES_HELP = ("  --config.KEY=VALUE: overrides any field of the config (e.g.
                   "    the task or the optimizer as keyword arguments (e.g. --config.model.dense=64,\n"
                   "    --config.task.gamma=2.0, --config.optimizer_kwargs.b1=0.95).")
 
-Command = Callable[[ml_collections.ConfigDict, str | None], object]
-
-
 def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
           extra_help: str = "") -> tuple[ml_collections.ConfigDict, str | None]:
-  """Command line -> (config, workdir); every mistake is a ConfigError naming the bad value.
-
-  `-h`/`--help`/`--helpfull` print the flags (with `usage` and the caller's `extra_help`) and exit 0.
-  Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES) are set up here, before JAX starts.
-  """
+  """Command line -> (config, workdir); a mistake is a ConfigError naming the bad value; `--help` exits 0."""
   start(argv, usage, extra_help)
-  if (count := cpu_devices.requested(argv)) is not None:  # First: a config file may already ask JAX for devices.
-    cpu_devices.simulate(count)
-  new_keys = _new_keys(argv)
-  fv = _parse_flags([a for a in argv if _new_key(a) not in new_keys])
+  _simulate_devices(argv)  # First: a config file may already ask JAX for devices.
+  sectioned = [a for a in argv if _new_key(a)]
+  fv = _parse_flags([a for a in argv if a not in sectioned])
   if not fv["config"].present:
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
   if require_workdir and not fv.workdir:
     raise config_lib.ConfigError("--workdir is required")
   config = _load(fv)
-  _set_new_keys(config, [a for a in argv if _new_key(a) is not None and _new_key(a) in new_keys])
+  new = [a for a in sectioned if _new_key(a)[1] not in (config.get(_new_key(a)[0]) or {})]
+  if len(new) < len(sectioned):  # Overrides of declared keys of the sections: read by their declared types.
+    config = _load(_parse_flags([a for a in argv if a not in new]))
+  _set_new_keys(config, new)
   return config_lib.with_defaults(config), fv.workdir
 
 
@@ -68,22 +58,26 @@ def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
 def help_text(usage: str, extra_help: str = "") -> str:
   """The usage line and every flag, as `--help` prints them."""
   fv = _define(["help"])
-  lines = [f"usage: {usage}", "", "flags:"]
-  for name in ("config", "workdir", "cpu_devices"):
-    lines.append(f"  --{name}: {fv[name].help}")
-  return "\n".join(lines + [OVERRIDES_HELP] + ([extra_help] if extra_help else []))
+  lines = [f"usage: {usage}", "", "flags:", *(f"  --{name}: {fv[name].help}" for name in
+                                               ("config", "workdir", "cpu_devices")), OVERRIDES_HELP]
+  return "\n".join(lines + ([extra_help] if extra_help else []))
+
+
+def _simulate_devices(argv: list[str]) -> None:
+  """Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES), set up before JAX starts."""
+  if (count := cpu_devices.requested(argv)) is not None:
+    cpu_devices.simulate(count)
 
 
 def parse_workdir(argv: list[str], *, usage: str, extra_help: str = "",
                   step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
-  """A trained workdir's command line -> (config, workdir): `--config FILE` as in training, else the config
-  checkpoint `step` (default: the newest) stores, with the `--config.key=value` overrides applied."""
+  """A trained workdir's command line -> (config, workdir): `--config FILE`, else checkpoint `step`'s stored config."""
   if any(a in HELP_FLAGS for a in argv[1:]) or any(a == "--config" or a.startswith("--config=") for a in argv):
     return parse(argv, require_workdir=True, usage=usage, extra_help=extra_help)
-  if (count := cpu_devices.requested(argv)) is not None:  # First, as in `parse`.
-    cpu_devices.simulate(count)
-  workdir = own_flags(argv, _workdir_flag())[0].workdir
-  if not workdir:
+  _simulate_devices(argv)
+  workdir_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+  workdir_flag.add_argument("--workdir", default=None)
+  if not (workdir := own_flags(argv, workdir_flag)[0].workdir):
     raise config_lib.ConfigError("--workdir is required")
   stored = restore.stored_config(workdir, step)
   argv = _set_unset_fields(stored, argv)
@@ -101,8 +95,7 @@ def parse_workdir(argv: list[str], *, usage: str, extra_help: str = "",
 
 
 def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> list[str]:
-  """Sets the `--config.KEY=VALUE` overrides of fields the stored config holds as None with no type (keys the
-  default config does not declare, which the flag parser cannot read VALUE for) as `_literal`; returns the rest."""
+  """Sets the overrides of fields stored as None with no type (absl cannot read their VALUE); returns the rest."""
   rest = []
   for arg in argv:
     path, sep, text = arg.removeprefix("--config.").partition("=")
@@ -122,27 +115,20 @@ def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> lis
 def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
                  flags: Callable[[argparse.ArgumentParser], None],
                  command: Callable[[argparse.Namespace, ml_collections.ConfigDict, str], None]) -> int:
-  """A tool on a trained workdir: `--help` answered, logging set up, its own `flags` (with `--step`) split from the
-  config's, the workdir's stored config parsed, then `command(its flags, config, workdir)`; returns the exit status."""
-  start(argv, usage, extra_help)  # Before the logging setup, which loads JAX.
-  process.setup_logging()
+  """A tool on a trained workdir: its own `flags` (and `--step`), the stored config, then `command`; the status."""
 
   def run() -> None:
     parser = argparse.ArgumentParser(prog=prog, add_help=False)
     parser.add_argument("--step", type=int, default=None)
     flags(parser)
     ours, rest = own_flags(argv, parser)
-    config, workdir = parse_workdir(rest, usage=usage, extra_help=extra_help, step=ours.step)
-    command(ours, config, workdir)
+    command(ours, *parse_workdir(rest, usage=usage, extra_help=extra_help, step=ours.step))
 
-  return guarded(run)
+  return _command(argv, usage, extra_help, run)
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
-  """A tool's own flags (those `parser` declares) split from the shared ones: (its values, argv without them).
-
-  A bad value is a ConfigError when `parser` was made with `exit_on_error=False`.
-  """
+  """(a tool's own flags, `argv` without them); a bad value is a ConfigError (with `exit_on_error=False`)."""
   try:
     ours, rest = parser.parse_known_args(argv[1:])
   except argparse.ArgumentError as e:
@@ -150,50 +136,37 @@ def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpars
   return ours, argv[:1] + rest
 
 
-def _workdir_flag() -> argparse.ArgumentParser:
-  """`--workdir DIR`, read before the flags are parsed: the stored config it names is their default."""
-  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-  parser.add_argument("--workdir", default=None)
-  return parser
-
-
-def main(argv: list[str], command: Command, *, require_workdir: bool = True,
+def main(argv: list[str], command: Callable[[ml_collections.ConfigDict, str], object], *,
          failures: tuple[type[Exception], ...] = (), usage: str = "") -> int:
-  """Parses `argv`, sets the process up, runs `command(config, workdir)`; returns the exit status.
-
-  A config or command-line mistake is one `error:` line and status 2; an exception in `failures` (or a
-  failed distributed start) is one `error:` line and status 1; any other exception is reported (`guarded`).
-  """
-  start(argv, usage)  # Before the logging setup, which loads JAX.
-  process.setup_logging()
+  """Parses `argv`, joins the run, runs `command(config, workdir)`; returns the exit status (`guarded`)."""
 
   def run() -> None:
-    config, workdir = parse(argv, require_workdir, usage=usage)
+    config, workdir = parse(argv, usage=usage)
     process.init(config)
     command(config, workdir)
 
+  return _command(argv, usage, "", run, failures)
+
+
+def _command(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
+             failures: tuple[type[Exception], ...] = ()) -> int:
+  """`--help` answered, then the logging set up (it loads JAX), then `run` under `guarded`."""
+  start(argv, usage, extra_help)
+  process.setup_logging()
   return guarded(run, failures)
 
 
 def guarded(run: Callable[[], int | None], failures: tuple[type[Exception], ...] = ()) -> int:
-  """Runs `run`; returns its status (None: 0), every exception reported once and its frames released.
-
-  ConfigError: one `error:` line, status 2. `failures` and a failed distributed start: one line, status 1.
-  Anything else, status 1: an input worker's failure as one line (`exits.report`), others with their
-  traceback. Released (`exits.release`): an input iterator the error still held is deleted now, while
-  Python can still finish its worker calls, and no process hangs on the way out.
-  """
+  """`run()`'s status (None: 0); a ConfigError is one `error:` line and 2, `failures` (and a failed join) one line
+  and 1, any other exception 1 with `exits.report`; `exits.release` frees what the error held: no process hangs."""
   try:
     return run() or 0
   except config_lib.ConfigError as e:
-    status, line = 2, str(e)
-    error: Exception = e
-  except (*_one_line_failures(), *failures) as e:
-    status, line = 1, str(e)
-    error = e
-  except Exception as e:  # Not a mistake we can name: reported, and the process still ends.
-    status, line = 1, None
-    error = e
+    status, line, error = 2, str(e), e
+  except Exception as e:  # Reported, and the process still ends.
+    distributed = sys.modules.get("jaxdp.runtime.distributed")  # A failed join: loaded once the run tried one.
+    one_line = (*failures, *([distributed.DistributedInitError] if distributed else []))
+    status, line, error = 1, str(e) if isinstance(e, one_line) else None, e
   if line is None:
     exits.report(error)
   else:
@@ -202,12 +175,6 @@ def guarded(run: Callable[[], int | None], failures: tuple[type[Exception], ...]
   del error
   gc.collect()  # Reference cycles through the released frames: collected now, not at interpreter exit.
   return status
-
-
-def _one_line_failures() -> tuple[type[Exception], ...]:
-  """Failures every command reports in one line: a failed distributed start (once jax.distributed is loaded)."""
-  distributed = sys.modules.get("jaxdp.runtime.distributed")
-  return (distributed.DistributedInitError,) if distributed else ()
 
 
 def _define(argv: list[str]) -> flags.FlagValues:
@@ -225,8 +192,11 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
   try:
     fv(argv)
   except flags.Error as e:
-    why = _file_error(e)
-    raise (_unloadable(_config_arg(argv), why) if why else config_lib.ConfigError(str(e))) from None
+    # ml_collections re-raises a TypeError or ValueError of the config file's own code with its traceback.
+    raised = e.__context__
+    if isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised):
+      raise _unloadable(_config_arg(argv), str(raised).strip().splitlines()[-1]) from None
+    raise config_lib.ConfigError(str(e)) from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
     bad = _bad_override(argv, e)
     if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
@@ -241,17 +211,7 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
   return fv
 
 
-def _file_error(error: flags.Error) -> str | None:
-  """The last line of a TypeError or ValueError of the config file's own code, which ml_collections re-raises with
-  its traceback in the message ("Error whilst parsing config file"); None for any other flag error."""
-  raised = error.__context__
-  if not (isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised)):
-    return None
-  return str(raised).strip().splitlines()[-1]
-
-
 def _unloadable(path: str, why: object) -> config_lib.ConfigError:
-  """The one error of a config file that failed to load, whichever step of the parse found it."""
   return config_lib.ConfigError(f"could not load config file {path!r}: {why}")
 
 
@@ -282,43 +242,26 @@ def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
 
 
 def _new_key(arg: str) -> tuple[str, str] | None:
-  """'--config.model.dense=64' -> ('model', 'dense'); '--config.task.gamma=2' -> ('task', 'gamma'); else None."""
+  """'--config.model.dense=64' -> ('model', 'dense'), for the sections that take new keys; else None."""
   m = re.match(r"--config\.(" + "|".join(NEW_KEY_SECTIONS) + r")\.(\w+)", arg)
   return (m.group(1), m.group(2)) if m else None
 
 
-def _new_keys(argv: list[str]) -> set[tuple[str, str]]:
-  """The `--config.model.KEY` / `--config.task.KEY` overrides whose KEY the config file does not declare
-  (new keyword arguments of the model or the task)."""
-  keys = {k for a in argv if (k := _new_key(a))}
-  if not keys:
-    return set()
-  declared = _parse_flags([a for a in argv if not _new_key(a)])
-  if not declared["config"].present:
-    return set()
-  config = _load(declared)
-  return {(section, key) for section, key in keys if key not in (config.get(section) or {})}
-
-
 def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
-  """Adds `--config.model.KEY=VALUE` (or `--config.task.KEY=VALUE`) for new keys; VALUE is a Python literal,
-  or else the plain string. A model key is checked against the model class here; a task key against the
-  task's signature when the run builds it (`tasks.get`)."""
+  """Adds `--config.SECTION.KEY=VALUE` for keys the config does not declare (a model's checked against its class)."""
   for arg in args:
     section, _ = _new_key(arg)
-    prefix = f"--config.{section}."
-    path, sep, text = arg[len(prefix):].partition("=")
+    path, sep, text = arg.removeprefix(f"--config.{section}.").partition("=")
     if not sep or "." in path:
       raise config_lib.ConfigError(f"unknown config key 'config.{section}.{path}' (new {section} keys take a value: "
                                    f"--config.{section}.{path.split('.')[0]}=VALUE)")
-    value = _literal(text)
     if section == "model":
       _check_model_key(config.model.get("name", ""), path)
     if section not in config:
       with config.unlocked():
         config[section] = ml_collections.ConfigDict()
     with config[section].unlocked():
-      config[section][path] = value
+      config[section][path] = _literal(text)
 
 
 def _literal(text: str) -> Any:
@@ -352,8 +295,4 @@ def _bad_override(argv: list[str], error: Exception) -> str:
 
 def _program(argv: list[str]) -> str:
   """'jaxdp.train' for argv[0] '.../jaxdp/train.py' (or 'jaxdp.train')."""
-  base = os.path.basename(argv[0]) if argv else "train"
-  if base.startswith("jaxdp."):  # A module name already (splitext would take ".train" for an extension).
-    return base.removesuffix(".py")
-  return f"jaxdp.{os.path.splitext(base)[0]}"
-
+  return "jaxdp." + os.path.basename(argv[0] if argv else "train").removeprefix("jaxdp.").removesuffix(".py")

@@ -1,14 +1,5 @@
-"""Evaluate a checkpoint without training (the eval loop itself is `jaxdp.loop.evaluate.run`).
-
-    python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT] [--config CONFIG.py]
-        [--config.key=value ...] [--cpu_devices N]
-
-Restores the newest checkpoint (or step N) on any device count, evaluates every example of the split
-exactly once and prints the same `eval/*` metrics as training, every one the run's task reports (process 0
-also appends them, with `eval/step`, to WORKDIR/evaluate.jsonl). The config defaults to the one the
-checkpoint stores. A run trained with objects passed from Python (a model class defined in a notebook, a task
-function, in-memory data) is evaluated from Python: `evaluate(config, workdir, model=Net, eval_data=...)`.
-"""
+"""`python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT]`: a checkpoint's `eval/*` metrics on any
+device count, every example of the split once, with the config the checkpoint stores; from Python, `evaluate`."""
 
 import argparse
 import json
@@ -31,21 +22,16 @@ RESULTS_FILE = "evaluate.jsonl"
 
 def evaluate(config: Any = None, workdir: str = "", step: int | None = None, split: str | None = None, *,
              model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
-  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`.
-
-  `config`: None takes the one the checkpoint stores (`restore.stored_config`), as the command line does.
-  `model`, `task`, `eval_data`: the objects the run was trained with in place of names (as given to
-  `train_and_evaluate`).
-  """
+  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`; `config` None: the one it stores;
+  `model`, `task`, `eval_data`: the objects the run was trained with in place of names."""
   if not workdir:
     raise restore.ConfigError("jaxdp.evaluate.evaluate needs workdir=, the training run's directory")
   if config is None:
     config = restore.stored_config(workdir, step)
   from jaxdp import checkpoint
   from jaxdp.loop import evaluate as eval_loop  # JAX and the input pipeline: not before `--help` is answered.
-  from jaxdp import objects as objects_lib
-  objects = objects_lib.Objects(model=model, task=task, eval_data=eval_data)
-  parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.evaluate.evaluate")
+  parts, state, step = restore.restore(config, workdir, step, "jaxdp.evaluate.evaluate", model=model, task=task,
+                                       eval_data=eval_data)
   log.info("evaluating checkpoint %s/%d on %s", checkpoint.directory(workdir), step, split or config.dataset.eval_split)
   return step, eval_loop.run(parts, state, split)
 

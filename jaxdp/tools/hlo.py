@@ -1,9 +1,5 @@
-"""The compiled train step read without running it: its abstract inputs, its collectives (parsed from the
-compiled HLO and the lowered StableHLO text), XLA's memory analysis and the run options a report states.
-
-Shared by `jaxdp.inspect` (this machine's devices), `topology` (a TPU slice) and `projection` (the gradient
-bytes); it imports none of them.
-"""
+"""The train step read without running it, for `inspect`, `topology` and `projection`: its abstract inputs, its
+collectives (from the compiled HLO and the lowered StableHLO text), XLA's memory analysis, the run's options."""
 
 import math
 import re
@@ -19,8 +15,6 @@ KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective
 Shape = tuple[str, tuple[int, ...]]  # (numpy dtype name, dims)
 
 
-# --- The step's inputs -----------------------------------------------------------------------------
-
 def batch_shapes(ds: data.Dataset, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
   """A batch of `rows` examples of every feature of `ds` as the pipeline hands it to the step (shapes, dtypes)."""
   # Text and other non-numeric features never reach a device: a step cannot take them.
@@ -29,11 +23,8 @@ def batch_shapes(ds: data.Dataset, rows: int) -> dict[str, jax.ShapeDtypeStruct]
 
 
 def fake_batch(shapes: dict[str, jax.ShapeDtypeStruct], seed: int = 0) -> dict[str, np.ndarray]:
-  """Random host arrays of `shapes`, valid for any task: floats standard normal, integers and bools 0 or 1.
-
-  0 and 1 are a valid class, token id or mask value of every feature (a real step's cost does not depend on
-  which), where a wider range could index past a small vocabulary or class count.
-  """
+  """Random host arrays of `shapes`, valid for any task: floats standard normal, integers and bools 0 or 1."""
+  # 0 and 1 are a class, token id or mask value of every feature; a wider range could index past a small vocabulary.
   rng = np.random.default_rng(seed)
   return {name: (rng.standard_normal(x.shape) if np.issubdtype(x.dtype, np.floating)
                  else rng.integers(0, 2, x.shape)).astype(x.dtype) for name, x in shapes.items()}
@@ -64,8 +55,6 @@ def run_options(parts: build.Parts) -> dict[str, Any]:
           "shard_optimizer_state": bool(config.parallel.shard_optimizer_state)}
 
 
-# --- XLA's memory analysis ---------------------------------------------------------------------------
-
 def memory(compiled: Any) -> dict[str, int] | None:
   """Per-device bytes from XLA's memory analysis; None where the backend has none."""
   try:
@@ -76,15 +65,12 @@ def memory(compiled: Any) -> dict[str, int] | None:
     stats = stats[0] if stats else None
   if stats is None:
     return None
-  out = {key: int(getattr(stats, f"{name}_size_in_bytes")) for key, name in (
-      ("argument_bytes", "argument"), ("output_bytes", "output"), ("temp_bytes", "temp"),
-      ("alias_bytes", "alias"), ("generated_code_bytes", "generated_code"))}
+  out = {f"{name}_bytes": int(getattr(stats, f"{name}_size_in_bytes"))
+         for name in ("argument", "output", "temp", "alias", "generated_code")}
   # Donated arguments are reused as outputs: count them once.
   out["total_bytes"] = out["argument_bytes"] + out["output_bytes"] + out["temp_bytes"] - out["alias_bytes"]
   return out
 
-
-# --- Collectives from program text -------------------------------------------------------------------
 
 _HLO_DTYPES = {"pred": "bool", "i1": "bool", "bf16": "bfloat16", "f16": "float16", "f32": "float32",
                "f64": "float64", "c64": "complex64", "c128": "complex128"}

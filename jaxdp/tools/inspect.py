@@ -1,11 +1,5 @@
-"""`python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N]`.
-
-Compiles the train step for the current devices without training, and reports what one optimizer
-step costs: parameter and optimizer-state bytes, collectives by kind (count, bytes, dtypes; read from
-the compiled HLO and from the lowered StableHLO), per-device memory (XLA's memory analysis) and FLOPs
-(XLA's cost analysis). `analyze(config)` returns the same as a dict; `config.parallel.num_devices`
-picks how many devices, so one process can compare N = 1, 2, 4, 8.
-"""
+"""`python -m jaxdp.inspect --config CONFIG.py [--json]`: the train step compiled for this machine's devices, not run:
+what one optimizer step holds, sends (collectives) and costs; `--topology` and `--project` are other reports."""
 
 import argparse
 import contextlib
@@ -53,8 +47,6 @@ def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
   report["notes"] = _notes(report, parts.backend.platform)
   return report
 
-
-# --- The report ----------------------------------------------------------------------------------
 
 def _per_device(backend: parallel.Backend, abstract: Any, state: Any, batch: dict) -> dict[str, int]:
   """What one device holds of the state (mesh: its shards; pmap: one copy) and of the batch."""
@@ -123,7 +115,12 @@ def main(argv: list[str]) -> int:
 
 def split_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   """inspect's own flags, checked (--project's counts parsed), and `argv` without them (for `cli.parse`)."""
-  ours, rest = cli.own_flags(argv, _own_flags())
+  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+  for flag in ("--topology", "--project", "--interconnect"):  # nargs="?": a flag given without its value is named.
+    parser.add_argument(flag, nargs="?", const="")
+  for flag in ("--json", "--max_batch"):
+    parser.add_argument(flag, action="store_true")
+  ours, rest = cli.own_flags(argv, parser)
   if ours.topology == "":
     raise config_lib.ConfigError(f"--topology needs a name; accepted forms: {topology.ACCEPTED}")
   if ours.max_batch and ours.topology is None:
@@ -139,17 +136,6 @@ def split_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     raise config_lib.ConfigError(f"--project projects this machine's step and --topology {ours.topology} compiles "
                                  "for a slice: give one of them")
   return ours, rest
-
-
-def _own_flags() -> argparse.ArgumentParser:
-  """The flags `cli.parse` does not know; nargs="?" so that a flag given without its value is named."""
-  parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-  parser.add_argument("--json", action="store_true")
-  parser.add_argument("--topology", nargs="?", const="")
-  parser.add_argument("--max_batch", action="store_true")
-  parser.add_argument("--project", nargs="?", const="")
-  parser.add_argument("--interconnect", nargs="?", const="")
-  return parser
 
 
 def _command(argv: list[str]) -> None:

@@ -1,8 +1,7 @@
 """The launcher's state dir (the files its processes create once they joined the run), and its clean-up.
 
-A launcher removes its dir when it exits; one killed hard (SIGKILL, the OOM killer) cannot. So each dir holds an
-`owner` file that its launcher keeps locked while it lives (the kernel drops the lock when the process dies,
-however it dies), and each launcher first removes the dirs of launchers that died holding none.
+A launcher killed hard cannot remove its dir, so each dir holds an `owner` file its launcher keeps locked while it
+lives (the kernel drops the lock however it dies); each launcher first removes the dirs whose owner is free.
 """
 
 import contextlib

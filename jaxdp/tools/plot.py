@@ -1,8 +1,6 @@
 """`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: the curves of every metric runs wrote, as one PNG.
 
-Reads each run's `metrics.jsonl`; one panel per metric name (the loss first, then the task's metrics in the
-order the run wrote them), its train curve solid and its eval curve dashed, one color per run. The PNG
-goes to `--out`, by default `WORKDIR/curves.png` for one run and `./curves.png` for several.
+One panel per metric of the runs' `metrics.jsonl` (the loss first), train solid and eval dashed, a color per run.
 """
 
 import argparse

@@ -1,19 +1,7 @@
-"""Scaling projection: an alpha-beta model of one data-parallel step on N devices of a named interconnect.
+"""`inspect --project COUNTS [--interconnect NAME]`: an alpha-beta model of one data-parallel step on N devices.
 
-`python -m jaxdp.inspect --config C.py --project 8,64,512 [--interconnect NAME] [--json]`, or
-`project(config, counts, interconnect)`. Weak scaling: every device keeps the config's batch (`batch_size`,
-measured on one device), so the global batch is N x batch_size. One step on N devices is modelled as
-
-    step(N) = compute + allreduce(N, gradient bytes)
-
-with `compute` the median time of the real train step on one device of this machine (a few steps after warm-up)
-and the all-reduce from the interconnect's bandwidth (beta = 1 / bytes per second per device) and latency (alpha):
-ring 2 (N-1)/N * bytes / bandwidth + 2 (N-1) * alpha per call, tree (pipelined double binary tree, as NCCL)
-2 * bytes / bandwidth + 2 ceil(log2 N) * alpha; the faster of the two is taken, as NCCL picks. The gradient bytes
-and the number of all-reduce calls come from the compiled HLO (`jaxdp.tools.hlo`): gloo (XLA:CPU) makes one
-call per gradient tensor, NCCL and TPU one per all-reduce instruction (XLA combines the gradients into few).
-Not modelled: overlap of communication with the backward pass (XLA overlaps little here), the input pipeline and
-host work of the training loop, the optimizer's share of compute under ZeRO-1, stragglers, congested links.
+step(N) = compute (the real step timed on one device here) + the all-reduce of the gradient bytes the compiled step
+sends, on a named interconnect; weak scaling. The model and what it leaves out: docs/tools.md#inspect.
 """
 
 import dataclasses
@@ -24,7 +12,6 @@ from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
 from jaxdp import build
 from jaxdp import config as config_lib
@@ -69,16 +56,11 @@ def interconnect(name: str) -> Interconnect:
 
 def parse_counts(text: str) -> list[int]:
   """'8,64,512' -> [8, 64, 512]; ConfigError for anything but positive integers."""
-  try:
-    counts = [int(c) for c in text.split(",") if c.strip()]
-  except ValueError:
-    counts = []
+  counts = [int(c) if c.strip().isdigit() else 0 for c in text.split(",") if c.strip()]
   if not counts or any(c < 1 for c in counts):
     raise ConfigError(f"--project needs device counts like 8,64,512; got {text!r}")
   return counts
 
-
-# --- The model (pure arithmetic) ------------------------------------------------------------------
 
 def ring_share(kind: str, n: int) -> float:
   """The share of a collective's full buffer that each of `n` devices sends (and receives) in the ring algorithm."""
@@ -90,8 +72,6 @@ def ring_share(kind: str, n: int) -> float:
 
 def ring_allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> float:
   """Ring: each device sends and receives 2 (n-1)/n of the buffer, in 2 (n-1) latency-bound rounds per call."""
-  if n <= 1:
-    return 0.0
   return ring_share("all-reduce", n) * nbytes / link.bytes_per_s + calls * 2 * (n - 1) * link.latency_s
 
 
@@ -102,12 +82,9 @@ def tree_allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) 
   return 2 * nbytes / link.bytes_per_s + calls * 2 * math.ceil(math.log2(n)) * link.latency_s
 
 
-def reduce_scatter_all_gather_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> float:
-  """ZeRO-1: ring reduce-scatter of the gradients plus ring all-gather of the parameters, (n-1)/n each."""
-  if n <= 1:
-    return 0.0
-  share = ring_share("reduce-scatter", n) + ring_share("all-gather", n)
-  return share * nbytes / link.bytes_per_s + calls * 2 * (n - 1) * link.latency_s
+# ZeRO-1: a ring reduce-scatter of the gradients and a ring all-gather of the parameters, (n-1)/n of the buffer in
+# n-1 rounds each: what a ring all-reduce moves, in as many rounds (never a tree).
+reduce_scatter_all_gather_s = ring_allreduce_s
 
 
 def allreduce_s(n: int, nbytes: float, link: Interconnect, calls: int = 1) -> tuple[float, str]:
@@ -145,13 +122,9 @@ def model(counts: list[int], compute_s: float, batch: int, grad_bytes: float, ca
   return rows
 
 
-# --- Measurements on this machine -------------------------------------------------------------------
-
 def gradient_bytes(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """What one step all-reduces: tensor bytes, tensor operands, all-reduce instructions, and the source.
-
-  From the step compiled for 2 devices where this machine has them; on 1 device XLA drops the all-reduce: the
-  gradients are then the parameters' leaves."""
+  """What one step all-reduces (tensor bytes, operands, instructions): compiled for 2 devices where there are two,
+  else the parameters' leaves (XLA drops a 1-device all-reduce)."""
   trial = config_lib.with_defaults(config)
   two = jax.device_count() >= 2
   trial.parallel.num_devices = 2 if two else 1
@@ -197,8 +170,7 @@ def project(config: ml_collections.ConfigDict, counts: list[int], name: str = DE
   # gloo (XLA:CPU) runs every tensor operand of an all-reduce as its own call (a flat buffer: one);
   # NCCL and TPU run each instruction as one.
   calls = grads["tensors"] if link.per_operand else grads["instructions"]
-  if compute_s is None:
-    compute_s = compute_seconds(config)
+  compute_s = compute_seconds(config) if compute_s is None else compute_s
   batch = config.batch_size
   return {"interconnect": name, "bytes_per_s": link.bytes_per_s, "latency_s": link.latency_s,
           "interconnect_source": link.source, "per_device_batch": batch, "compute_s": compute_s,

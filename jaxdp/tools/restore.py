@@ -1,8 +1,4 @@
-"""What the tools that read a trained workdir share (`evaluate`, `sample`): its stored config, its restored state.
-
-The config a checkpoint stores is their default (`cli.parse_workdir`), so a training run's overrides need
-not be repeated; `--config.key=value` flags still change it, and `--config FILE` replaces it.
-"""
+"""What the tools on a trained workdir share (`evaluate`, `sample`): its stored config, its restored state."""
 
 import json
 import os
@@ -35,17 +31,13 @@ def config_from(stored: dict[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
-def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None = None, *,
-            objects: Any = None, call: str = "jaxdp.evaluate.evaluate") -> tuple[Any, Any, int]:
-  """(build.Parts, state, step): checkpoint `step` (default: newest)'s parameters and model state (no optimizer
-  state) laid out for `config`'s devices and options.
-
-  `objects` (a `jaxdp.objects.Objects`): the model, task, data passed from Python for names the run's config
-  stores as objects; one missing is a ConfigError naming the argument of `call` that passes it.
-  """
+def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None, call: str,
+            **passed: Any) -> tuple[Any, Any, int]:
+  """(build.Parts, state, step): checkpoint `step`'s parameters and model state (no optimizer) on `config`'s devices;
+  `passed`: the model, task, eval_data the run got from Python (one missing: a ConfigError naming `call`'s argument)."""
   from jaxdp import build, checkpoint, optim  # JAX: only once the devices are set up.
   from jaxdp import objects as objects_lib
-  objects = objects or objects_lib.Objects()
+  objects = objects_lib.Objects(**passed)
   check_objects(config, workdir, objects, call)
   step = checkpoint.pick_step(workdir, step)
   # No optimizer: the parameters alone are restored, so a run trained with any optimizer (an object) evaluates.

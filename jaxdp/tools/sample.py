@@ -1,13 +1,5 @@
-"""Text from a trained byte-level language model (the `gpt` workload).
-
-`generate` samples token ids from any model with the adapter's pure `apply`; `sample_text` wraps it for
-strings (UTF-8 bytes in and out). The CLI samples from the newest checkpoint of a training workdir:
-
-    python -m jaxdp.sample --workdir DIR [--config CONFIG.py] [--config.key=value ...] \
-        [--prompt TEXT] [--num_chars N] [--temperature T] [--seed S] [--step N]
-
-(--config is optional: the checkpoint's stored config, the training run's, is the default).
-"""
+"""`python -m jaxdp.sample --workdir DIR`: text from a trained byte-level language model (the `gpt` workload);
+`generate` samples token ids from any model's pure `apply`, `sample_text` strings (UTF-8 bytes in and out)."""
 
 import argparse
 import functools
@@ -38,10 +30,7 @@ PyTree = Any
 
 def generate(model: Model, params: PyTree, model_state: PyTree, prompt_tokens: np.ndarray, num_tokens: int,
              rng: jax.Array, temperature: float = 1.0, *, seq_len: int) -> np.ndarray:
-  """`num_tokens` ids sampled after `prompt_tokens` (non-empty); the model sees the last `seq_len` tokens.
-
-  temperature 0 picks the most likely token (greedy); otherwise softmax(logits / temperature) is sampled.
-  """
+  """`num_tokens` ids after `prompt_tokens` (non-empty), each from the last `seq_len`: greedy at temperature 0."""
   prompt = np.asarray(prompt_tokens, np.int32).reshape(-1)
   if prompt.size == 0:
     raise ValueError("the prompt needs at least one token")
@@ -80,16 +69,11 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
 
 def load_model(config: Any, workdir: str, step: int | None = None, *, language_model: bool = False,
                model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[Model, PyTree, PyTree, int]:
-  """The model of `config` with the parameters and state of WORKDIR's checkpoint `step` (default: newest).
-
-  The state is built with the run's own step options (ZeRO-1 included), on this process's devices, so
-  every checkpoint the trainer writes restores; the parameters come back as one host copy. `model`, `task`,
-  `eval_data`: the objects the run was trained with in place of names (as given to `train_and_evaluate`).
-  """
+  """(model, params, model state, seq_len) of WORKDIR's checkpoint `step` (default: newest), as `restore.restore`
+  lays it out; `model`, `task`, `eval_data`: the objects the run was trained with in place of names."""
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
-  from jaxdp import objects as objects_lib
-  objects = objects_lib.Objects(model=model, task=task, eval_data=eval_data)
-  parts, state, step = restore.restore(config, workdir, step, objects=objects, call="jaxdp.sample.load_model")
+  parts, state, step = restore.restore(config, workdir, step, "jaxdp.sample.load_model", model=model, task=task,
+                                       eval_data=eval_data)
   if language_model:
     _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
   # stderr: stdout carries only the sampled text.
@@ -98,7 +82,7 @@ def load_model(config: Any, workdir: str, step: int | None = None, *, language_m
 
 
 def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
-  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload), which sampling needs."""
+  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload)."""
   if ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape) and ds.num_classes == VOCAB_SIZE:
     return
   raise ConfigError(f"the checkpoint in {workdir!r} is model {model_name!r} on {ds.name!r} (input {tuple(ds.input_shape)}, "
@@ -114,7 +98,6 @@ def main(argv: list[str]) -> int:
 
 
 def _sample_flags(parser: argparse.ArgumentParser) -> None:
-  """What to sample: the prompt, its length, the temperature, the seed."""
   parser.add_argument("--prompt", default="\n")
   parser.add_argument("--num_chars", type=int, default=500)
   parser.add_argument("--temperature", type=float, default=0.8)

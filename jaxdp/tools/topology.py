@@ -1,13 +1,5 @@
-"""Before renting a TPU slice: compile the real train step for it here (ahead of time) and report whether it fits.
-
-`python -m jaxdp.inspect --config C.py --topology v5e:4x4 [--max_batch] [--json]`. The step is the one
-training runs (`build.build` over the topology's devices instead of this machine's); libtpu (the `tpu` extra,
-`pip install -e ".[tpu]"`) compiles it for the slice without a TPU. Reported per chip: the bytes the step
-needs (XLA's memory analysis: arguments + temporaries + outputs not aliased to a donated argument), the
-chip's HBM (a table of TPU generations: a topology's devices report no memory), whether it fits and by how
-much, the collectives (kind, bytes), the FLOPs, and a roofline step time (compute at peak FLOP/s, HBM
-traffic at HBM bandwidth, collectives at ICI bandwidth; the largest bounds the step).
-"""
+"""`inspect --topology NAME [--max_batch]`: the real train step compiled ahead of time for a TPU slice (libtpu, the
+`tpu` extra) on this machine, and whether it fits the chips' HBM, with its collectives, FLOPs and a roofline."""
 
 import dataclasses
 import os
@@ -48,12 +40,7 @@ GENERATIONS = tuple(c.generation for c in CHIPS.values())
 _TPU_NAME = re.compile(rf"^({'|'.join(GENERATIONS)}):\d+x\d+(x\d+)?$")
 ACCEPTED = (f"GENERATION:AxB or GENERATION:AxBxC with GENERATION one of {', '.join(GENERATIONS)} "
             "(e.g. v5e:2x2, v5e:4x4, v6e:8x8, v4:2x2x1, v5p:4x4x4)")
-GPU_NAMES = ("gpu", "cuda", "rocm", *(name.lower() for name, _ in flops.GPU_PEAK_FLOPS))
-
-
-def is_gpu(name: str) -> bool:
-  """Whether a --topology name means GPUs (e.g. "h100:8", "gpu"), which JAX cannot compile for without one."""
-  return name.split(":")[0].split("x")[0].lower() in GPU_NAMES
+GPU_NAMES = ("gpu", "cuda", "rocm", *(name.lower() for name, _ in flops.GPU_PEAK_FLOPS))  # "h100:8", "gpu"
 
 
 def devices(name: str) -> list[jax.Device]:
@@ -115,7 +102,14 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   ops, _ = hlo.parse_compiled(compiled.as_text() or "" if compiled else "", n)
   collectives = {k: {"count": c["count"], "bytes": c["bytes"]} for k, c in hlo.tally(ops).items() if c["count"]}
   step_flops = flops.compiled_flops(compiled) if compiled else None
-  cost = flops.cost_analysis(compiled) if compiled else {}
+  cost, peak = flops.cost_analysis(compiled) if compiled else {}, flops.TPU_PEAK_FLOPS.get(kind)
+  hbm_traffic = cost.get("bytes accessed")
+  # Lower bounds of the step time: compute at peak, HBM traffic, ring collectives (`projection.ring_share`) at ICI.
+  bounds = {"compute_s": step_flops / peak if step_flops and peak else None,
+            "hbm_s": hbm_traffic / chip.hbm_bytes_per_s if hbm_traffic and chip else None,
+            "collectives_s": sum(projection.ring_share(k, n) * c["bytes"] for k, c in collectives.items())
+            / chip.ici_bytes_per_s if chip else None}
+  step_s = max((b for b in bounds.values() if b is not None), default=None)
   return {
       "topology": name, "device_kind": kind, "num_devices": n, "global_batch": parts.layout.global_batch,
       "per_device_batch": parts.layout.per_device_batch, "options": hlo.run_options(parts),
@@ -124,8 +118,7 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
       "fits": compiled is not None,
       "margin_bytes": None if needed is None or capacity is None else capacity - needed,
       "collectives": collectives, "flops_per_step": step_flops,
-      "roofline": roofline(step_flops, cost.get("bytes accessed"), collectives, n, flops.TPU_PEAK_FLOPS.get(kind),
-                           chip, cost.get("optimal_seconds")),
+      "roofline": {**bounds, "step_s": step_s, "xla_optimal_s": cost.get("optimal_seconds")},
   }
 
 
@@ -147,22 +140,6 @@ def _out_of_memory(message: str, arguments: int) -> tuple[int, int] | None:
     usable = _bytes(*m.group(3, 4))
     return usable + _bytes(*m.group(5, 6)), usable
   return None
-
-
-def collective_seconds(collectives: dict[str, dict], n: int, bytes_per_s: float) -> float:
-  """Ring algorithms (`projection.ring_share`): an all-reduce moves 2 (n-1)/n of its buffer per device."""
-  return sum(projection.ring_share(k, n) * c["bytes"] for k, c in collectives.items()) / bytes_per_s
-
-
-def roofline(step_flops: float | None, hbm_bytes: float | None, collectives: dict[str, dict], n: int,
-             peak: float | None, chip: Chip | None, xla_seconds: float | None = None) -> dict[str, float | None]:
-  """Lower bounds of the step time (s): compute, HBM traffic, collectives; the estimate is the largest of them."""
-  compute = step_flops / peak if step_flops and peak else None
-  memory = hbm_bytes / chip.hbm_bytes_per_s if hbm_bytes and chip else None
-  comm = collective_seconds(collectives, n, chip.ici_bytes_per_s) if chip else None
-  bounds = [b for b in (compute, memory, comm) if b is not None]
-  return {"compute_s": compute, "hbm_s": memory, "collectives_s": comm,
-          "step_s": max(bounds) if bounds else None, "xla_optimal_s": xla_seconds}
 
 
 def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
@@ -197,14 +174,10 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
 
 def format_report(r: dict[str, Any]) -> str:
   """The report as aligned text."""
-  size = units.binary_bytes
-  si = units.si
-  fit = ("unknown" if r["fits"] is None else
-         f"{'yes' if r['fits'] else 'NO'} ({size(abs(r['margin_bytes']))} {'to spare' if r['fits'] else 'short'})")
+  size, si, mem, roof = units.binary_bytes, units.si, r["memory"], r["roofline"]
+  fit = f"{'yes' if r['fits'] else 'NO'} ({size(abs(r['margin_bytes']))} {'to spare' if r['fits'] else 'short'})"
   if r["fits"] and r["margin_bytes"] < TIGHT * r["device_memory_bytes"]:
     fit += f"; tight: libtpu keeps part of the {size(r['device_memory_bytes'])} HBM of a {r['device_kind']} for itself"
-  mem = r["memory"]
-  roof = r["roofline"]
   lines = [
       f"jaxdp inspect --topology {r['topology']}: {r['num_devices']} x {r['device_kind']}, global batch "
       f"{r['global_batch']} = {r['num_devices']} x {r['per_device_batch']}"
@@ -228,9 +201,8 @@ def _ms(seconds: float | None) -> str:
 
 
 def slice_report(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:
-  """The --topology report (with --max_batch: of the largest batch that fits); None for a GPU name (after saying
-  why on stderr): the caller then reports this machine's devices."""
-  if is_gpu(name):
+  """The --topology report (--max_batch: of the largest batch that fits); None, said on stderr, for GPUs."""
+  if name.split(":")[0].split("x")[0].lower() in GPU_NAMES:  # JAX has no GPU topology to compile for.
     print(f"note: --topology {name}: JAX compiles for GPUs only on a host with that GPU (there is no GPU topology "
           f"description); showing the report for this machine's devices instead", file=sys.stderr)
     return None
