@@ -30,18 +30,15 @@ def fake_batch(shapes: dict[str, jax.ShapeDtypeStruct], seed: int = 0) -> dict[s
                  else rng.integers(0, 2, x.shape)).astype(x.dtype) for name, x in shapes.items()}
 
 
-def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, dict[str, jax.ShapeDtypeStruct]]:
-  """(state, batch) shapes laid out as the backend lays them out; batches as `preprocess.finish` makes them."""
+def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, Any]:
+  """(state, what a train step takes) shapes laid out as the backend lays them out: a block of one step."""
   backend, layout = parts.backend, parts.layout
+  spec = {k: jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for k, x in batch_shapes(parts.ds, 1).items()}
+  item = backend.abstract_item(spec, layout.process_batch, 1)
   if isinstance(backend, parallel.PmapBackend):  # One [local_devices] axis in front of everything.
     n = len(backend.local_devices)
-    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype), abstract)
-    batch = {k: jax.ShapeDtypeStruct((n, *x.shape), x.dtype)
-             for k, x in batch_shapes(parts.ds, layout.process_batch // n).items()}
-    return state, batch
-  batch = {k: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=backend.sharded)
-           for k, x in batch_shapes(parts.ds, layout.global_batch).items()}
-  return backend.abstract_global(abstract), batch
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct((n, *x.shape), x.dtype), abstract), item
+  return backend.abstract_global(abstract), item
 
 
 def run_options(parts: build.Parts) -> dict[str, Any]:

@@ -48,8 +48,9 @@ def analyze(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return report
 
 
-def _per_device(backend: parallel.Backend, abstract: Any, state: Any, batch: dict) -> dict[str, int]:
-  """What one device holds of the state (mesh: its shards; pmap: one copy) and of the batch."""
+def _per_device(backend: parallel.Backend, abstract: Any, state: Any, item: tuple) -> dict[str, int]:
+  """What one device holds of the state (mesh: its shards; pmap: one copy) and of a step's batch (a block of one)."""
+  batch = item[0]
   if isinstance(backend, parallel.PmapBackend):  # Leaves carry a [local_devices] axis: a device holds one row.
     state, batch = abstract, {k: jax.ShapeDtypeStruct(x.shape[1:], x.dtype) for k, x in batch.items()}
   size = summary.tree_bytes
