@@ -17,7 +17,6 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxdp.config import Layout
-from jaxdp.strategies import zero1_layout
 from jaxdp.tasks.base import reduce_rows
 
 PyTree = Any
@@ -85,18 +84,14 @@ class Strategy(abc.ABC):
     del config, layout
 
   def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
-    """`wanted.opt_state` (of an abstract TrainState) shaped as a checkpoint stores it, to read it with.
-
-    Any strategy may resume a checkpoint whose optimizer state another device count or strategy laid out;
-    ZeRO-1's padded flat leaves are the one layout that differs from the parameters' shapes, so by default
-    its layout module reads them. `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at
-    `path`, or None. Returns `wanted.opt_state` itself when nothing needs re-laying.
-    """
-    return zero1_layout.stored_layout(wanted, stored_leaf)
+    """`wanted.opt_state` (of an abstract TrainState) as a checkpoint holds it: a replicated state, as it is."""
+    del stored_leaf  # `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at `path`, or None.
+    return wanted.opt_state
 
   def relayout_opt_state(self, opt_state: PyTree, wanted: PyTree, shardings: PyTree) -> PyTree:
     """Optimizer state read as `stored_opt_layout` said -> this run's layout (`wanted.opt_state`'s), placed."""
-    return zero1_layout.relayout(opt_state, wanted, shardings)
+    del wanted, shardings  # Read in this run's layout already.
+    return opt_state
 
   def init_opt_state(self, tx: optax.GradientTransformation, params: PyTree) -> PyTree:
     """The optimizer state for fresh parameters, in the layout `apply` expects."""
