@@ -51,6 +51,7 @@ REMOVED = {
     "parallel.flat_allreduce": "the gradient is all-reduced leaf by leaf everywhere",
     "parallel.bucket_bytes": "the gradient is all-reduced leaf by leaf everywhere",
     "dataset.shuffle_buffer": "a TFRecord-only dataset is converted (python -m jaxdp.data.convert), never streamed",
+    "label_smoothing": "a task argument now: config.task.label_smoothing",
 }
 
 
@@ -144,7 +145,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
   _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
-  _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
   _number(config, "parallel.block_mb", lambda v: v >= 0, "a number >= 0 (0: one transfer per step)")
   resident_mb = config.parallel.resident_mb
   if resident_mb != "auto" and not mib(resident_mb) >= 0:
