@@ -41,12 +41,9 @@ class DataParallel(Strategy):
 
 def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis,
                     k: int) -> Gradients:
-  """Metric sums (by kind), new model state and gradient sum over this replica's slice, with no communication.
-
-  With k > 1 the slice is cut into k micro-batches, run one after another, and their sums are added
-  locally (DDP's `no_sync`): the all-reduce still happens once. Micro-batch i of device d draws its
-  randomness (dropout) from `fold_in(rng, d * k + i)`: its place in the global batch.
-  """
+  """Metric sums (by kind), new model state and gradient sum over this replica's k micro-batches, uncommunicated."""
+  # The k sums add up locally (DDP's `no_sync`), so the all-reduce still happens once. Micro-batch i of device d
+  # draws its randomness (dropout) from `fold_in(rng, d * k + i)`: its place in the global batch.
   params, first = axis.vary(state.params), lax.axis_index(axis.name) * k
   if k == 1:
     (_, (metrics, model_state)), grads = grad_fn(params, state.model_state, batch, jax.random.fold_in(rng, first))
