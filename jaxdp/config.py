@@ -53,6 +53,7 @@ REMOVED = {
     "dataset.shuffle_buffer": "a TFRecord-only dataset is converted (python -m jaxdp.data.convert), never streamed",
     "parallel.block_mb": "batches with nothing to decode travel in blocks of a fixed size: jaxdp.feed",
     "parallel.resident_mb": "a train split is no longer held on the devices: docs/design-notes.md#one-feeder",
+    "label_smoothing": "a task argument now: config.task.label_smoothing",
 }
 
 
@@ -146,7 +147,6 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
     raise ConfigError(f"grad_accum_steps ({accum!r}) must be a positive divisor of the per-device batch "
                       f"({layout.per_device_batch})")
   _number(config, "max_grad_norm", lambda v: v >= 0, "a number >= 0 (0: no clipping)")
-  _number(config, "label_smoothing", lambda v: 0 <= v < 1, "a number in [0, 1)")
   for key, value in (("dtype", config.dtype), ("parallel.allreduce_dtype", config.parallel.allreduce_dtype)):
     if value not in DTYPES:
       raise ConfigError(f"unknown {key} {value!r} (choose from {', '.join(DTYPES)})")

@@ -38,7 +38,6 @@ def test_the_defaults_pass_and_give_the_layout():
     ("grad_accum_steps", 0, "grad_accum_steps (0)"),
     ("max_grad_norm", -1.0, "max_grad_norm must be a number >= 0"),
     ("max_grad_norm", "1", "max_grad_norm must be a number >= 0 (0: no clipping), got '1'"),
-    ("label_smoothing", 1.0, "label_smoothing must be a number in [0, 1), got 1.0"),
     ("parallel.prefetch", 0, "parallel.prefetch must be a positive integer, got 0"),
     ("dtype", "float8", "unknown dtype 'float8'"),
     ("parallel.allreduce_dtype", "int8", "unknown parallel.allreduce_dtype 'int8'"),
@@ -49,7 +48,7 @@ def test_each_bad_value_is_one_config_error_naming_it(key, value, named):
   assert named in str(e.value)
 
 
-@pytest.mark.parametrize("key, value", [("parallel.prefetch", 1), ("max_grad_norm", 0), ("label_smoothing", 0.1),
+@pytest.mark.parametrize("key, value", [("parallel.prefetch", 1), ("max_grad_norm", 0),
                                         ("eval_batch_size", 16), ("grad_accum_steps", 16), ("dtype", "bfloat16")])
 def test_good_edge_values_pass(key, value):
   config_lib.validate(_config(key, value), num_devices=8, num_processes=1)

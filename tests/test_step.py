@@ -103,9 +103,8 @@ def test_running_statistics_are_averaged_over_replicas(config):
 
 def test_label_smoothing_trains_against_smoothed_targets(config):
   # SGD, lr 1, 8 devices: the update is the full-batch gradient of the smoothed loss, computed here by hand.
-  config.label_smoothing = 0.2
   model, tx, batch, init = _setup(config, "sgd")
-  state, s = init(), config.label_smoothing
+  state, s = init(), 0.2
   task = tasks.Classification(label_smoothing=s)
 
   def loss(params):

@@ -167,6 +167,16 @@ def test_a_stored_leaf_of_another_dtype_keeps_the_wanted_layout_so_that_the_rest
   assert jax.tree.map(lambda x: x.shape, (adam.mu, adam.nu)) == ({"b": (3,), "w": (3, 5)}, {"b": (8,), "w": (16,)})
 
 
+def test_a_replicated_strategy_of_its_own_reads_a_zero1_optimizer_state_as_stored():
+  """The base strategy's layout is a replicated state's: nothing is re-laid, so the checkpoint's check names the leaf."""
+  params = {"w": jnp.zeros((3, 5)), "b": jnp.zeros(3)}
+  stored = (optax.ScaleByAdamState(count=jnp.int32(3), mu=zero1_layout.flatten(params, 8),
+                                   nu=zero1_layout.flatten(params, 8)), optax.EmptyState())
+  strategy = strategies.Invariant(strategies.StrategyOptions(num_shards=1))
+  wanted = _wanted(strategy, optax.adam(0.1), params)
+  assert _as_stored(strategy, wanted, stored) is wanted.opt_state
+
+
 @pytest.mark.parametrize("zero1", [False, True])
 def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config, zero1):
   """The first step's loss and accuracy (before any update) are the batch's, however many micro-batches ran."""

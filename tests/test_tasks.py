@@ -11,6 +11,7 @@ from flax import nnx
 import my_tasks
 import runs
 from jaxdp import build, checkpoint, data, tasks, train
+from jaxdp import config as config_lib
 from jaxdp.batch import INDEX, REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import default, mlp_digits
@@ -228,7 +229,7 @@ def test_r2_center_may_be_set_and_does_not_change_r2_where_float32_holds():
 def test_tasks_get_names_unknown_tasks_and_fields_in_one_line_and_keeps_label_smoothing():
   facts = type("Facts", (), {"float_labels": False})()
   config = default.get_config()
-  config.label_smoothing = 0.1
+  config.task.label_smoothing = 0.1
   assert tasks.get(config, facts) == tasks.Classification(label_smoothing=0.1)
   assert tasks.resolve(config, facts).describe() == "classification (inferred from integer labels)"
   config.task.name = "next_token"
@@ -290,30 +291,47 @@ def test_a_task_taking_kwargs_is_given_every_field(passed):
   assert sorted(got) == ["anything", "scale"] and got["anything"].tolist() == [0.5] * 6
 
 
-def test_top_level_label_smoothing_defaults_the_classification_field_only_however_the_task_is_reached():
-  """One rule: config.label_smoothing is the default of Classification's (and its subclasses') own field, named,
-  inferred or passed as a class; config.task.label_smoothing wins over it; no other task receives it."""
+def test_label_smoothing_is_a_task_argument_however_the_task_is_reached():
+  """config.task.label_smoothing is Classification's (and its subclasses') keyword argument, named, inferred or
+  passed as a class, and a task function's of its own; a task without one refuses it; the top-level key is gone."""
   config = default.get_config()
-  config.label_smoothing = 0.1
-  for name in ("", "classification", "my_tasks:MyClassification"):
-    config.task.name = name
-    assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.1, name
-  assert tasks.get(config, INTEGER_LABELS, task=my_tasks.MyClassification).label_smoothing == 0.1
-  assert tasks.get(config, INTEGER_LABELS, task=tasks.NextToken) == tasks.NextToken(label_smoothing=0.1)
-  config.task.label_smoothing = 0.2  # The task's own field, set: the top-level default gives way.
+  config.task.label_smoothing = 0.2
   for name in ("", "classification", "next_token", "my_tasks:MyClassification"):
     config.task.name = name
     assert tasks.get(config, INTEGER_LABELS).label_smoothing == 0.2, name
   assert tasks.get(config, INTEGER_LABELS, task=tasks.Classification).label_smoothing == 0.2
-  # A function with a label_smoothing field of its own: the same value named or passed, never the top-level one.
+  assert tasks.get(config, INTEGER_LABELS, task=tasks.NextToken) == tasks.NextToken(label_smoothing=0.2)
+  assert tasks.get(default.get_config(), INTEGER_LABELS).label_smoothing == 0.0  # The task's own default.
+  # A function with a label_smoothing field of its own: the same value named or passed.
   for task_fields, want in (({}, 0.0), ({"label_smoothing": 0.3}, 0.3)):
     config = default.get_config()
-    config.label_smoothing = 0.1
     config.task.update(task_fields)
     passed = tasks.get(config, INTEGER_LABELS, task=my_tasks.smoothed)
     config.task.name = "my_tasks:smoothed"
     named = tasks.get(config, INTEGER_LABELS)
     assert [_loss_and_metrics(t)[1]["smoothing"][0] for t in (passed, named)] == [np.float32(want)] * 2, task_fields
+  config = default.get_config()
+  config.task.name, config.task.label_smoothing = "regression", 0.1
+  with pytest.raises(ConfigError, match=r"task 'regression' takes no field config\.task\.label_smoothing"):
+    tasks.get(config, INTEGER_LABELS)
+  config.task.name, config.task.label_smoothing = "classification", 1.0
+  with pytest.raises(ConfigError, match=r"^task\.label_smoothing must be a number in \[0, 1\), got 1\.0$"):
+    tasks.get(config, INTEGER_LABELS)
+  with pytest.raises(ConfigError, match="config key 'label_smoothing' was removed .*config.task.label_smoothing"):
+    config_lib.with_defaults(ml_collections.ConfigDict({"label_smoothing": 0.1}))
+
+
+def test_label_smoothing_shapes_the_train_loss_only_the_eval_loss_stays_plain():
+  config = default.get_config()
+  config.task.label_smoothing = 0.3
+  task = tasks.get(config, INTEGER_LABELS)
+  logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5))
+  labels = jnp.arange(6) % 5
+  plain = np.asarray(cross_entropy(logits, labels))
+  np.testing.assert_allclose(task.loss(logits, labels, train=False), plain, rtol=1e-6)
+  assert np.all(np.asarray(task.loss(logits, labels, train=True)) != plain)  # Smoothed: every example moved.
+  got = _evaluated(task, logits.reshape(2, 3, 5), labels.reshape(2, 3), jnp.ones((2, 3), bool))
+  np.testing.assert_allclose(got["eval/loss"], plain.mean(), rtol=1e-6)
 
 
 def test_metric_keys_that_become_one_name_are_refused_naming_them():

@@ -20,7 +20,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.nesterov = False            # Nesterov momentum (the "momentum" optimizer only).
   config.weight_decay = 0.0          # Decoupled where the optimizer takes weight_decay (adamw, lion), L2 otherwise.
   config.weight_decay_mask = "rank>=2"  # Which decay: rank>=2 (not biases, norm scales) | all | a regex on param paths.
-  config.label_smoothing = 0.0       # Train loss against smoothed labels (ImageNet recipe: 0.1); eval loss stays plain.
   config.max_grad_norm = 0.0         # Clip the all-reduced gradient to this global norm (also under ZeRO-1); 0: off.
   config.lr_schedule = "constant"    # constant | cosine (cosine decays to 0 at num_train_steps).
   config.warmup_steps = 0            # Linear warmup steps before the schedule.
@@ -67,7 +66,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.task = ml_collections.ConfigDict()
   # classification | next_token | regression | "package.module:function_or_Class"; "": from the dataset (float
-  # labels: regression, else classification). Other fields are the task's keyword arguments (docs/tasks.md).
+  # labels: regression, else classification). Other fields are the task's keyword arguments (docs/tasks.md), such
+  # as classification's label_smoothing (train loss against smoothed labels; eval loss stays plain).
   config.task.name = ""
 
   config.model = ml_collections.ConfigDict()

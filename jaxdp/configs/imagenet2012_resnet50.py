@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 1e-4         # L2 on the weights ...
   config.weight_decay_mask = "rank>=2"  # ... of convolutions and dense layers only: not BatchNorm, not biases.
   config.lr_schedule = "cosine"
-  config.label_smoothing = 0.1       # Train loss against labels smoothed by 0.1.
+  config.task.label_smoothing = 0.1  # Train loss against labels smoothed by 0.1 (classification's argument).
   config.warmup_steps = 5 * STEPS_PER_EPOCH
   config.num_train_steps = EPOCHS * STEPS_PER_EPOCH
   config.dtype = "bfloat16"          # Mixed precision: bfloat16 compute, float32 parameters.

@@ -17,7 +17,6 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxdp.config import Layout
-from jaxdp.strategies import zero1_layout
 from jaxdp.tasks.base import reduce_rows
 
 PyTree = Any
@@ -36,17 +35,15 @@ Gradients = tuple[Scalars, PyTree, PyTree]
 
 @dataclasses.dataclass(frozen=True)
 class DataAxis:
-  """The device axis a per-replica step reduces over.
-
-  Under shard_map, parameters replicated with P() are "invariant", and `jax.grad` of a per-device loss
-  with respect to them already sums over devices; a pmean after that would give N times the gradient.
-  `mark_varying` tells JAX the parameters may differ per device, so `grad` stays local and the one
-  explicit pmean is the only all-reduce. Under pmap there is no such tracking, so it is off.
-  """
+  """The device axis a per-replica step reduces over."""
   name: str = "data"
+  # Under shard_map, `jax.grad` with respect to parameters replicated with P() ("invariant") already sums over the
+  # devices, and the strategy's own reduction would then give N times the gradient. Marked varying, `grad` stays
+  # local and the strategy's reduction is the only one. pmap tracks no such thing: off there.
   mark_varying: bool = False
 
   def vary(self, tree: PyTree) -> PyTree:
+    """`tree` marked as varying over the axis (when `mark_varying`)."""
     if not self.mark_varying:
       return tree
     return jax.tree.map(lambda x: lax.pcast(x, self.name, to="varying"), tree)
@@ -85,18 +82,14 @@ class Strategy(abc.ABC):
     del config, layout
 
   def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
-    """`wanted.opt_state` (of an abstract TrainState) shaped as a checkpoint stores it, to read it with.
-
-    Any strategy may resume a checkpoint whose optimizer state another device count or strategy laid out;
-    ZeRO-1's padded flat leaves are the one layout that differs from the parameters' shapes, so by default
-    its layout module reads them. `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at
-    `path`, or None. Returns `wanted.opt_state` itself when nothing needs re-laying.
-    """
-    return zero1_layout.stored_layout(wanted, stored_leaf)
+    """`wanted.opt_state` (of an abstract TrainState) as a checkpoint holds it: a replicated state, as it is."""
+    del stored_leaf  # `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at `path`, or None.
+    return wanted.opt_state
 
   def relayout_opt_state(self, opt_state: PyTree, wanted: PyTree, shardings: PyTree) -> PyTree:
     """Optimizer state read as `stored_opt_layout` said -> this run's layout (`wanted.opt_state`'s), placed."""
-    return zero1_layout.relayout(opt_state, wanted, shardings)
+    del wanted, shardings  # Read in this run's layout already.
+    return opt_state
 
   def init_opt_state(self, tx: optax.GradientTransformation, params: PyTree) -> PyTree:
     """The optimizer state for fresh parameters, in the layout `apply` expects."""
@@ -122,10 +115,7 @@ class Strategy(abc.ABC):
 
   def apply(self, state: Any, grads: PyTree, tx: optax.GradientTransformation,
             axis: DataAxis) -> tuple[PyTree, PyTree]:
-    """New (params, opt_state) from the reduced gradient, identical on every replica.
-
-    By default the same optax update of the replicated parameters on every replica.
-    """
+    """New (params, opt_state) from the reduced gradient, identical on every replica."""
     del axis  # Every replica applies the same update to the same parameters.
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), opt_state
@@ -137,25 +127,18 @@ class Strategy(abc.ABC):
 
 
 def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
-  """[rows] on each replica -> the [N * rows] of the global batch on every replica, bit for bit.
-
-  A psum of zeros and one replica's values is exact, so the result (and a sum over it) does not depend on
-  the device count, unlike a psum of per-device sums, whose rounding does. (A -inf of a padded row's
-  maximum plus zeros stays -inf.)
-  """
+  """[rows] on each replica -> the [N * rows] of the global batch on every replica, bit for bit."""
+  # A psum of zeros and one replica's values is exact, so a sum over the result does not depend on the device
+  # count, as a psum of per-device sums would (by its rounding). A padded row's -inf maximum plus zeros stays -inf.
   n, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
   placed = lax.dynamic_update_slice(jnp.zeros((n * rows.shape[0],), rows.dtype), rows, (i * rows.shape[0],))
   return lax.psum(placed, axis_name)
 
 
 def all_finite(tree: PyTree) -> jax.Array:
-  """True when every element of every leaf is finite (False also if their float32 sum overflows).
-
-  A NaN or Inf in any element makes the sum non-finite, so one fused reduction per leaf decides; an
-  `isfinite` per element materializes a boolean copy of the gradient and reduces it in a second pass
-  (docs/design-notes.md#finite-check). The sum overflows only for elements around 1e38 / size, which no
-  update should apply either.
-  """
+  """True when every element of every leaf is finite (False also if their float32 sum overflows)."""
+  # One fused sum per leaf, not an `isfinite` per element and its boolean copy (docs/design-notes.md#finite-check).
+  # The sum overflows only for elements around 1e38 / size, which no update should apply either.
   return jnp.isfinite(sum(jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(tree)))
 
 
@@ -171,10 +154,10 @@ def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
 
 def integers_of_replica_zero(tree: PyTree, axis_name: str) -> PyTree:
   """Non-float leaves (e.g. counters) as replica 0 has them, on every replica; float leaves as they are."""
-  return jax.tree.map(lambda x: x if is_float(x) else replica_zero(x, axis_name), tree)
+  return jax.tree.map(lambda x: x if is_float(x) else _replica_zero(x, axis_name), tree)
 
 
-def replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
+def _replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
   """Replica 0's `x` on every replica, exactly (a psum of it and zeros); an integer is never averaged."""
   wide = jnp.int32 if x.dtype == jnp.bool_ else x.dtype  # psum takes no bool.
   mine = jnp.where(lax.axis_index(axis_name) == 0, x.astype(wide), jnp.zeros_like(x, wide))

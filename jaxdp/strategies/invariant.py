@@ -103,10 +103,8 @@ def _integers_from(source: PyTree, floats: PyTree) -> PyTree:
 
 
 def _shard_total(x: jax.Array) -> jax.Array:
-  """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer's value after the last piece.
-
-  An integer (a step counter) is state, not a statistic: summed, it would grow with the piece count.
-  """
+  """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer's value after the last piece."""
+  # An integer (a step counter) is state, not a statistic: summed, it would grow with the piece count.
   return _sequential_sum(x) if is_float(x) else x[:, -1]
 
 

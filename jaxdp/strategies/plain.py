@@ -1,9 +1,13 @@
 """Plain data parallelism (PyTorch DDP): local gradient sums, one all-reduce, the same update everywhere."""
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxdp.strategies import zero1_layout
 from jaxdp.strategies.base import (DataAxis, Gradients, GradFn, PyTree, Strategy, integers_of_replica_zero,
                                    micro_batches, pmean_floats, reduce_metrics)
 from jaxdp.tasks.base import combine
@@ -11,6 +15,14 @@ from jaxdp.tasks.base import combine
 
 class DataParallel(Strategy):
   """Each replica's gradient sum (over `accum_steps` micro-batches) is summed over replicas by one all-reduce."""
+
+  # `parallel.shard_optimizer_state` (ZeRO-1, this class's subclass) and the device count under it may change on a
+  # resume: either layout of the optimizer state is re-laid into the other by ZeRO-1's layout module.
+  def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
+    return zero1_layout.stored_layout(wanted, stored_leaf)
+
+  def relayout_opt_state(self, opt_state: PyTree, wanted: PyTree, shardings: PyTree) -> PyTree:
+    return zero1_layout.relayout(opt_state, wanted, shardings)
 
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
     metrics, model_state, grads = local_gradients(grad_fn, state, batch, rng, axis, self.options.accum_steps)
@@ -29,12 +41,9 @@ class DataParallel(Strategy):
 
 def local_gradients(grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis,
                     k: int) -> Gradients:
-  """Metric sums (by kind), new model state and gradient sum over this replica's slice, with no communication.
-
-  With k > 1 the slice is cut into k micro-batches, run one after another, and their sums are added
-  locally (DDP's `no_sync`): the all-reduce still happens once. Micro-batch i of device d draws its
-  randomness (dropout) from `fold_in(rng, d * k + i)`: its place in the global batch.
-  """
+  """Metric sums (by kind), new model state and gradient sum over this replica's k micro-batches, uncommunicated."""
+  # The k sums add up locally (DDP's `no_sync`), so the all-reduce still happens once. Micro-batch i of device d
+  # draws its randomness (dropout) from `fold_in(rng, d * k + i)`: its place in the global batch.
   params, first = axis.vary(state.params), lax.axis_index(axis.name) * k
   if k == 1:
     (_, (metrics, model_state)), grads = grad_fn(params, state.model_state, batch, jax.random.fold_in(rng, first))

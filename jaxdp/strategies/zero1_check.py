@@ -22,10 +22,7 @@ _STEPS = 2                  # Updates probed at each scale: the second one reads
 
 
 def refusal(tx: optax.GradientTransformation, params: PyTree, n: int) -> str | None:
-  """Why `tx` cannot run sharded over `n` devices ("its state depends on ..."), or None when it can.
-
-  `params`: the parameters' shapes (`jax.ShapeDtypeStruct`s) or values; only their shapes and structure are read.
-  """
+  """Why `tx` cannot run sharded over `n` devices ("its state depends on ..."), or None; `params` may be abstract."""
   try:
     return _state_refusal(tx, params, n) or _update_refusal(tx, params, n)
   except Exception as e:  # An optimizer that needs more than (updates, state, params) cannot be shown elementwise.

@@ -1,10 +1,8 @@
 """ZeRO-1's layout: each parameter leaf raveled and zero-padded to a multiple of N, sharded P('data').
 
-The strategy that uses it is `jaxdp.strategies.zero1.ZeRO1`. Checkpoints hold optimizer state in the
-layout of the run that wrote them: `stored_layout` and `relayout` read one written on N devices (or
-without ZeRO-1) into this run's layout (padded for M devices, or in the parameters' shapes without
-ZeRO-1), so elementwise optimizers resume exactly; the checkpoint reaches them through the strategy
-(`Strategy.stored_opt_layout`, `Strategy.relayout_opt_state`).
+A checkpoint holds the optimizer state in its writer's layout: `stored_layout` and `relayout` read one written
+with ZeRO-1 on N devices or without it into this run's (padded for M devices, or in the parameters' shapes), so
+elementwise optimizers resume exactly; plain data parallelism and ZeRO-1 call them (`DataParallel.stored_opt_layout`).
 """
 
 from collections.abc import Callable
@@ -42,17 +40,13 @@ def state_specs(abstract_state: State) -> PyTree:
 
 
 def stored_layout(wanted: State, stored_leaf: Callable[[Path], Any]) -> PyTree:
-  """`wanted.opt_state` with each parameter mirror shaped as stored; `wanted.opt_state` itself when none differs.
-
-  `stored_leaf(path)` is the stored metadata (shape, dtype) of the opt_state leaf at `path`, or None. A leaf
-  keeps its wanted shape when the stored one cannot be re-laid, so that the shape check names it.
-  """
+  """`wanted.opt_state` with each parameter mirror shaped as `stored_leaf(path)` says; itself when none differs."""
   changed = []
 
   def leaf(path: Path, x: Any, p: Any) -> Any:
     s = stored_leaf(path)
     if s is None or tuple(s.shape) == tuple(x.shape) or not _relayable(s, x, p):
-      return x
+      return x  # As wanted: a stored leaf that cannot be re-laid is then named by the checkpoint's shape check.
     changed.append(path)
     return jax.ShapeDtypeStruct(tuple(s.shape), x.dtype)
 
@@ -62,15 +56,13 @@ def stored_layout(wanted: State, stored_leaf: Callable[[Path], Any]) -> PyTree:
 
 
 def relayout(opt_state: PyTree, wanted: State, shardings: PyTree) -> PyTree:
-  """Restored `opt_state` (stored layout) -> `wanted.opt_state`'s layout, placed with `shardings`.
-
-  A wanted leaf not in its parameter's shape is ZeRO-1's for this run's N: `flatten`'s zero padding up to its size.
-  """
+  """Restored `opt_state` (stored layout) -> `wanted.opt_state`'s layout, placed with `shardings`."""
 
   def lay(s: jax.Array, x: Any, p: Any) -> jax.Array:
     if s.shape == x.shape:
       return s
     canonical = s if s.shape == p.shape else unflatten(s, p)
+    # A wanted leaf not in its parameter's shape is ZeRO-1's for this run's N: `flatten`'s zero padding.
     return canonical if x.shape == p.shape else jnp.pad(canonical.reshape(-1), (0, x.size - p.size))
 
   def relay(source: PyTree) -> PyTree:

@@ -3,8 +3,6 @@
 Built-ins (`classification`, `next_token`, `regression`) use the same seam as a user's task, named by
 `config.task.name = "package.module:function_or_Class"` or passed as an object (`build.build(task=)`).
 Either way the other `config.task.*` fields are the task's keyword arguments, checked against its signature.
-The top-level `label_smoothing` is the default of one field only: `Classification.label_smoothing` (so of
-`next_token` and of a user's subclass too), however the class is reached; no other task ever receives it.
 """
 
 import dataclasses
@@ -51,10 +49,7 @@ def get(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets
 
 
 def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets: Targets | None = None) -> Resolved:
-  """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field.
-
-  `targets`: the first targets of the data, read only for a `Regression` whose `center` is not set.
-  """
+  """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field."""
   resolved = _resolve(config, facts, task)
   if isinstance(resolved.task, Regression) and resolved.task.center is None and targets is not None:
     resolved = dataclasses.replace(resolved, task=resolved.task.centered(targets()))
@@ -64,24 +59,17 @@ def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, tar
 def _resolve(config: ml_collections.ConfigDict, facts: Any, task: Any) -> Resolved:
   """`resolve` before any field is taken from the data."""
   kwargs = {k: v for k, v in config.task.to_dict().items() if k != "name"}
-  if task is not None:
+  if task is not None:  # Its fields are bound and checked as a named task's are.
     if not callable(task):
       raise ConfigError(f"task {task!r} is not callable: pass a function task(model, batch) or a task object")
-    name = objects.object_name(task)
-    if inspect.isclass(task):
-      return Resolved(_build(task, kwargs, config, name), name, "passed from Python")
-    if kwargs:  # Bound and checked as a named task's are.
-      task = _bind(task, kwargs, name)
-    return Resolved(task, name, "passed from Python")
-  name = config.task.name
-  origin = "config.task.name"
-  if not name:
-    name = "regression" if getattr(facts, "float_labels", False) else "classification"
-    origin = f"inferred from {'float' if name == 'regression' else 'integer'} labels"
-  target = BUILTIN.get(name) or _import(name)
-  if inspect.isclass(target):
-    return Resolved(_build(target, kwargs, config, name), name, origin)
-  return Resolved(_bind(target, kwargs, name), name, origin)
+    target, name, origin = task, objects.object_name(task), "passed from Python"
+  else:
+    name, origin = config.task.name, "config.task.name"
+    if not name:
+      name = "regression" if getattr(facts, "float_labels", False) else "classification"
+      origin = f"inferred from {'float' if name == 'regression' else 'integer'} labels"
+    target = BUILTIN.get(name) or _import(name)
+  return Resolved((_build if inspect.isclass(target) else _bind)(target, kwargs, name), name, origin)
 
 
 def headline(task: Any) -> tuple[str, ...]:
@@ -98,13 +86,6 @@ def _import(name: str) -> Any:
   return target
 
 
-def _with_smoothing(cls: type, kwargs: dict, config: ml_collections.ConfigDict) -> dict:
-  """The top-level `label_smoothing` as the default of `Classification.label_smoothing` (its subclasses' too)."""
-  if issubclass(cls, Classification) and "label_smoothing" not in kwargs:  # config.task.label_smoothing wins.
-    return {**kwargs, "label_smoothing": float(config.label_smoothing)}
-  return kwargs
-
-
 def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) -> None:
   if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
     return
@@ -115,18 +96,17 @@ def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) ->
                       f"(its keyword arguments: {accepted})")
 
 
-def _build(cls: type, kwargs: dict, config: ml_collections.ConfigDict, name: str) -> Task:
+def _build(cls: type, kwargs: dict, name: str) -> Task:
   """A task class built with the config's `task.*` fields as its keyword arguments."""
-  parameters = dict(inspect.signature(cls).parameters)
-  kwargs = _with_smoothing(cls, kwargs, config)
-  _check(parameters, kwargs, name)
+  _check(dict(inspect.signature(cls).parameters), kwargs, name)
   return cls(**kwargs)
 
 
 def _bind(fn: Any, kwargs: dict, name: str) -> Task:
   """A task function with the config's `task.*` fields bound as keyword arguments (after model, batch)."""
-  parameters = dict(list(inspect.signature(fn).parameters.items())[2:])
-  _check(parameters, kwargs, name)
-  return functools.update_wrapper(functools.partial(fn, **kwargs), fn) if kwargs else fn
+  if not kwargs:
+    return fn
+  _check(dict(list(inspect.signature(fn).parameters.items())[2:]), kwargs, name)
+  return functools.update_wrapper(functools.partial(fn, **kwargs), fn)
 
 

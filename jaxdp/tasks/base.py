@@ -85,11 +85,7 @@ def _colliding(metrics: Mapping[Any, Any]) -> list[Any]:
 
 
 def by_kind(metrics: Mapping[str, Metric]) -> dict[str, dict[str, jax.Array]]:
-  """A micro-batch's metrics as mergeable float32 scalars, `per_row`'s groups over all its rows (the strategies' input).
-
-  {"mean": {name: Σ w·v}, "weight": {name: Σ w}, "sum": {name: Σ w·v}, "max": {name: max}}: sums add over
-  micro-batches and devices, maxima max, and a mean is divided once, over the global batch (`means`).
-  """
+  """A micro-batch's metrics as mergeable float32 scalars (`strategies.base.Scalars`): `per_row` over all rows."""
   rows = per_row(metrics, jnp.ones(jnp.shape(metrics["loss"].values)[:1], bool))
   return {group: {k: reduce_rows(group, v) for k, v in rows[group].items()} for group in GROUPS}
 
@@ -111,13 +107,9 @@ def reduce_rows(group: str, rows: jax.Array) -> jax.Array:
 
 
 def per_row(metrics: Mapping[str, Metric], real: jax.Array) -> dict[str, Any]:
-  """Each metric per row over its elements, real rows only, as the strategies sum (and max) rows.
-
-  {"mean": {name: Σ w·v}, "weight": {name: Σ w}, "sum": {name: Σ v·w}, "max": {name: max}, "num_examples"}:
-  each [B]. Padded rows give 0 (max: -inf), whatever the task computed on them. No gradient flows through a
-  weight: it says how much an element counts, as a mask does.
-  """
-  out: dict[str, Any] = {"mean": {}, "weight": {}, "sum": {}, "max": {}, "num_examples": real.astype(jnp.int32)}
+  """Each metric's GROUPS per row ([B]) over its elements, and "num_examples"; a padded row 0 (max: -inf)."""
+  # No gradient flows through a weight: it says how much an element counts, as a mask does.
+  out: dict[str, Any] = {**{group: {} for group in GROUPS}, "num_examples": real.astype(jnp.int32)}
   for name, m in metrics.items():
     v = m.values.astype(jnp.float32)
     mask = jnp.broadcast_to(real.reshape(real.shape + (1,) * (v.ndim - 1)), v.shape)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxdp.config import ConfigError
 from jaxdp.tasks.base import BoundModel
 
 
@@ -28,6 +29,11 @@ class Classification:
   """`model(batch["inputs"])` -> logits vs `batch["labels"]` ([B], or [B, T]: one target per token)."""
   label_smoothing: float = 0.0  # Train loss against (1 - s) one-hot + s / classes; eval loss stays plain.
   headline = ("accuracy",)
+
+  def __post_init__(self) -> None:
+    s = self.label_smoothing
+    if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < 1:
+      raise ConfigError(f"task.label_smoothing must be a number in [0, 1), got {s!r}")
 
   def __call__(self, model: BoundModel, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
     logits, labels = model(batch["inputs"]), batch["labels"]
