@@ -60,7 +60,8 @@ REMOVED = {
                                        "python -m jaxdp.launch sets it",
     "distributed.num_processes": "set JAXDP_NUM_PROCESSES (or JAX_NUM_PROCESSES); python -m jaxdp.launch sets it",
     "distributed.process_id": "set JAXDP_PROCESS_ID (or JAX_PROCESS_ID); python -m jaxdp.launch sets it",
-    "distributed.auto_detect": "JAX's cluster detection is always on, and joins only a run it finds several processes in",
+    "distributed.auto_detect": "JAX's cluster detection is always on; it joins a run only where it finds several "
+                               "processes",
     "distributed.init_timeout_s": "a constant now (300 s: runtime/distributed.py's INIT_TIMEOUT_S)",
     "distributed.heartbeat_timeout_s": "a constant now (100 s: runtime/distributed.py's HEARTBEAT_TIMEOUT_S)",
 }
