@@ -187,6 +187,7 @@ def test_the_python_api_writes_jaxdps_compilation_cache_after_jax_compiled(confi
   before = jax.config.jax_compilation_cache_dir
   monkeypatch.setattr(compilation_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "xla"))
   jax.config.update("jax_compilation_cache_dir", None)  # No JAX_COMPILATION_CACHE_DIR: jaxdp's directory.
+  jax_cache.reset_cache()  # As a process that never had a cache directory (this one's was conftest's).
   jax.jit(lambda x: x * 3 + 1)(np.float32(2)).block_until_ready()  # As in a notebook: JAX's cache is open already.
   config.model.hidden = (23,)  # A program no other test compiled: JAX's in-memory cache cannot serve it.
   config.num_train_steps = 1
