@@ -55,7 +55,7 @@ def get_config(name: str = "") -> ml_collections.ConfigDict:
   elif name == "resnet":
     config = cifar10_resnet18.get_config()
     config.batch_size = config.eval_batch_size = 32
-    config.base_batch_size, config.learning_rate = 0, 0.1
+    config.learning_rate = 0.1
     config.lr_schedule, config.warmup_steps = "constant", 0
     config.model.bn_axis_name = None
     config.dataset.crop_padding, config.dataset.flip, config.dataset.mean, config.dataset.std = 0, False, (), ()
@@ -113,8 +113,8 @@ def tx_of(config):
     tx = optax.adamw(lr, weight_decay=wd, mask=mask)
   elif config.optimizer == "adam":
     tx = optax.adam(lr)
-  elif config.optimizer == "momentum":
-    tx = optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov)
+  elif config.optimizer == "sgd":
+    tx = optax.sgd(lr, **config.optimizer_kwargs)
   else:
     raise SystemExit(f"error: the plain-JAX side has no optimizer {config.optimizer!r}")
   if wd and config.optimizer != "adamw":

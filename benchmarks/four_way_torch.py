@@ -214,8 +214,8 @@ def optimizer(config: ConfigDict,
     opt: torch.optim.Optimizer = torch.optim.AdamW(groups, lr=lr)
   elif config.optimizer == "adam":
     opt = torch.optim.Adam(groups, lr=lr)  # Coupled L2, as optax.add_decayed_weights before adam (0 here).
-  elif config.optimizer == "momentum":
-    opt = torch.optim.SGD(groups, lr=lr, momentum=config.momentum, nesterov=config.nesterov)
+  elif config.optimizer == "sgd":
+    opt = torch.optim.SGD(groups, lr=lr, **config.optimizer_kwargs)  # momentum, nesterov: the same names as optax's.
   else:
     raise SystemExit(f"error: the torch side has no optimizer {config.optimizer!r}")
   return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(config, step))

@@ -32,7 +32,7 @@ def overrides(batch: int, steps: int) -> list[str]:
   """Training flags: the per-process batch, no checkpoints, one evaluation at the end, logs every 5 steps."""
   return [f"--config.num_train_steps={steps}", "--config.log_every_steps=5", f"--config.eval_every_steps={steps}",
           "--config.checkpoint_every_steps=0", "--config.check_replicas_every_steps=0",
-          "--config.compilation_cache_dir=", f"--config.batch_size={batch}"]
+          f"--config.batch_size={batch}"]
 
 
 def measured(config: str, processes: int, batch: int, steps: int) -> float:
@@ -104,6 +104,7 @@ def draw(results: list[dict], path: str) -> None:
 
 
 def main() -> None:
+  os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"  # Every run and probe compiles, as a first run does.
   parser = argparse.ArgumentParser()
   parser.add_argument("--processes", default="1,2,4")
   parser.add_argument("--batch", type=int, default=128)  # Per process.

@@ -54,6 +54,19 @@ REMOVED = {
     "parallel.block_mb": "batches with nothing to decode travel in blocks of a fixed size: jaxdp.feed",
     "parallel.resident_mb": "a train split is no longer held on the devices: docs/design-notes.md#one-feeder",
     "label_smoothing": "a task argument now: config.task.label_smoothing",
+    "momentum": 'set optimizer="sgd" with optimizer_kwargs={"momentum": 0.9}',
+    "nesterov": 'set optimizer="sgd" with optimizer_kwargs={"momentum": 0.9, "nesterov": True}',
+    "base_batch_size": "no linear scaling rule: set learning_rate to the peak for your batch_size yourself",
+    "compilation_cache_dir": "jaxdp caches in ~/.cache/jaxdp/xla unless JAX_COMPILATION_CACHE_DIR is set; "
+                             "JAX_ENABLE_COMPILATION_CACHE=false turns the cache off",
+    "distributed.coordinator_address": "set JAXDP_COORDINATOR_ADDRESS (or JAX_COORDINATOR_ADDRESS); "
+                                       "python -m jaxdp.launch sets it",
+    "distributed.num_processes": "set JAXDP_NUM_PROCESSES (or JAX_NUM_PROCESSES); python -m jaxdp.launch sets it",
+    "distributed.process_id": "set JAXDP_PROCESS_ID (or JAX_PROCESS_ID); python -m jaxdp.launch sets it",
+    "distributed.auto_detect": "JAX's cluster detection is always on; it joins a run only where it finds several "
+                               "processes",
+    "distributed.init_timeout_s": "a constant now (300 s: runtime/distributed.py's INIT_TIMEOUT_S)",
+    "distributed.heartbeat_timeout_s": "a constant now (100 s: runtime/distributed.py's HEARTBEAT_TIMEOUT_S)",
 }
 
 
@@ -81,13 +94,17 @@ def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
   out = dict(stored)
   for key in REMOVED:
     *parents, name = key.split(".")
-    node = out
+    nodes = [out]
     for part in parents:
-      if not isinstance(node.get(part), dict):
+      if not isinstance(nodes[-1].get(part), dict):
         break
-      node[part] = node = dict(node[part])
+      nodes[-1][part] = node = dict(nodes[-1][part])
+      nodes.append(node)
     else:
-      node.pop(name, None)
+      nodes[-1].pop(name, None)
+      for parent, part in reversed(list(zip(nodes, parents))):  # A section left empty was removed whole.
+        if not parent[part]:
+          del parent[part]
   return out
 
 

@@ -21,7 +21,8 @@ class Objects:
   task: Any = None        # A task function or object (tasks.get's `task`).
   train_data: Any = None  # A dict of arrays or a random-access source (data.load's).
   eval_data: Any = None
-  optimizer: Any = None   # An optax GradientTransformation (optim.make's `optimizer`); recorded, never asked back.
+  optimizer: Any = None   # An optax GradientTransformation (optim.make's `optimizer`, or config.optimizer's);
+                          # recorded, never asked back.
 
   def build_kwargs(self) -> dict[str, Any]:
     """The objects given, as build.build's keywords (only those given: an older build takes none).
@@ -36,9 +37,10 @@ class Objects:
     `jaxdp.evaluate`/`sample` on such a workdir then name the argument to pass from Python instead of
     failing on a name that resolves to nothing (or to another class) in their process.
     """
+    in_config = config.get("optimizer")  # An optax object set in the config itself: recorded as one passed.
     names = {"model.name": self.model, "task.name": self.task,
              "dataset.name": self.eval_data if self.eval_data is not None else self.train_data,
-             "optimizer": self.optimizer}
+             "optimizer": self.optimizer if self.optimizer is not None or isinstance(in_config, str) else in_config}
     named = copy.deepcopy(config)
     for field, obj in names.items():
       if obj is None:
@@ -50,6 +52,8 @@ class Objects:
           if section not in node:
             node[section] = ml_collections.ConfigDict()
           node = node[section]
+        if key in node:  # Typed as the object it held (config.optimizer): the name replaces it.
+          del node[key]
         node[key] = object_name(obj)
     return named
 

@@ -1,4 +1,5 @@
-"""The optax optimizer (any: named by the config or passed from Python), learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
+"""The optax optimizer (any: named by the config, or an object in the config or passed from Python), and the
+learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
 
 import inspect
 import re
@@ -11,7 +12,7 @@ import optax
 
 from jaxdp.config import ConfigError
 
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "lion", "adafactor")  # Examples: any optax optimizer works.
+OPTIMIZERS = ("sgd", "adam", "adamw", "lion", "adafactor")  # Examples: any optax optimizer works.
 SCHEDULES = ("constant", "cosine")
 MASKS = ("rank>=2", "all")  # Any other weight_decay_mask is a regular expression searched in parameter paths.
 
@@ -20,17 +21,9 @@ PyTree = Any
 NONE = optax.set_to_zero()
 
 
-def peak_learning_rate(config: ml_collections.ConfigDict) -> float:
-  """`learning_rate`, scaled by batch_size / base_batch_size when base_batch_size > 0 (linear scaling rule)."""
-  base = config.base_batch_size
-  if not isinstance(base, int) or isinstance(base, bool) or base < 0:
-    raise ConfigError(f"base_batch_size must be a non-negative integer, got {base!r}")
-  return config.learning_rate * config.batch_size / base if base else config.learning_rate
-
-
 def schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-  """Linear warmup to the peak learning rate, then constant or cosine decay to 0 at `num_train_steps`."""
-  lr, warmup, total = peak_learning_rate(config), config.warmup_steps, config.num_train_steps
+  """Linear warmup to `learning_rate`, then constant or cosine decay to 0 at `num_train_steps`."""
+  lr, warmup, total = config.learning_rate, config.warmup_steps, config.num_train_steps
   kind = config.lr_schedule
   if kind not in SCHEDULES:
     raise ConfigError(f"unknown lr_schedule {kind!r} (choose from {', '.join(SCHEDULES)})")
@@ -77,12 +70,15 @@ def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | 
 
 def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
          optimizer: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
-  """The optimizer: `optimizer` when given (whole: its own schedule, decay, clipping), else the optax function
-  `config.optimizer` names, with the config's schedule, masked weight decay and `optimizer_kwargs`.
+  """The optimizer: `optimizer` when given, or `config.optimizer` when it is an optax GradientTransformation (whole:
+  its own schedule, decay, clipping), else the optax function `config.optimizer` names, with the config's
+  schedule, masked weight decay and `optimizer_kwargs`.
 
   `params`: the parameters or their shapes (`jax.eval_shape`), from which the decay mask is computed; required
   for a correct mask under ZeRO-1, whose optimizer sees every leaf raveled.
   """
+  if optimizer is None and isinstance(config.optimizer, optax.GradientTransformation):  # As if passed.
+    optimizer = config.optimizer
   if optimizer is not None:
     if not isinstance(optimizer, optax.GradientTransformation):
       raise ConfigError(f"optimizer must be an optax GradientTransformation (e.g. optax.adamw(1e-3)), got "
@@ -91,9 +87,6 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
   name, lr, wd = config.optimizer, schedule(config), config.weight_decay
   mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on.
   mask = mask if wd else None    # (No mask wrapper at all: the optimizer state keeps its old structure.)
-  if name == "momentum":  # sgd with config.momentum: the one name that is not optax's.
-    tx = optax.sgd(lr, momentum=config.momentum, nesterov=config.nesterov)
-    return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd else tx
   fn, takes = _optax_function(name)
   kwargs = dict(config.optimizer_kwargs)
   given = {"learning_rate": lr, "weight_decay": wd, "mask": mask}
@@ -112,9 +105,13 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
 
 def _optax_function(name: Any) -> tuple[Callable[..., optax.GradientTransformation], set[str]]:
   """The optax optimizer function `name` ("lion") and its parameters' names; a ConfigError naming it otherwise."""
+  if name == "momentum":  # jaxdp's own name once, not optax's.
+    raise ConfigError('optimizer "momentum" was removed: set optimizer="sgd" with optimizer_kwargs='
+                      '{"momentum": 0.9, "nesterov": False}')
   fn = getattr(optax, name, None) if isinstance(name, str) and not name.startswith("_") else None
   takes = set(inspect.signature(fn).parameters) if inspect.isfunction(fn) else set()
   if "learning_rate" not in takes:
     raise ConfigError(f"unknown optimizer {name!r}: config.optimizer names an optax optimizer taking a learning rate "
-                      f"(e.g. {', '.join(OPTIMIZERS)}), or pass optimizer=<an optax GradientTransformation> from Python")
+                      f"(e.g. {', '.join(OPTIMIZERS)}), or is an optax GradientTransformation "
+                      f"(config.optimizer = optax.lion(1e-4))")
   return fn, takes

@@ -38,12 +38,21 @@ def flags(overrides: dict, base=default) -> list[str]:
   return ["--config", base.__file__, *[f"--config.{k}={v}" for k, v in overrides.items()]]
 
 
-def start(module: str, args: list[str], devices: int = 8, **env) -> subprocess.Popen:
-  """`python -m module args` with `devices` CPU devices, output captured as text."""
+def start(module: str | list[str], args: list[str], devices: int = 8, **env) -> subprocess.Popen:
+  """`python -m module args` (or `python *module args`) with `devices` CPU devices, output captured as text."""
   full_env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices), **env}
   full_env.pop("XLA_FLAGS", None)
-  return subprocess.Popen([sys.executable, "-m", module, *args], env=full_env, stdout=subprocess.PIPE,
+  command = ["-m", module] if isinstance(module, str) else module
+  return subprocess.Popen([sys.executable, *command, *args], env=full_env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
+
+
+def train_with(**constants) -> list[str]:
+  """`python -c` arguments that run jaxdp.train with these constants of `jaxdp.runtime.distributed` set (a test's
+  short timeouts), then the command line's arguments."""
+  settings = "; ".join(f"distributed.{name} = {value!r}" for name, value in constants.items())
+  return ["-c", f"import sys; from jaxdp.runtime import distributed; {settings}; from jaxdp import train; "
+                "sys.exit(train.main(sys.argv))"]
 
 
 def wait_for(predicate, timeout: float = 120.0, every: float = 0.005) -> None:

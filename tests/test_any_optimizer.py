@@ -2,6 +2,7 @@
 the same training either way, on plain and ZeRO-1; ZeRO-1 refuses one that is not elementwise; a workdir trained
 with an object resumes bitwise and evaluates without it."""
 
+import copy
 import os
 import signal
 import subprocess
@@ -150,6 +151,17 @@ def test_an_optimizer_object_resumes_bitwise_after_sigkill_and_evaluates_without
   runs.assert_bitwise(runs.final(resumed), runs.final(reference))
   assert restore.stored_config(str(resumed)).optimizer.startswith("<object optax.")
   assert evaluate.main(["jaxdp.evaluate", "--workdir", str(resumed)]) == 0, capsys.readouterr().err
+  assert '"eval/accuracy"' in capsys.readouterr().out
+
+
+def test_an_optimizer_object_in_the_config_trains_as_one_passed_and_evaluates_without_it(config, tmp_path, capsys):
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.lion(1e-4))
+  passed = _train(_config(copy.deepcopy(config)), tmp_path, "passed", optimizer=tx)
+  in_config = copy.deepcopy(config)  # Not copy_and_resolve_references: that fixes the field's type to str.
+  in_config.optimizer = tx
+  assert _close(_train(_config(in_config, checkpoint_every_steps=STEPS), tmp_path, "config"), passed)  # Not adam.
+  assert restore.stored_config(str(tmp_path / "config")).optimizer.startswith("<object optax.")
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(tmp_path / "config")]) == 0, capsys.readouterr().err
   assert '"eval/accuracy"' in capsys.readouterr().out
 
 

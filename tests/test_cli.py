@@ -197,7 +197,8 @@ def test_new_model_keys_must_be_model_arguments(argv, error):
     cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", *argv])
 
 
-@pytest.mark.parametrize("key", ["gc_every_steps", "parallel.max_steps_in_flight"])
+@pytest.mark.parametrize("key", ["gc_every_steps", "parallel.max_steps_in_flight", "distributed.process_id",
+                                 "compilation_cache_dir", "momentum"])
 def test_an_override_of_a_removed_key_says_it_was_removed(key):
   with pytest.raises(ConfigError, match=re.escape(f"config key {key!r} was removed (")):
     cli.parse(["jaxdp.train", "--config", CONFIG, "--workdir", "w", f"--config.{key}=1"])

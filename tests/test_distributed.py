@@ -7,12 +7,12 @@ import subprocess
 import sys
 import time
 
-import ml_collections
 import pytest
+import runs
 
 from jaxdp import config as config_lib
 from jaxdp import train
-from jaxdp.configs import default, mlp_digits
+from jaxdp.configs import mlp_digits
 from jaxdp.runtime import distributed
 
 
@@ -29,18 +29,17 @@ def _flags(tmp_path, data_dir, *overrides) -> list[str]:
 
 def test_an_unreachable_coordinator_is_one_line_and_exit_2(tmp_path, data_dir):
   port = _unused_port()
-  env = {**os.environ, "JAXDP_CPU_DEVICES": "1"}
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "1", distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+         distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: "1"}
   env.pop("XLA_FLAGS", None)
   started = time.time()
-  proc = subprocess.run(
-      [sys.executable, "-m", "jaxdp.train", *_flags(tmp_path, data_dir),
-       f"--config.distributed.coordinator_address=127.0.0.1:{port}", "--config.distributed.num_processes=2",
-       "--config.distributed.process_id=1", "--config.distributed.init_timeout_s=2"],
-      env=env, capture_output=True, text=True, timeout=120)
+  # jaxdp.train with a 2 s join timeout (the constant is 300 s): the error must not wait for it.
+  proc = subprocess.run([sys.executable, *runs.train_with(INIT_TIMEOUT_S=2), *_flags(tmp_path, data_dir)],
+                        env=env, capture_output=True, text=True, timeout=120)
   err = proc.stderr.strip()
   assert proc.returncode == 2, (proc.stdout, err)
   assert len(err.splitlines()) == 1 and err.startswith("error: coordinator 127.0.0.1:") and str(port) in err, err
-  assert "init_timeout_s=2" in err and time.time() - started < 60
+  assert "unreachable after 2 s" in err and time.time() - started < 60
 
 
 @pytest.mark.parametrize("override, named", [("--config.best_mode=minimum", "'minimum'"),
@@ -71,25 +70,26 @@ def test_a_cluster_is_detected_only_with_more_than_one_process(monkeypatch, env,
   assert distributed._cluster_detected() == detected
 
 
-def _distributed(**values) -> ml_collections.ConfigDict:
-  config = default.get_config()
-  config.distributed.update(values)
-  return config
+def _environment(monkeypatch, names: tuple[str, str, str], values: tuple[str, str, str]) -> None:
+  for name in (*distributed.JAX_ENV, distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES,
+               distributed.ENV_PROCESS_ID):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in zip(names, values):
+    monkeypatch.setenv(name, value)
 
 
-def test_the_config_wins_over_the_environment_process_0_included(monkeypatch):
-  monkeypatch.setenv(distributed.ENV_COORDINATOR, "elsewhere:1")
-  monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "4")
-  monkeypatch.setenv(distributed.ENV_PROCESS_ID, "3")
-  assert distributed.settings(_distributed(coordinator_address="here:2", num_processes=2, process_id=0)) == {
-      "coordinator_address": "here:2", "num_processes": 2, "process_id": 0}
-  assert distributed.settings(_distributed()) == {"coordinator_address": "elsewhere:1", "num_processes": 4,
-                                                  "process_id": 3}
+def test_jaxdps_variables_win_over_jaxs(monkeypatch):
+  _environment(monkeypatch, distributed.JAX_ENV, ("elsewhere:1", "4", "3"))
+  assert distributed.settings() == {"coordinator_address": "elsewhere:1", "num_processes": 4, "process_id": 3}
+  monkeypatch.setenv(distributed.ENV_COORDINATOR, "here:2")
+  monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "2")
+  monkeypatch.setenv(distributed.ENV_PROCESS_ID, "0")
+  assert distributed.settings() == {"coordinator_address": "here:2", "num_processes": 2, "process_id": 0}
 
 
 @pytest.mark.parametrize("num, pid", [(2, 2), (2, -1), (0, 0)])
 def test_a_process_id_outside_the_run_is_named(monkeypatch, num, pid):
-  for name in (distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    monkeypatch.delenv(name, raising=False)
+  names = (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID)
+  _environment(monkeypatch, names, ("here:2", str(num), str(pid)))
   with pytest.raises(config_lib.ConfigError, match=f"num_processes={num}, process_id={pid}"):
-    distributed.settings(_distributed(coordinator_address="here:2", num_processes=num, process_id=pid))
+    distributed.settings()

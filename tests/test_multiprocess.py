@@ -189,10 +189,11 @@ def test_sigterm_to_the_launcher_stops_its_processes_with_a_checkpoint(data_dir,
 
 def test_a_hung_process_is_declared_lost_without_the_launcher(data_dir, tmp_path):
   port = launch.free_port()
-  args = [*runs.flags(_overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0,
-                                 **{"distributed.heartbeat_timeout_s": 5})), "--workdir", str(tmp_path)]
+  args = [*runs.flags(_overrides(data_dir, num_train_steps=100000, checkpoint_every_steps=0)), "--workdir",
+          str(tmp_path)]
   env = {"JAXDP_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAXDP_NUM_PROCESSES": "2"}
-  procs = [runs.start("jaxdp.train", args, devices=1, JAXDP_PROCESS_ID=str(r), **env) for r in range(2)]
+  command = runs.train_with(HEARTBEAT_TIMEOUT_S=5)  # Not the 100 s of the constant.
+  procs = [runs.start(command, args, devices=1, JAXDP_PROCESS_ID=str(r), **env) for r in range(2)]
   try:
     runs.wait_for(lambda: (tmp_path / "metrics.jsonl").exists(), timeout=120, every=0.1)
     procs[1].send_signal(signal.SIGSTOP)  # Alive but silent: no heartbeats.

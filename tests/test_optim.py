@@ -1,5 +1,7 @@
-"""The learning-rate schedule and its scaling rule; weight decay reaches matrices only (by default), also under
+"""The learning-rate schedule; weight decay reaches matrices only (by default), also under
 ZeRO-1's raveled optimizer state."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -103,12 +105,12 @@ def test_build_masks_zero1_by_the_true_shapes(config):
 
 
 def test_nesterov_momentum_is_another_update_than_heavy_ball(config):
-  config.optimizer, config.learning_rate, config.momentum = "momentum", LR, 0.9
+  config.optimizer, config.learning_rate = "sgd", LR
   params = {"w": jnp.ones(3)}
   grads = {"w": jnp.array([1.0, -2.0, 0.5])}
 
   def second_update(nesterov: bool) -> np.ndarray:
-    config.nesterov = nesterov
+    config.optimizer_kwargs = ml_collections.ConfigDict({"momentum": 0.9, "nesterov": nesterov})
     tx = optim.make(config, params)
     state = tx.init(params)
     _, state = tx.update(grads, state, params)
@@ -131,16 +133,19 @@ def test_no_weight_decay_leaves_the_optimizer_state_unmasked(config, optimizer):
 def _schedule(**fields) -> optax.Schedule:
   """The schedule of a config of these fields (a 0.1 peak, 10 warmup steps of 110, constant, unscaled)."""
   return optim.schedule(ml_collections.ConfigDict({
-      "learning_rate": 0.1, "batch_size": 64, "base_batch_size": 0, "warmup_steps": 10, "num_train_steps": 110,
+      "learning_rate": 0.1, "batch_size": 64, "warmup_steps": 10, "num_train_steps": 110,
       "lr_schedule": "constant", **fields}))
 
 
-def test_the_peak_learning_rate_scales_with_the_batch_only_when_a_base_batch_is_given():
+def test_the_peak_learning_rate_is_the_learning_rate_whatever_the_batch():
   assert float(_schedule(warmup_steps=0)(5)) == pytest.approx(0.1)
-  assert float(_schedule(warmup_steps=0, base_batch_size=256, batch_size=1024)(5)) == pytest.approx(0.4)
-  for bad in (True, -1, 2.5):
-    with pytest.raises(ConfigError, match=f"base_batch_size must be a non-negative integer, got {bad!r}"):
-      _schedule(base_batch_size=bad)
+  assert float(_schedule(warmup_steps=0, batch_size=1024)(5)) == pytest.approx(0.1)  # No scaling rule.
+
+
+def test_the_momentum_optimizer_is_one_error_naming_sgd_with_its_kwargs(config):
+  config.optimizer = "momentum"
+  with pytest.raises(ConfigError, match=re.escape('set optimizer="sgd" with optimizer_kwargs={"momentum": 0.9')):
+    optim.make(config)
 
 
 @pytest.mark.parametrize("kind", ["constant", "cosine"])

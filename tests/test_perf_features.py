@@ -2,7 +2,6 @@
 
 import glob
 import json
-import os
 import time
 import types
 
@@ -154,20 +153,22 @@ def test_a_program_read_from_the_persistent_cache_is_counted_as_such(tmp_path):
     jax_cache.reset_cache()
 
 
-def test_compilation_cache_dir_is_set_from_the_config(config, tmp_path, monkeypatch):
-  before = jax.config.jax_compilation_cache_dir
+def test_jaxdp_turns_the_compilation_cache_on_unless_jax_has_a_directory_or_has_it_off(tmp_path, monkeypatch):
+  from jax.experimental.compilation_cache import compilation_cache as jax_cache
+  before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
+  monkeypatch.setattr(compilation_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "default"))
   try:
-    config.compilation_cache_dir = str(tmp_path)  # Explicit: wins over the environment (set by conftest).
-    compilation_cache.use(config)
-    assert jax.config.jax_compilation_cache_dir == str(tmp_path)
-    config.compilation_cache_dir = ""
-    compilation_cache.use(config)
-    assert jax.config.jax_compilation_cache_dir is None
-    config.compilation_cache_dir = compilation_cache.DEFAULT_CACHE_DIR  # The default defers to the environment ...
-    compilation_cache.use(config)
-    assert jax.config.jax_compilation_cache_dir is None
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")  # ... and is used without one.
-    compilation_cache.use(config)
-    assert jax.config.jax_compilation_cache_dir == os.path.expanduser(compilation_cache.DEFAULT_CACHE_DIR)
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))  # JAX_COMPILATION_CACHE_DIR's.
+    compilation_cache.use()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")  # The user's rules ...
+    jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_enable_compilation_cache", False)  # JAX_ENABLE_COMPILATION_CACHE=false.
+    compilation_cache.use()
+    assert jax.config.jax_compilation_cache_dir is None  # ... off stays off ...
+    jax.config.update("jax_enable_compilation_cache", True)
+    compilation_cache.use()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "default")  # ... else jaxdp's directory.
   finally:
-    jax.config.update("jax_compilation_cache_dir", before)
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_enable_compilation_cache", before[1])
+    jax_cache.reset_cache()  # Opened anew, at the next compile, where it was.

@@ -86,7 +86,7 @@ LAYOUTS = {  # name: (task's environment, the local_device_ids jaxdp passes)
 @pytest.fixture
 def joined_with(monkeypatch):
   """Runs `distributed.initialize` in this process under an environment; returns what it passed to JAX."""
-  def join(env: dict[str, str], **config_values) -> dict:
+  def join(env: dict[str, str], init_timeout_s: int = distributed.INIT_TIMEOUT_S) -> dict:
     for name in list(os.environ):
       if name.startswith(SCHEDULER_PREFIXES):
         monkeypatch.delenv(name)
@@ -96,9 +96,8 @@ def joined_with(monkeypatch):
     monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(distributed, "_joined", False)
     monkeypatch.setattr(distributed, "_restricted_to", [], raising=False)
-    config = default.get_config()
-    config.distributed.update(config_values)
-    assert distributed.initialize(config)
+    monkeypatch.setattr(distributed, "INIT_TIMEOUT_S", init_timeout_s)
+    assert distributed.initialize()
     [kwargs] = calls
     return kwargs
   return join

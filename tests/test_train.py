@@ -8,7 +8,7 @@ import textwrap
 import time
 
 import jax
-import ml_collections
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 import numpy as np
 import pytest
 import runs
@@ -182,17 +182,20 @@ def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
   assert text.startswith("the ") and 4 < len(text) <= 12  # Sampled bytes decode to at most one character each.
 
 
-def test_the_python_api_writes_the_compilation_cache_of_its_config(config, tmp_path):
+def test_the_python_api_writes_jaxdps_compilation_cache_after_jax_compiled(config, tmp_path, monkeypatch):
   before = jax.config.jax_compilation_cache_dir
+  monkeypatch.setattr(compilation_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "xla"))
+  jax.config.update("jax_compilation_cache_dir", None)  # No JAX_COMPILATION_CACHE_DIR: jaxdp's directory.
+  jax_cache.reset_cache()  # As a process that never had a cache directory (this one's was conftest's).
   jax.jit(lambda x: x * 3 + 1)(np.float32(2)).block_until_ready()  # As in a notebook: JAX's cache is open already.
-  config.compilation_cache_dir = str(tmp_path / "xla")
   config.model.hidden = (23,)  # A program no other test compiled: JAX's in-memory cache cannot serve it.
   config.num_train_steps = 1
   try:
     train.train_and_evaluate(config, str(tmp_path / "run"))
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
   finally:
-    compilation_cache.use(ml_collections.ConfigDict({"compilation_cache_dir": before or ""}))
+    jax.config.update("jax_compilation_cache_dir", before)
+    jax_cache.reset_cache()
   assert os.listdir(tmp_path / "xla"), "no cache entry written"
 
 

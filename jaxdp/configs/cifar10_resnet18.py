@@ -1,7 +1,7 @@
-"""ResNet-18 on CIFAR-10: SGD with Nesterov momentum and weight decay, warmup then cosine decay, linear lr scaling.
+"""ResNet-18 on CIFAR-10: SGD with Nesterov momentum and weight decay, warmup then cosine decay.
 
 The usual recipe (lr 0.1 for a batch of 128, momentum 0.9, weight decay 5e-4) run at a global batch of
-512: the linear scaling rule makes the peak lr 0.1 * 512 / 128 = 0.4, reached after 5 epochs of warmup.
+512: scaled linearly with the batch, the peak lr is 0.1 * 512 / 128 = 0.4, reached after 5 epochs of warmup.
 """
 
 import ml_collections
@@ -16,11 +16,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.batch_size = 512
   config.eval_batch_size = 1000      # 10 batches cover the 10,000 test images.
-  config.base_batch_size = 128       # learning_rate is for this batch; scaled linearly to batch_size.
-  config.learning_rate = 0.1
-  config.optimizer = "momentum"
-  config.momentum = 0.9
-  config.nesterov = True
+  config.learning_rate = 0.1 * 512 / 128  # 0.1 per 128 examples, scaled linearly to batch_size (change both).
+  config.optimizer = "sgd"
+  config.optimizer_kwargs.momentum = 0.9
+  config.optimizer_kwargs.nesterov = True
   config.weight_decay = 5e-4
   config.lr_schedule = "cosine"
   config.warmup_steps = 5 * STEPS_PER_EPOCH

@@ -11,13 +11,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_size = 128            # Global batch size. Must be divisible by the number of devices.
   config.eval_batch_size = 0         # Global eval batch size; 0 means batch_size.
   config.num_train_steps = 400       # Optimizer steps.
-  config.optimizer = "adam"          # Any optax optimizer (adam, adamw, sgd, lion, adafactor, ...) | momentum (sgd with momentum).
-  # Its other keyword arguments ({"b1": 0.95}); learning_rate, weight_decay and its mask come from the keys below.
+  # Any optax optimizer by name (adam, adamw, sgd, lion, adafactor, ...), or an optax GradientTransformation (from
+  # Python or a config file: its own schedule and decay; of the keys below only max_grad_norm then applies).
+  config.optimizer = config_dict.FieldReference("adam", field_type=object)
+  # The named optimizer's other keyword arguments ({"b1": 0.95}; sgd: {"momentum": 0.9, "nesterov": True});
+  # learning_rate, weight_decay and its mask come from the keys below.
   config.optimizer_kwargs = ml_collections.ConfigDict()
   config.learning_rate = 3e-3        # Peak learning rate. Must be positive.
-  config.base_batch_size = 0         # Linear scaling rule: if > 0, the peak lr is learning_rate * batch_size / base_batch_size.
-  config.momentum = 0.9              # Momentum of the "momentum" optimizer.
-  config.nesterov = False            # Nesterov momentum (the "momentum" optimizer only).
   config.weight_decay = 0.0          # Decoupled where the optimizer takes weight_decay (adamw, lion), L2 otherwise.
   config.weight_decay_mask = "rank>=2"  # Which decay: rank>=2 (not biases, norm scales) | all | a regex on param paths.
   config.max_grad_norm = 0.0         # Clip the all-reduced gradient to this global norm (also under ZeRO-1); 0: off.
@@ -37,23 +37,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
-  config.compilation_cache_dir = "~/.cache/jaxdp/xla"  # Persistent XLA compilation cache (restarts skip compiling); "": off.
   # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches
   # divide, since XLA's threads leave cores idle on a small model's ops (docs/design-notes.md#cpu-devices) | "N".
   # --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take
   # jaxdp.launch's --devices_per_process.
   config.cpu_devices = "auto"
-
-  # Multi-process runs (jax.distributed). Unset fields come from JAXDP_COORDINATOR_ADDRESS,
-  # JAXDP_NUM_PROCESSES, JAXDP_PROCESS_ID (set by jaxdp.launch), JAX's JAX_* of the same names (Kubeflow), or
-  # from JAX's own detection (SLURM, Open MPI, Cloud TPU, an indexed Kubernetes Job).
-  config.distributed = ml_collections.ConfigDict()
-  config.distributed.coordinator_address = config_dict.placeholder(str)  # "host:port" of process 0.
-  config.distributed.num_processes = 0   # Processes in the run; 0: from the environment.
-  config.distributed.process_id = -1     # This process's rank; -1: from the environment.
-  config.distributed.auto_detect = True  # Join when JAX's detection finds several processes.
-  config.distributed.init_timeout_s = 300  # Give up joining after this long, with an error naming the coordinator.
-  config.distributed.heartbeat_timeout_s = 100  # A process silent this long is declared lost; the others exit.
 
   config.parallel = ml_collections.ConfigDict()
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.

@@ -23,11 +23,10 @@ def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.batch_size = 1024           # Global batch size (e.g. 8 devices x 128, or 32 x 32).
   config.eval_batch_size = 1000      # 50 batches cover the 50,000 validation images exactly.
-  config.base_batch_size = 256       # learning_rate is for this batch; scaled linearly to batch_size.
-  config.learning_rate = 0.1
-  config.optimizer = "momentum"
-  config.momentum = 0.9
-  config.nesterov = True
+  config.learning_rate = 0.1 * 1024 / 256  # 0.1 per 256 examples, scaled linearly to batch_size (change both).
+  config.optimizer = "sgd"
+  config.optimizer_kwargs.momentum = 0.9
+  config.optimizer_kwargs.nesterov = True
   config.weight_decay = 1e-4         # L2 on the weights ...
   config.weight_decay_mask = "rank>=2"  # ... of convolutions and dense layers only: not BatchNorm, not biases.
   config.lr_schedule = "cosine"

@@ -1,4 +1,5 @@
-"""Joining a multi-process run through `jax.distributed`, explicitly or by cluster auto-detection."""
+"""Joining a multi-process run through `jax.distributed`, from the environment: jaxdp's variables (set by
+`python -m jaxdp.launch`), JAX's, or JAX's cluster detection."""
 
 import ctypes
 import os
@@ -8,11 +9,10 @@ import sys
 import time
 
 import jax
-import ml_collections
 
 from jaxdp.config import ConfigError
 
-# Environment variables the local launcher (and any scheduler script) may set instead of the config.
+# Environment variables the local launcher (and any scheduler script) sets: the run a process joins.
 ENV_COORDINATOR = "JAXDP_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAXDP_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXDP_PROCESS_ID"
@@ -24,6 +24,9 @@ ENV_LAUNCHER_PID = "JAXDP_LAUNCHER_PID"
 # A rank that fails again without creating it cannot be restarted (jaxdp.launch --min_processes).
 ENV_JOINED_FILE = "JAXDP_JOINED_FILE"
 _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
+# JAX's defaults, as constants so that a hung join or a lost process ends in jaxdp's one error line.
+INIT_TIMEOUT_S = 300  # Give up joining after this long, with an error naming the coordinator.
+HEARTBEAT_TIMEOUT_S = 100  # A process silent this long is declared lost, and the others exit.
 _joined = False  # This process joined its run (`initialize`): a second call (the CLI, then the loop) is a no-op.
 
 # JAX's names for the same three facts (Kubeflow Trainer's JAX runtime sets them; JAX reads only the address).
@@ -132,7 +135,8 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
   """
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
-    raise ConfigError(f"distributed.coordinator_address must be host:port, got {address!r}")
+    raise ConfigError(f"the coordinator address must be host:port, got {address!r} ({ENV_COORDINATOR} or "
+                      f"{JAX_ENV[0]})")
   deadline = time.monotonic() + timeout_s
   while True:
     try:
@@ -140,7 +144,7 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
         return
     except OSError as e:
       if time.monotonic() >= deadline:
-        raise ConfigError(f"coordinator {address} unreachable after distributed.init_timeout_s={timeout_s} s "
+        raise ConfigError(f"coordinator {address} unreachable after {timeout_s} s "
                           f"({e.strerror or e}); start process 0 first, or check the address and port") from None
       time.sleep(0.25)  # The coordinator may simply not be up yet.
 
@@ -184,45 +188,44 @@ def _integer(text: str, default: int, what: str) -> int:
     raise ConfigError(f"distributed: {what} must be an integer, got {text!r}") from None
 
 
-def settings(config: ml_collections.ConfigDict) -> dict:
-  """Coordinator address, process count and id from `config.distributed`, else the environment."""
-  c = config.distributed
+def settings() -> dict:
+  """Coordinator address, process count and id from the environment (`_from_environment`)."""
   address, num_text, pid_text = _from_environment()
-  address = c.coordinator_address or address or None
-  num = c.num_processes or _integer(num_text, 0, "the process count")
-  pid = c.process_id
-  pid = pid if pid >= 0 else _integer(pid_text, -1, "the process id")
+  address = address or None
+  num = _integer(num_text, 0, "the process count")
+  pid = _integer(pid_text, -1, "the process id")
   if address and (num < 1 or not 0 <= pid < num):
-    raise ConfigError(f"distributed: coordinator {address!r} needs num_processes >= 1 and 0 <= process_id < "
-                      f"num_processes, got num_processes={num!r}, process_id={pid!r}")
+    raise ConfigError(f"distributed: coordinator {address!r} needs a process count >= 1 and 0 <= process id < "
+                      f"count, got num_processes={num!r}, process_id={pid!r} (from {ENV_NUM_PROCESSES} and "
+                      f"{ENV_PROCESS_ID}, or JAX's {JAX_ENV[1]} and {JAX_ENV[2]})")
   return {"coordinator_address": address, "num_processes": num, "process_id": pid}
 
 
-def initialize(config: ml_collections.ConfigDict) -> bool:
-  """Joins the run when it is multi-process (explicit, or a detected cluster); returns whether it did.
+def initialize() -> bool:
+  """Joins the run when it is multi-process (the environment names one, or a cluster is detected); returns
+  whether it did.
 
-  Must run before any JAX computation. Fails after `distributed.init_timeout_s` instead of waiting forever.
+  Must run before any JAX computation. Fails after INIT_TIMEOUT_S instead of waiting forever.
   Called again in a process that already joined (the CLI joins, then `train_and_evaluate` asks), it returns True.
   """
   global _joined, _restricted_to
   if _joined:
     return True
   die_with_launcher()
-  c = config.distributed
-  explicit = settings(config)
+  explicit = settings()
   cluster = _cluster()
-  if not explicit["coordinator_address"] and not (c.auto_detect and cluster is not None and _several(cluster)):
+  if not explicit["coordinator_address"] and not (cluster is not None and _several(cluster)):
     return False
   kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
   # Under a cluster JAX picks one GPU per process unless told otherwise, explicit settings or not.
   if cluster is not None and (ids := local_device_ids(cluster)) is not None:
     kwargs["local_device_ids"] = ids
-  timeout = c.init_timeout_s
+  timeout = INIT_TIMEOUT_S
   if explicit["coordinator_address"] and explicit["process_id"] != 0:
     wait_for_coordinator(explicit["coordinator_address"], timeout)
   try:
     jax.distributed.initialize(**kwargs, initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=c.heartbeat_timeout_s)
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   except Exception as e:  # JAX raises several types (XlaRuntimeError, ValueError, ...) for the same failure.
     where = explicit["coordinator_address"] or "the auto-detected cluster"
     raise DistributedInitError(f"could not join the distributed run at {where} as process "

@@ -35,13 +35,13 @@ class _Stdout(logging.StreamHandler):
 
 
 def init(config: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run when one is configured, else sets the process's CPU devices; only process 0 logs
-  progress; sets the compile cache."""
+  """Joins a multi-process run when the environment names one, else sets the process's CPU devices; only process 0
+  logs progress; turns the compile cache on."""
   import jax
-  compilation_cache.use(config)
+  compilation_cache.use()
   from jaxdp.runtime import cpu_devices, distributed
   cpu_devices.fix_threads(config, cpu_devices.cores())  # Before JAX starts its CPU backend.
-  if not distributed.initialize(config):
+  if not distributed.initialize():
     cpu_devices.use(config)  # One process: its CPU devices (config.cpu_devices), before JAX starts its backends.
   elif jax.process_index() != 0:
     log.setLevel(logging.WARNING)
@@ -50,7 +50,7 @@ def init(config: ml_collections.ConfigDict) -> None:
 def join(config: ml_collections.ConfigDict) -> None:
   """For the Python API (`train_and_evaluate` in a user's script): `init`, as the CLI does before its command.
 
-  A run configured in `config`, launched (`python -m jaxdp.launch -- my_train.py`) or on a detected cluster
+  A run launched (`python -m jaxdp.launch -- my_train.py`), named by JAX's variables or on a detected cluster
   is joined (once: after the CLI's own `init` nothing happens); in a notebook nothing is. The process's CPU
   devices (JAXDP_CPU_DEVICES, which the launcher sets) are set first, as the CLI sets them from the same variable.
   """
