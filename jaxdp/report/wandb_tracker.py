@@ -34,8 +34,8 @@ class WandbTracker(Hook):
     if "dir" not in kwargs and "WANDB_DIR" not in os.environ:
       kwargs["dir"] = info.workdir
     path = os.path.join(info.workdir, RUN_ID_FILE)
-    if "id" not in kwargs:
-      kwargs["id"] = _read(path) or wandb.util.generate_id()
+    if "id" not in kwargs and (stored := _read(path)):
+      kwargs["id"] = stored  # Else W&B makes one, stored below.
     kwargs.setdefault("resume", "allow")
     self.run = wandb.init(**kwargs)
     with open(path, "w") as f:  # After init: an id W&B refused is not kept.
