@@ -124,12 +124,13 @@ def _files(workdir) -> dict[str, str]:
 @pytest.mark.parametrize("event", ["on_step", "on_checkpoint"])
 def test_a_raising_hook_is_one_error_line_naming_it_and_every_checkpoint_stays(config, tmp_path, capsys, event):
   """Raising at step 5 (on_step) or in the checkpoint of step 4: the checkpoints completed by then are untouched."""
-  before = {}
+  before, calls = {}, []
 
   class Exploding(jaxdp.Hook):
     every = 5
 
     def explode(self, info):
+      calls.append(info.step)
       before.update(_files(tmp_path))
       raise RuntimeError("boom\nsecond line")
 
@@ -142,6 +143,7 @@ def test_a_raising_hook_is_one_error_line_naming_it_and_every_checkpoint_stays(c
   err = capsys.readouterr().err
   step = 5 if event == "on_step" else 4
   assert status == 2 and err == f"error: hook Exploding failed in {event} at step {step}: RuntimeError: boom\n"
+  assert calls == [step]  # The error path's save is not a second checkpoint of the step (nor a second call).
   after = _files(tmp_path)
   assert {p: h for p, h in after.items() if p in before} == before and before
   # The error path saves the step it stopped at (one process, as after any error), never one already saved.
