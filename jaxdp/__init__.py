@@ -14,6 +14,13 @@ _PUBLIC = {
     "TrainState": "jaxdp.step",
     "get_model": "jaxdp.models",
     "DataParallel": "jaxdp.library",
+    "Hook": "jaxdp.loop.hooks",
+    "StepInfo": "jaxdp.loop.hooks",
+    "hook": "jaxdp.loop.hooks",
+    "STOP": "jaxdp.loop.hooks",
+    "HookError": "jaxdp.loop.hooks",
+    "EarlyStopping": "jaxdp.loop.hooks",
+    "WandbTracker": "jaxdp.report.wandb_tracker",
 }
 
 __all__ = sorted(_PUBLIC)

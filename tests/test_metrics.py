@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxdp.loop import hooks
 from jaxdp.report import metrics
 from jaxdp import train
 
@@ -34,30 +35,30 @@ def test_tensorboard_files_hold_every_scalar_of_metrics_jsonl(config, tmp_path):
 
 def test_tensorboard_writes_numbers_only(tmp_path):
   writer = metrics.TensorBoardWriter(str(tmp_path))
-  writer.write(3, {"a": 1.5, "b": np.float32(2.0), "c": 7, "name": "text", "flag": True, "vector": np.ones(2)})
+  writer.on_write(3, {"a": 1.5, "b": np.float32(2.0), "c": 7, "name": "text", "flag": True, "vector": np.ones(2)})
   writer.close()
   assert metrics.read_tensorboard(str(tmp_path)) == {"a": [(3, 1.5)], "b": [(3, 2.0)], "c": [(3, 7.0)]}
 
 
 def test_writers_write_nothing_off_process_0(tmp_path, monkeypatch):
   monkeypatch.setattr(jax, "process_index", lambda: 1)
-  writer = metrics.create_writer(str(tmp_path))
+  writer = hooks.Hooks(metrics.trackers(str(tmp_path)), str(tmp_path))
   writer.write(1, {"train/loss": 1.0})
   writer.close()
   assert list(tmp_path.iterdir()) == []
 
 
-def test_multi_writer_fans_out():
+def test_the_hooks_fan_each_record_out_to_every_tracker(tmp_path):
   seen = []
 
-  class Recorder:
-    def write(self, step, scalars):
+  class Recorder(hooks.Hook):
+    def on_write(self, step, scalars):
       seen.append((step, dict(scalars)))
 
     def close(self):
       seen.append("closed")
 
-  writer = metrics.MultiWriter([Recorder(), Recorder()])
+  writer = hooks.Hooks([Recorder(), Recorder()], str(tmp_path))
   writer.write(5, {"train/loss": 0.5})
   writer.close()
   assert seen == [(5, {"train/loss": 0.5})] * 2 + ["closed"] * 2
@@ -82,12 +83,12 @@ def test_eval_sums_become_means_sums_maxima_with_the_loss_first_and_helpers_hidd
 
 def test_metrics_jsonl_holds_numpy_scalars_as_numbers(tmp_path):
   writer = metrics.JsonlWriter(str(tmp_path))
-  writer.write(np.int64(2), {"a": np.float32(1.5), "b": np.int32(3), "c": np.array(0.25), "d": "text"})
+  writer.on_write(np.int64(2), {"a": np.float32(1.5), "b": np.int32(3), "c": np.array(0.25), "d": "text"})
   assert metrics.read(str(tmp_path)) == [{"step": 2, "a": 1.5, "b": 3, "c": 0.25, "d": "text"}]
 
 
 def test_tensorboard_scalars_are_on_disk_before_the_writer_closes(tmp_path):
   writer = metrics.TensorBoardWriter(str(tmp_path))
-  writer.write(1, {"train/loss": 2.0})  # A run killed now keeps what it logged.
+  writer.on_write(1, {"train/loss": 2.0})  # A run killed now keeps what it logged.
   assert metrics.read_tensorboard(str(tmp_path)) == {"train/loss": [(1, 2.0)]}
   writer.close()

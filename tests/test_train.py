@@ -15,7 +15,7 @@ import runs
 
 from jaxdp import checkpoint, data, feed, train
 from jaxdp.runtime import compilation_cache
-from jaxdp.loop import evaluate
+from jaxdp.loop import evaluate, hooks
 from jaxdp.tools import sample
 from jaxdp.report import metrics, progress
 from jaxdp.loop import preemption
@@ -117,7 +117,7 @@ def _boom(*args, **kwargs):
 
 @pytest.mark.parametrize("how", ["exception", "preemption", "restore"])
 def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(config, tmp_path, monkeypatch, how):
-  closed = _record_closes(monkeypatch, metrics.MultiWriter, progress.Reporter, checkpoint.Checkpointer)
+  closed = _record_closes(monkeypatch, hooks.Hooks, progress.Reporter, checkpoint.Checkpointer)
   config.eval_every_steps = 2
   if how == "preemption":
     monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 2)
@@ -127,7 +127,7 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
                         _boom)
     with pytest.raises(RuntimeError, match="boom"):
       train.train_and_evaluate(config, str(tmp_path))
-  expected = {"Checkpointer"} if how == "restore" else {"MultiWriter", "Reporter", "Checkpointer"}
+  expected = {"Checkpointer"} if how == "restore" else {"Hooks", "Reporter", "Checkpointer"}
   assert set(closed) == expected
   if how != "restore":  # The train line of step 2 reached TensorBoard's files.
     assert [s for s, _ in metrics.read_tensorboard(str(tmp_path))["train/loss"]] == [2]

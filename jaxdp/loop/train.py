@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -23,7 +23,8 @@ from jaxdp import build, checkpoint, data, feed, models, parallel, tasks
 from jaxdp.objects import Objects
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
-from jaxdp.loop import audit, collector, evaluate, goodput, preemption, profiling, replicas, workdir_lock
+from jaxdp.loop import audit, collector, evaluate, goodput, hooks as hooks_lib, preemption, profiling, replicas
+from jaxdp.loop import workdir_lock
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
@@ -49,6 +50,7 @@ class Result:
   model: models.Model | None = None  # The model as the run built it.
   resumed_from: int | None = None  # The checkpoint step this call resumed from (== num_train_steps: nothing to train).
   preempted_at: int | None = None  # The step checkpointed when a stop was requested.
+  stopped_at: int | None = None  # The step checkpointed when a hook asked to stop (early stopping).
 
   @functools.cached_property
   def params(self) -> PyTree:
@@ -70,10 +72,12 @@ class _Run:
   state: step_lib.TrainState
   recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
   clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
+  hooks: list[hooks_lib.Hook] = dataclasses.field(default_factory=list)  # The user's; the default trackers first.
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model: Any = None, task: Any = None,
-                       train_data: Any = None, eval_data: Any = None, optimizer: Any = None) -> Result:
+                       train_data: Any = None, eval_data: Any = None, optimizer: Any = None,
+                       hooks: Sequence[hooks_lib.Hook] = ()) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
 
   Objects override the config's names: `model` an NNX module class or instance (its current parameters are
@@ -82,6 +86,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
   GradientTransformation (its own schedule and decay; config.max_grad_norm still clips the reduced gradient
   before it). The checkpoints' config records
   them as "<object ...>", so that `jaxdp.evaluate` on the workdir says which argument to pass.
+  `hooks`: `jaxdp.Hook`s called after log steps, evals, checkpoints and every N steps (docs/hooks.md).
   In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins the run first.
 
   An exception leaves with its frames released, as the CLI releases them (`exits.release`): a caller that
@@ -90,6 +95,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
   config = config_lib.with_defaults(config)
   objects = Objects(model, task, train_data, eval_data, optimizer)
   try:
+    hooks = hooks_lib.check(hooks)  # A wrong object fails before anything is built.
     process.join(config)  # As the CLI does before its command (a no-op after it); sets the compilation cache.
     # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
     # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
@@ -97,6 +103,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
       compiles = stack.enter_context(goodput.CompileWatch())
       clock = goodput.Clock(workdir, compiles)
       run = _setup(config, workdir, stack, clock, objects)
+      run.hooks = hooks
       watcher = stack.enter_context(preemption.Watcher())
       return _train(run, watcher, stack)
   except BaseException as e:
@@ -149,7 +156,8 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     step_flops = _count_flops(parts, state, start < total)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
-    writer = stack.enter_context(contextlib.closing(metrics.create_writer(run.workdir)))  # Process 0 only.
+    hooks = stack.enter_context(contextlib.closing(hooks_lib.Hooks(  # The trackers write on process 0 only.
+        metrics.trackers(run.workdir) + run.hooks, run.workdir, backend.get)))
     # The step time leaves out eval and checkpoint saves, as the clock times them (one timer for both).
     reporter = stack.enter_context(contextlib.closing(progress.Reporter(
         total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
@@ -159,12 +167,14 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
-  loop = _Loop(run, writer, reporter, tracker, replicas.Sentinel(backend), stream=stream,
+  loop = _Loop(run, hooks, reporter, tracker, replicas.Sentinel(backend), stream=stream,
                skipped_before=_skipped_at(run.workdir, start))
   if start:  # The status lines are printed (not logged): a script or notebook sees them as the command line does.
     reporter.note(f"resumed from step {start} ({run.checkpointer.directory}/{start})"
                   + (f"; nothing to train: step {start} of {total}" if start >= total else ""))
     loop.eval_metrics = _last_eval(run.workdir, start) if start >= total else {}
+  with clock.span("setup"):
+    hooks.call("on_start", start, state)
   with loop.saving_on_error():
     for step in range(start + 1, total + 1):
       # Input is only what the feed waited for, a batch not placed yet: on busy cores the loop's thread can wait
@@ -192,6 +202,14 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         loop.finish(step)
         return Result(state, backend, loop.eval_metrics, preempted=True, model=parts.model,
                       resumed_from=start or None, preempted_at=step)
+      if hooks.should_stop(step, state) and step < total:  # A hook asked, on any process: all stop here.
+        if loop.saved != step:
+          loop.save(step, state, force=True)
+        reporter.note(f"step {step}: {hooks.stopped_by or 'a hook'} asked to stop; checkpoint saved (stopped at step "
+                      f"{step})")
+        loop.finish(step)
+        return Result(state, backend, loop.eval_metrics, model=parts.model, resumed_from=start or None,
+                      stopped_at=step)
   reporter.done()
   loop.finish(total)
   return Result(state, backend, loop.eval_metrics, model=parts.model, resumed_from=start or None)
@@ -201,7 +219,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
 class _Loop:
   """The loop's periodic work (log, replica check, eval, checkpoint) and what it remembers between steps."""
   run: _Run
-  writer: metrics.MultiWriter
+  writer: hooks_lib.Hooks  # The trackers (metrics.jsonl, TensorBoard, ...) and the user's hooks.
   reporter: progress.Reporter
   tracker: StepMetrics
   sentinel: replicas.Sentinel
@@ -217,9 +235,11 @@ class _Loop:
     if _itstime(step, config.log_every_steps, total):
       with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
         train_metrics = self.tracker.flush()
+      skipped = self._skipped(step)
       self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
-                               **self.run.recorder.metrics(step), **self._skipped(step), **clock.scalars()})
+                               **self.run.recorder.metrics(step), **skipped, **clock.scalars()})
       clock.save()
+      self.writer.call("on_log", step, state, {**train_metrics, **skipped})
     if _itstime(step, config.check_replicas_every_steps, total):
       with clock.span("train"):
         self.sentinel.check(state.params)
@@ -229,6 +249,7 @@ class _Loop:
         self.eval_metrics = evaluate.run(self.run.parts, state)
       self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
       self.reporter.on_eval(step, self.eval_metrics)
+      self.writer.call("on_eval", step, state, self.eval_metrics)
     if _itstime(step, config.checkpoint_every_steps, total):
       self.save(step, state, self.eval_metrics if evaluated else None)
 
@@ -241,10 +262,11 @@ class _Loop:
       _record_skipped(self.run.workdir, step, self._skipped_through(step))
     with self.run.clock.span("checkpoint") as span:  # Left out of the step time, as eval is.
       self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
+    self.saved = step  # Before the hooks: one that raises must not make the error path save this step again.
     self.run.recorder.saved(step)
     self.writer.write(step, {"time/checkpoint": span.seconds})
     self.run.clock.save()
-    self.saved = step
+    self.writer.call("on_checkpoint", step, state, eval_metrics)
 
   def _skipped(self, step: int) -> dict[str, float]:
     """`train/skipped_examples`: bad examples replaced so far (with skip_bad_examples), as `_skipped_through`."""

@@ -1,35 +1,30 @@
-"""Host-side metric writers: `metrics.jsonl` and TensorBoard event files in the workdir, process 0 only."""
+"""Host-side metric writers, the default trackers (`jaxdp.loop.hooks`): `metrics.jsonl` and TensorBoard event
+files in the workdir, process 0 only."""
 
 import glob
 import json
 import numbers
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
+
+from jaxdp.loop.hooks import Hook
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_GLOB = "events.out.tfevents.*"
 
 
-class Writer(Protocol):
-  """Takes the scalars of one step; `close` flushes what is buffered."""
-
-  def write(self, step: int, scalars: Mapping[str, float]) -> None: ...
-
-  def close(self) -> None: ...
-
-
-class JsonlWriter:
+class JsonlWriter(Hook):
   """Appends one JSON object per line ({"step": ..., "train/loss": ...}); a no-op off process 0."""
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, METRICS_FILE)
     self.enabled = jax.process_index() == 0
 
-  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+  def on_write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
     record = {"step": int(step), **{k: _json_value(v) for k, v in scalars.items()}}
@@ -37,10 +32,10 @@ class JsonlWriter:
       f.write(json.dumps(record) + "\n")
 
   def close(self) -> None:
-    """Nothing buffered: every record is on disk once `write` returns."""
+    """Nothing buffered: every record is on disk once `on_write` returns."""
 
 
-class TensorBoardWriter:
+class TensorBoardWriter(Hook):
   """TensorBoard event files in the workdir (`tensorboard --logdir WORKDIR`); a no-op off process 0.
 
   Uses TensorBoard's numpy-only `tensorboard.summary.Writer` over `EventFile`: TensorFlow is never loaded.
@@ -55,11 +50,11 @@ class TensorBoardWriter:
       from jaxdp.report.event_file import EventFile
       self._writer = EventWriter(EventFile(workdir))
 
-  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+  def on_write(self, step: int, scalars: Mapping[str, float]) -> None:
     if self._writer is None:
       return
     for key, value in scalars.items():
-      if _is_number(value):
+      if is_number(value):
         self._writer.add_scalar(key, float(value), int(step))
     self._writer.flush()  # Periodic and small: flushing keeps the files current if the run dies.
 
@@ -69,27 +64,9 @@ class TensorBoardWriter:
       self._writer = None
 
 
-class MultiWriter:
-  """Fans each write out to several writers."""
-
-  def __init__(self, writers: Sequence[Writer]):
-    self.writers = list(writers)
-
-  def write(self, step: int, scalars: Mapping[str, float]) -> None:
-    for writer in self.writers:
-      writer.write(step, scalars)
-
-  def close(self) -> None:
-    for writer in self.writers:
-      writer.close()
-
-
-def create_writer(workdir: str, tensorboard: bool = True) -> MultiWriter:
-  """metrics.jsonl plus (optionally) TensorBoard event files; both write on process 0 only."""
-  writers: list[Writer] = [JsonlWriter(workdir)]
-  if tensorboard:
-    writers.append(TensorBoardWriter(workdir))
-  return MultiWriter(writers)
+def trackers(workdir: str, tensorboard: bool = True) -> list[Hook]:
+  """The default trackers: metrics.jsonl plus (optionally) TensorBoard event files; both write on process 0 only."""
+  return [JsonlWriter(workdir)] + ([TensorBoardWriter(workdir)] if tensorboard else [])
 
 
 def read(workdir: str) -> list[dict]:
@@ -159,7 +136,8 @@ def _ratio(total: float, weight: float) -> float:
   return total / weight if weight else float("nan")
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
+  """Whether `value` is one real number (a bool or an array of more than one is not)."""
   return isinstance(value, numbers.Number | np.generic | np.ndarray) and not isinstance(value, bool) \
       and np.ndim(value) == 0
 
