@@ -83,15 +83,6 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   return threads
 
 
-def backends_started() -> bool:
-  """Whether JAX started its backends (after that, the CPU thread pool is fixed)."""
-  try:  # No public way to ask.
-    from jax._src.xla_bridge import backends_are_initialized
-  except ImportError:  # A JAX without it (private API): only the warning is lost.
-    return False
-  return backends_are_initialized()
-
-
 def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
   """Logs a warning when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
   import jax
