@@ -76,7 +76,7 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
                          task=task_info.task, element_spec=ds.element_spec())  # A linen instance: init on what the task feeds.
   shapes = jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0]
   tx = optim.make(config, shapes, optimizer)  # The decay mask from the true shapes.
-  _check_sharded(strategy, tx, shapes, objects.object_name(optimizer) if optimizer else repr(config.optimizer))
+  _check_sharded(strategy, tx, shapes, objects.shown(config.optimizer if optimizer is None else optimizer))
   init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=net, tx=tx,
                            strategy=strategy)
   abstract = jax.eval_shape(init)

@@ -58,6 +58,11 @@ class Objects:
     return named
 
 
+def shown(value: Any) -> str:
+  """A config value as a line shows it: a name quoted, an object as `object_name` gives it."""
+  return repr(value) if isinstance(value, str) else object_name(value)
+
+
 def object_name(obj: Any) -> str:
   """'<object __main__.Net>' for a class or function, '<object __main__.Net instance>' for an instance."""
   if inspect.isclass(obj) or inspect.isfunction(obj):

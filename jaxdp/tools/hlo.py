@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdp import build, data, parallel
+from jaxdp import build, data, objects, parallel
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
 Shape = tuple[str, tuple[int, ...]]  # (numpy dtype name, dims)
@@ -43,9 +43,10 @@ def abstract_inputs(parts: build.Parts, abstract: Any) -> tuple[Any, Any]:
 
 def run_options(parts: build.Parts) -> dict[str, Any]:
   """What was compiled: model, backend, devices, batch layout and the options that change the step."""
-  config, device = parts.config, parts.backend.devices[0]
+  config, device, tx = parts.config, parts.backend.devices[0], parts.config.optimizer
   return {"model": config.model.name, "backend": config.parallel.backend, "devices": parts.backend.num_devices,
-          "platform": parts.backend.platform, "device_kind": device.device_kind, "optimizer": config.optimizer,
+          "platform": parts.backend.platform, "device_kind": device.device_kind,
+          "optimizer": tx if isinstance(tx, str) else objects.object_name(tx),
           "global_batch": parts.layout.global_batch, "per_device_batch": parts.layout.per_device_batch,
           "grad_accum_steps": config.grad_accum_steps, "dtype": config.dtype,
           "allreduce_dtype": config.parallel.allreduce_dtype,
