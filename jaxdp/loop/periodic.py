@@ -1,0 +1,171 @@
+"""The training loop's periodic work after a step (log, replica check, eval, checkpoint) and what it keeps between
+steps: the last completed step, the last saved one, the bad examples replaced so far."""
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxdp import data
+from jaxdp import step as step_lib
+from jaxdp.loop import evaluate, hooks as hooks_lib, replicas
+from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics
+from jaxdp.report import progress
+
+log = logging.getLogger("jaxdp")
+# `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
+SKIPPED_FILE = "skipped_examples.json"
+
+
+@dataclasses.dataclass
+class Periodic:
+  """The loop's periodic work (log, replica check, eval, checkpoint) and what it remembers between steps."""
+  run: Any  # loop.train._Run: the parts, workdir, checkpointer, recorder and clock.
+  writer: hooks_lib.Hooks  # The trackers (metrics.jsonl, TensorBoard, ...) and the user's hooks.
+  reporter: progress.Reporter
+  tracker: StepMetrics
+  sentinel: replicas.Sentinel
+  eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+  saved: int = -1  # The last step checkpointed by this run.
+  completed: tuple[int, step_lib.TrainState] | None = None  # The last step dispatched whose metrics were taken.
+  stream: Iterator | None = None  # The train stream, which counts the bad examples it replaced.
+  skipped_before: int = 0  # Bad examples replaced in the steps before this run's first (earlier runs').
+
+  def periodic(self, step: int, state: step_lib.TrainState) -> None:
+    """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
+    config, total, clock = self.run.parts.config, self.run.parts.config.num_train_steps, self.run.clock
+    if itstime(step, config.log_every_steps, total):
+      with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
+        train_metrics = self.tracker.flush()
+      skipped = self._skipped(step)
+      self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
+                               **self.run.recorder.metrics(step), **skipped, **clock.scalars()})
+      clock.save()
+      self.writer.call("on_log", step, state, {**train_metrics, **skipped})
+    if itstime(step, config.check_replicas_every_steps, total):
+      with clock.span("train"):
+        self.sentinel.check(state.params)
+    evaluated = itstime(step, config.eval_every_steps, total)
+    if evaluated:
+      with clock.span("eval") as span:  # Also left out of the progress line's step time (between_steps).
+        self.eval_metrics = evaluate.run(self.run.parts, state)
+      self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
+      self.reporter.on_eval(step, self.eval_metrics)
+      self.writer.call("on_eval", step, state, self.eval_metrics)
+    if itstime(step, config.checkpoint_every_steps, total):
+      self.save(step, state, self.eval_metrics if evaluated else None)
+
+  def save(self, step: int, state: step_lib.TrainState, eval_metrics: dict[str, float] | None = None,
+           force: bool = False) -> None:
+    """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
+    with self.run.clock.span("train"):
+      jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
+    if self.run.parts.config.dataset.skip_bad_examples:  # Before the save: a checkpoint always has its count.
+      record_skipped(self.run.workdir, step, self._skipped_through(step))
+    with self.run.clock.span("checkpoint") as span:  # Left out of the step time, as eval is.
+      self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
+    self.saved = step  # Before the hooks: one that raises must not make the error path save this step again.
+    self.run.recorder.saved(step)
+    self.writer.write(step, {"time/checkpoint": span.seconds})
+    self.run.clock.save()
+    self.writer.call("on_checkpoint", step, state, eval_metrics)
+
+  def _skipped(self, step: int) -> dict[str, float]:
+    """`train/skipped_examples`: bad examples replaced so far (with skip_bad_examples), as `_skipped_through`."""
+    if not self.run.parts.config.dataset.skip_bad_examples:
+      return {}
+    return {"train/skipped_examples": float(self._skipped_through(step))}
+
+  def _skipped_through(self, step: int) -> int:
+    """Bad examples replaced in every process's rows of steps 1..`step`, over this workdir's runs.
+
+    Collective with several processes (each counts its own rows): every process calls it at the same step.
+    """
+    here = data.skipped_through(self.stream, step)
+    if jax.process_count() > 1:
+      here = int(np.sum(multihost_utils.process_allgather(np.array([here], np.int32))))
+    return self.skipped_before + here
+
+  @contextlib.contextmanager
+  def saving_on_error(self) -> Iterator[None]:
+    """On an exception, checkpoints the last completed step (when checkpointing is on) before it propagates.
+
+    A failure in the input or in an eval (a bad example, a full disk) then loses no step. Not after a
+    NaN/Inf run or a replica mismatch: that state is not good.
+
+    Single process only. An orbax save with several processes is collective (each writes its shards, then
+    all meet at the coordination service's barriers before process 0 commits), but a failure here is this
+    process's alone: its rows of the train batch, its share of the eval split. The others are by then inside
+    the next device collective (the step's all-reduce, the eval's sums), which cannot return without this
+    process, so no message reaches them and they never join the save: this process would wait at the first
+    barrier instead of ending with its error. Nor can a process know that the others failed the same way
+    without a collective that the healthy ones never enter. So they end when this one exits (the coordination
+    service declares it lost), and the newest periodic checkpoint is where the run resumes.
+    """
+    try:
+      yield
+    except (NonFiniteError, replicas.ReplicaMismatchError):
+      raise
+    except Exception:
+      if self._unsaved_step():
+        self._save_on_the_way_out(*self.completed)
+      raise
+
+  def _unsaved_step(self) -> bool:
+    """Whether a completed step is not checkpointed yet and may be (checkpointing on, one process)."""
+    every = self.run.parts.config.checkpoint_every_steps
+    return self.completed is not None and self.completed[0] != self.saved and every > 0 and jax.process_count() == 1
+
+  def _save_on_the_way_out(self, step: int, state: step_lib.TrainState) -> None:
+    """Saves `state` as step `step` and waits for it; a failing save is logged, never raised over the error."""
+    try:
+      self.save(step, state, force=True)
+      self.run.checkpointer.wait()
+      log.warning("step %d: checkpoint saved before stopping on the error below", step)
+    except Exception as e:  # The original error is the one to report; this one only explains a missing save.
+      log.warning("step %d: could not checkpoint before stopping: %s", step, e)
+
+  def finish(self, step: int) -> None:
+    """The run's time per category (summed over this workdir's runs): the last record and line."""
+    with self.run.clock.span("checkpoint"):
+      self.run.checkpointer.wait()  # Pending asynchronous saves are part of the run.
+    self.writer.write(step, self.run.clock.scalars())
+    self.run.clock.save()
+    self.reporter.note(self.run.clock.line())
+
+
+def skipped_at(workdir: str, step: int) -> int:
+  """`train/skipped_examples` through checkpointed step `step` (0 at step 0, or when none was recorded)."""
+  try:
+    with open(os.path.join(workdir, SKIPPED_FILE)) as f:
+      return int(json.load(f).get(str(step), 0)) if step else 0
+  except (OSError, ValueError, TypeError, AttributeError):
+    return 0
+
+
+def record_skipped(workdir: str, step: int, count: int) -> None:
+  """Adds `count` as the bad examples through step `step` (process 0; replaced atomically, as goodput's file)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(workdir, SKIPPED_FILE)
+  try:
+    with open(path) as f:
+      counts = json.load(f)
+  except (OSError, ValueError):
+    counts = {}
+  counts[str(step)] = count  # A step trained again after a restart replaces the same bad rows: the same count.
+  with open(path + ".tmp", "w") as f:
+    json.dump(counts, f)
+  os.replace(path + ".tmp", path)
+
+
+def itstime(step: int, every: int, total: int) -> bool:
+  """Periodic work runs every `every` steps and at the last step; never when `every` is 0."""
+  return every > 0 and (step % every == 0 or step == total)
