@@ -18,7 +18,7 @@ from flax import linen, nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxdp import checkpoint, feed, parallel, strategies
+from jaxdp import checkpoint, feed, objects, parallel, strategies
 from jaxdp import data as datalib
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
@@ -62,6 +62,7 @@ class DataParallel:
     self._eval_steps: dict[int, tuple[Any, Callable]] = {}  # By task: compiled once per `init`, not per eval.
     self._stream: dict | None = None    # The stream spec of the last `batches`: saved with each checkpoint.
     self._restored: dict | None = None  # The stream spec the restored checkpoint was trained on.
+    self._given: dict[str, Any] = {}  # The objects a checkpoint's config names (`objects.Objects`).
 
   @property
   def num_devices(self) -> int:
@@ -72,6 +73,7 @@ class DataParallel:
     """A `TrainState` on the devices from an NNX module (class built with `rngs` only, or instance) or a linen
     module (initialized on `inputs`, a sample batch), and any optax optimizer; `train_step` uses both."""
     self.model, self.tx, self._eval_steps = _model(model, inputs), optimizer, {}
+    self._given.update(model=model, optimizer=optimizer)
     init = functools.partial(step_lib.init_state, jax.random.PRNGKey(seed), model=self.model, tx=optimizer,
                              strategy=self.strategy)
     abstract = jax.eval_shape(init)
@@ -107,6 +109,8 @@ class DataParallel:
     """The compiled `(state, batch) -> (state, metrics)` for `task(model, batch) -> (loss, metrics)`: the loss and
     every mean metric Σw·v/Σw over the global batch (`step.train_step`); `state` is donated."""
     self._check_init()
+    if task is not step_lib.CLASSIFICATION:  # The default is what an empty task.name infers: nothing to name.
+      self._given["task"] = task
     return self.backend.map_train(functools.partial(step_lib.train_step, model=self.model, tx=self.tx,
                                                     strategy=self.strategy, task=task))
 
@@ -124,7 +128,8 @@ class DataParallel:
   def save(self, workdir: str, state: step_lib.TrainState, *, metrics: dict[str, float] | None = None) -> int:
     """Writes `state` as WORKDIR/checkpoints/<its step> with the stream of the last `batches`; returns the step."""
     step = int(self.backend.get(state.step))
-    with checkpoint.Checkpointer(workdir, self.config, stream=self._stream) as saver:
+    named = objects.Objects(**self._given).named(self.config)  # So `jaxdp.evaluate` says which object to pass.
+    with checkpoint.Checkpointer(workdir, named, stream=self._stream) as saver:
       saver.save(step, state, self.backend, metrics, force=True)
     return step
 
@@ -175,10 +180,11 @@ class DataParallel:
     if key not in self._datasets:
       config = ml_collections.ConfigDict(self.config.dataset.to_dict())
       if isinstance(data, str):
-        config.name = data
+        config.name = self.config.dataset.name = data
         ds = datalib.load(config)
       else:
         ds = datalib.load(config, **{"train_data" if train else "eval_data": data})
+        self._given["train_data" if train else "eval_data"] = data
       self._datasets[key] = (data, ds)  # The object kept with it, so that its id is never another's.
     ds = self._datasets[key][1]
     return ds, split or (self.config.dataset.train_split if train else self.config.dataset.eval_split)

@@ -223,3 +223,18 @@ def test_a_linen_module_and_an_nnx_class_initialize_from_the_seed():
     assert any(not np.array_equal(first[k], other[k]) for k in first)
   with pytest.raises(ConfigError, match=r"dp.init\(..., inputs=x\)"):
     dp.init(Dense(), optax.sgd(0.1))
+
+
+def test_a_saved_workdir_names_the_objects_jaxdp_evaluate_needs(tmp_path, capsys):
+  """As train_and_evaluate's workdirs do: `jaxdp.evaluate` names the argument to pass, not a default model."""
+  from flax import nnx
+  from jaxdp.tools import evaluate, restore
+  dp = jaxdp.DataParallel()
+  _train(dp, nnx.Linear(4, 2, rngs=nnx.Rngs(0)), steps=1)
+  dp.save(str(tmp_path), dp.init(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), optax.adam(0.1)))
+  stored = restore.stored_config(str(tmp_path))
+  assert stored.model.name == "<object flax.nnx.nn.linear.Linear instance>", stored.model.name
+  assert stored.dataset.name == "<object builtins.dict instance>" and stored.optimizer.startswith("<object optax.")
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "model=Linear" in err[0], err
