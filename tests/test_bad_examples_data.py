@@ -15,10 +15,10 @@ from PIL import Image
 
 import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
 import runs
-from jaxdp import build, data
+from jaxdp import data
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
-from jaxdp.data import cache, held
+from jaxdp.data import cache
 
 STEPS = 8  # Two epochs of 64 examples in batches of 16: each bad example is met twice.
 
@@ -124,12 +124,3 @@ def test_a_bad_example_in_a_split_kept_on_disk_is_named_and_skipped_by_later_ope
   runs.assert_bitwise(_train(later), expected)
   with pytest.raises(data.BadExampleError, match=r"cannot decode example \d+ of split 'train' \(Invalid PNG"):
     _train(_load(tmp_path, 64, builder_kwargs=kwargs["builder_kwargs"]))
-
-
-@pytest.mark.parametrize("bad", [(), (5,)])
-def test_a_cached_split_with_a_bad_example_is_never_held_on_the_devices(tmp_path, bad):
-  config = _config(tmp_path, 64, skip_bad_examples=True, builder_kwargs={"bad_train": bad})
-  config.parallel.resident_mb = 8
-  parts = build.build(config)
-  assert held.nbytes(parts.ds, "train") is not None  # Small, decoded, not augmented: it fits, ...
-  assert (parts.feed.held is None) == bool(bad)  # ... but a held copy could not name (or skip) a bad example.

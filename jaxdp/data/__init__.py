@@ -9,7 +9,6 @@ The modules, in the order the data flows through them:
   ArrayRecord), or a token file (`token_file`); or data given
   as Python objects (`in_memory`: a dict of numpy arrays, any random-access source); `source`: the random-access
   `Source` interface.
-- `held`: a split held whole, finished as its batches are, for the devices to gather from (`jaxdp.resident`).
 - `sampler`: which examples global batch `step` holds, a pure function of (seed, step); `rng`, numpy's generator
   keyed by (seed, stream, epoch or step).
 - `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order);

@@ -42,10 +42,6 @@ class DecodedSource:
       raise UnreadableExample(self.bad[unreadable[0]])
     return {k: v[indices] for k, v in self._arrays.items()}
 
-  def held(self) -> Rows | None:
-    """The whole split, whose `read(ids)` is `{k: v[ids]}` of it; None when some example is unreadable."""
-    return None if self.bad else self._arrays
-
 
 class CachedCorpus:
   """A `TfdsCorpus` whose splits are decoded once, when first opened; nothing left to decode per step.

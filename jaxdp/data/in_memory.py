@@ -53,10 +53,6 @@ class ArraysSource:
   def read(self, indices: np.ndarray) -> Rows:
     return {k: v[indices] for k, v in self.arrays.items()}
 
-  def held(self) -> Rows:
-    """The whole split: `read(ids)` is `{k: v[ids]}` of it (`jaxdp.data.held`)."""
-    return self.arrays
-
   def digest(self, h: "hashlib._Hash") -> None:
     _digest_rows(h, self.arrays)
 

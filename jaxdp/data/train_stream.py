@@ -18,15 +18,12 @@ epoch (`sampler.ShardOrder`).
 `with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
 as it was read, which the audit records; strip it before the step (`jaxdp.loop.audit.Recorder.take_ids`).
 
-`row_ids=True`, for a split the devices hold whole (`jaxdp.data.held`): each batch is only `ROWS` (int32 [rows]),
-the positions of the rows it would read, which the step gathers on the devices (`jaxdp.resident`).
 """
 
 from collections.abc import Iterator
 
 import numpy as np
 
-from jaxdp.batch import ROWS
 from jaxdp.data import bad_examples, host_batches, images, sampler, tf_setup
 from jaxdp.data.dataset import Batch, Dataset
 from jaxdp.data.reader import INDEX, drop_row, example_check, probe_row, read_steps, to_numpy
@@ -46,7 +43,7 @@ def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_i
 
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int,
                   process_index: int, process_count: int, stop_step: int | None = None,
-                  with_ids: bool = False, row_ids: bool = False, _tf_data: bool = False) -> Iterator[Batch]:
+                  with_ids: bool = False, _tf_data: bool = False) -> Iterator[Batch]:
   """This process's rows of global batches start_step, start_step+1, ..., stop_step - 1 (None: forever).
 
   `_tf_data`: through tf.data even where the batches could be built on the host (tests compare the two paths).
@@ -83,14 +80,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   per_example = crop if pre.image_size else None
 
   def open_on_host(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
-    def make(step: int) -> Batch:
-      return finish(read(step, swaps), step)
-
-    def positions(step: int) -> Batch:  # A held split has no unreadable example: nothing is ever swapped.
-      at = ids(step).astype(np.int32)
-      return {ROWS: at, INDEX: at.astype(np.int64)} if with_ids else {ROWS: at}
-
-    return host_batches.batches(positions if row_ids else make, first, stop_step)
+    return host_batches.batches(lambda step: finish(read(step, swaps), step), first, stop_step)
 
   def open_tf_data(first: int, swaps: bad_examples.Swaps) -> Iterator[Batch]:
     tf = tf_setup.tensorflow()
@@ -104,6 +94,6 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   def decodes(step: int, row: int, index: int) -> bool:
     return check(lambda: with_index(np.array([index], np.int64)), step, first_row + row)
 
-  on_host = row_ids or (host_batches.applies(ds) and not _tf_data)  # Row ids are only ever made on the host.
+  on_host = host_batches.applies(ds) and not _tf_data
   return bad_examples.Guarded(open_on_host if on_host else open_tf_data, ids, decodes, split=split, size=len(source),
                               start=start_step, skip=ds.options.skip_bad_examples)
