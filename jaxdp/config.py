@@ -51,6 +51,10 @@ REMOVED = {
     "parallel.flat_allreduce": "the gradient is all-reduced leaf by leaf everywhere",
     "parallel.bucket_bytes": "the gradient is all-reduced leaf by leaf everywhere",
     "dataset.shuffle_buffer": "a TFRecord-only dataset is converted (python -m jaxdp.data.convert), never streamed",
+    "dataset.prefetch": "parallel.prefetch is the one prefetch setting; tf.data's own depth is a constant",
+    "dataset.cache_on_disk": "a split held decoded is always kept in files beside the dataset where it can be written",
+    "dataset.crop_ratio": "a constant: Inception's central crop, 0.875 of the shorter side",
+    "dataset.shard_by_process": "the one global order reads by index on any process count",
 }
 
 

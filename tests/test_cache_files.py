@@ -1,4 +1,4 @@
-"""A split held decoded is kept in files beside its prepared dataset (`dataset.cache_on_disk`) and mapped by every
+"""A split held decoded is kept in files beside its prepared dataset and mapped by every
 later open: the same batches as a decode in memory, decoded again when the dataset or the files change, written
 by one of several openers at once, and a folder that cannot hold them leaves the split decoded in memory."""
 
@@ -67,11 +67,6 @@ def test_a_split_decoded_once_is_mapped_from_its_files_by_every_later_open(own_d
   assert len(decodes) == 2  # Nothing decoded again: mapped.
   arrays = again.source("train")._arrays
   assert all(not a.flags.writeable and isinstance(a.base, np.memmap) for a in arrays.values())
-
-
-def test_without_cache_on_disk_nothing_is_written(own_dir, decodes):
-  runs.assert_bitwise(_batches(_load(own_dir, cache_on_disk=False)), _batches(_load(own_dir, cache_mb=0)))
-  assert not glob.glob(os.path.join(own_dir, "**", cache_files.FOLDER), recursive=True)
 
 
 def test_a_dataset_prepared_again_is_decoded_again_and_its_old_files_dropped(own_dir, decodes):

@@ -139,11 +139,6 @@ def test_a_tfrecord_only_dataset_is_one_error_line_with_the_command(tfrecord_dir
   assert err.endswith(f"`python -m jaxdp.data.convert {version_dir}`")
 
 
-def test_a_tfrecord_only_dataset_is_refused_under_shard_by_process_too(tfrecord_dir):
-  with pytest.raises(ConfigError, match=r"as tfrecord only.*`python -m jaxdp.data.convert .*digits"):
-    data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": tfrecord_dir, "shard_by_process": True}))
-
-
 def test_the_converted_dataset_reads_the_same_batches(tfrecord_dir, data_dir, tmp_path):
   copy = str(tmp_path / "tfds")
   shutil.copytree(tfrecord_dir, copy)

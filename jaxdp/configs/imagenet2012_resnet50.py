@@ -51,9 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.train_split = "train"
   config.dataset.eval_split = "validation"
   config.dataset.image_size = 224    # Train: random-resized crop to 224 x 224; eval: central crop resized to 224.
-  config.dataset.crop_ratio = 0.875  # Eval: the central square's side is 0.875 x the shorter side (224 of 256).
   config.dataset.flip = True         # Train: random horizontal flip.
   config.dataset.mean = (0.485, 0.456, 0.406)  # Per-channel normalization of pixels in [0, 1].
   config.dataset.std = (0.229, 0.224, 0.225)
-  config.dataset.prefetch = 4        # Host batches prepared ahead (decoding 224 px JPEGs is the host's main work).
   return config

@@ -44,15 +44,12 @@ class DecodedSource:
 
 
 class CachedCorpus:
-  """A `TfdsCorpus` whose splits are decoded once, when first opened; nothing left to decode per step.
-
-  `on_disk` (`dataset.cache_on_disk`): a split decoded once is kept in files beside the prepared dataset and
-  mapped by every later open (`jaxdp.data.cache_files`), in any process and run of the host.
-  """
+  """A `TfdsCorpus` whose splits are decoded once, when first opened, and kept in files beside the prepared dataset
+  that every later open maps (`cache_files`: in memory where they cannot be written)."""
   decode = None
 
-  def __init__(self, corpus: TfdsCorpus, on_disk: bool = False):
-    self.corpus, self.facts, self.on_disk = corpus, corpus.facts, on_disk
+  def __init__(self, corpus: TfdsCorpus):
+    self.corpus, self.facts = corpus, corpus.facts
     self._sources: dict[str, DecodedSource] = {}
 
   def source(self, split: str) -> DecodedSource:
@@ -61,12 +58,10 @@ class CachedCorpus:
     return self._sources[split]
 
   def _decoded(self, split: str) -> cache_files.Decoded:
-    """The split's arrays and bad examples: mapped from their files (`on_disk`), or decoded now."""
+    """The split's arrays and bad examples: mapped from their files, or decoded now."""
     def decode() -> cache_files.Decoded:
       return decode_all(self.corpus.source(split), self.corpus.decode, split)
 
-    if not self.on_disk:
-      return decode()
     builder = self.corpus.builder
     try:
       files = [os.fspath(f) for f in builder.info.splits[split].filepaths]
@@ -76,10 +71,10 @@ class CachedCorpus:
     return cache_files.load_or_decode(os.fspath(builder.data_dir), split, digest, decode)
 
 
-def maybe_cached(corpus: TfdsCorpus, max_mib: float, on_disk: bool = False) -> TfdsCorpus | CachedCorpus:
-  """`corpus` decoded in memory (`on_disk`: and kept in files) when all its splits fit in `max_mib` MiB decoded."""
+def maybe_cached(corpus: TfdsCorpus, max_mib: float) -> TfdsCorpus | CachedCorpus:
+  """`corpus` decoded once (`CachedCorpus`) when all its splits fit in `max_mib` MiB decoded."""
   mib = corpus.decoded_mib()
-  return CachedCorpus(corpus, on_disk) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
+  return CachedCorpus(corpus) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
 
 
 def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:

@@ -1,8 +1,7 @@
 """A split held decoded (`jaxdp.data.cache`) kept on disk beside its prepared files, and memory-mapped.
 
 Decoding a whole split is seconds of a run's start, paid again by every process and every restart, and each
-process held its own copy (docs/design-notes.md#input-pipeline-choices). With `dataset.cache_on_disk`
-the first process to open a split decodes it and writes one `.npy` file per feature and a `.json` of what
+process held its own copy (docs/design-notes.md#input-pipeline-choices). So the first process to open a split decodes it and writes one `.npy` file per feature and a `.json` of what
 they hold under `<the prepared dataset's folder>/jaxdp_decoded/<split>/`; every later open, in any process of the host
 and any later run, maps those files: no decode, and one copy in the page cache for all of a host's processes.
 The same bytes as a decode in memory (tested), so batches and stream specs do not change.

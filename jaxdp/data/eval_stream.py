@@ -36,8 +36,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     return {**source.read(bad_examples.swapped(indices, replaced)), REAL: mask}
 
   def crop(example: dict) -> dict:
-    return {**example, "inputs": images.eval_crop(example["inputs"], pre.image_size, pre.crop_ratio,
-                                                  ds.input_shape[-1])}
+    return {**example, "inputs": images.eval_crop(example["inputs"], pre.image_size, ds.input_shape[-1])}
 
 
   per_example = crop if pre.image_size else None
@@ -51,7 +50,7 @@ def eval_batches(ds: Dataset, split: str, *, global_batch: int, process_index: i
     probe = {**probe_row(source.read, n), REAL: np.ones([1], bool)}
     steps = tf.data.Dataset.range(first, stop)
     batches = read_steps(ds, probe, steps, lambda step: read(int(step), swaps), rows, lo, per_example)
-    return (pre.finish(drop_row(b, "step")) for b in to_numpy(batches, ds.options.prefetch))
+    return (pre.finish(drop_row(b, "step")) for b in to_numpy(batches))
 
   check = example_check(ds, per_example)
 

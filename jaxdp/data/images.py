@@ -2,7 +2,7 @@
 
 Train: a random-resized ("Inception") crop, 8% to 100% of the area, aspect ratio 3/4 to 4/3 (as the
 Flax ImageNet example and torchvision), resized to image_size, then a random horizontal flip. Eval: the
-central square of side crop_ratio * min(height, width), resized. JPEGs decode only the crop window
+central square of side CROP_RATIO * min(height, width), resized. JPEGs decode only the crop window
 (`decode_and_crop_jpeg`); other formats decode whole, then crop; images already decoded (arrays given from Python)
 are cropped as they are and keep their dtype. The draws of an example come from a
 stateless seed of (seed, step, row): its global position, never the process or device that reads it.
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
 AREA = (0.08, 1.0)
 ASPECT = (3 / 4, 4 / 3)
 ATTEMPTS = 10
+CROP_RATIO = 0.875  # Eval: the central square's side / the shorter side (Inception's central crop: 224 of 256).
 RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic"  # In the stream spec.
 
 
@@ -47,12 +48,12 @@ def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int,
   return tf.cond(tf.random.stateless_uniform([], flip_key) < 0.5, lambda: tf.reverse(crop, [1]), lambda: crop)
 
 
-def eval_crop(image: tf.Tensor, image_size: int, crop_ratio: float, channels: int) -> tf.Tensor:
-  """Central square of side crop_ratio * min(height, width), resized to [image_size, image_size, channels] (dtype as
+def eval_crop(image: tf.Tensor, image_size: int, channels: int) -> tf.Tensor:
+  """Central square of side CROP_RATIO * min(height, width), resized to [image_size, image_size, channels] (dtype as
   in `train_crop`)."""
   tf = tf_setup.tensorflow()
   shape = _shape(image, channels)
-  side = tf.cast(crop_ratio * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
+  side = tf.cast(CROP_RATIO * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
   top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
   return _resize(_window(image, top, left, side, side, channels), image_size)
 

@@ -40,19 +40,17 @@ def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
-  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip, image_size, crop_ratio)."""
+  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip, image_size)."""
   mean: tuple[float, ...] = ()
   std: tuple[float, ...] = ()
   crop_padding: int = 0
   flip: bool = False
-  image_size: int = 0       # Images of varying size: cropped to image_size squares (`jaxdp.data.images`); 0: off.
-  crop_ratio: float = 0.875  # Eval of images of varying size: the central crop's side / the shorter side.
+  image_size: int = 0  # Images of varying size: cropped to image_size squares (`jaxdp.data.images`); 0: off.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
     """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`) against the input shape."""
-    pre = cls(tuple(config.mean), tuple(config.std), config.crop_padding, bool(config.flip), config.image_size,
-              config.crop_ratio)
+    pre = cls(tuple(config.mean), tuple(config.std), config.crop_padding, bool(config.flip), config.image_size)
     channels = input_shape[-1] if input_shape else 1
     for key, value in (("mean", pre.mean), ("std", pre.std)):
       if len(value) not in (0, 1, channels):
@@ -71,8 +69,6 @@ class Preprocess:
     """Images of varying size need image_size (then no crop_padding); fixed-size ones may use it too."""
     if not isinstance(self.image_size, int) or self.image_size < 0:
       raise ConfigError(f"dataset.image_size must be a non-negative integer, got {self.image_size!r}")
-    if not (isinstance(self.crop_ratio, (int, float)) and 0 < self.crop_ratio <= 1):
-      raise ConfigError(f"dataset.crop_ratio must be in (0, 1], got {self.crop_ratio!r}")
     varying = None in input_shape
     if varying and not self.image_size:
       raise ConfigError(f"the inputs vary in shape {input_shape!r}: set dataset.image_size (e.g. 224) to crop "

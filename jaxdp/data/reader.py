@@ -18,6 +18,10 @@ from jaxdp.data.source import UnreadableExample, tf_read
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
 
+# Batches tf.data decodes ahead: enough to keep its workers busy while parallel.prefetch's thread, the one setting
+# of how far input runs ahead, takes a batch.
+PREFETCH = 2
+
 
 def read_steps(ds: Dataset, probe: dict[str, np.ndarray], steps: tf.data.Dataset,
                read: Callable[[np.ndarray], dict], rows: int, first_row: int,
@@ -125,21 +129,19 @@ def drop_row(batch: Batch, *keys: str) -> Batch:
   return batch
 
 
-def to_numpy(batches: tf.data.Dataset, prefetch: int) -> Iterator[Batch]:
-  """The batches as numpy, `prefetch` deep (0: none; -1: autotuned)."""
-  return iter(tfds.as_numpy(prefetched(batches, prefetch)))
+def to_numpy(batches: tf.data.Dataset) -> Iterator[Batch]:
+  """The batches as numpy, PREFETCH deep."""
+  return iter(tfds.as_numpy(prefetched(batches)))
 
 
-def prefetched(batches: tf.data.Dataset, prefetch: int) -> tf.data.Dataset:
-  """`batches`, `prefetch` deep, autotuned only when `prefetch` is -1."""
+def prefetched(batches: tf.data.Dataset) -> tf.data.Dataset:
+  """`batches`, PREFETCH deep, not autotuned."""
   tf = tf_setup.tensorflow()
-  if prefetch:
-    batches = batches.prefetch(tf.data.AUTOTUNE if prefetch == -1 else prefetch)
-  # At the end of a stream, deleting the iterator waits for tf.data's autotuning thread (seconds), so it is
-  # off unless asked for; decoding is as fast with the fixed parallelism (docs/design-notes.md#input-pipeline-choices).
+  # Not tf.data.AUTOTUNE: deleting an autotuned iterator at a stream's end waits seconds for tf.data's autotuning
+  # thread, and decoding is as fast with the fixed parallelism (docs/design-notes.md#input-pipeline-choices).
   options = tf.data.Options()
-  options.autotune.enabled = prefetch == -1
-  return batches.with_options(options)
+  options.autotune.enabled = False
+  return batches.prefetch(PREFETCH).with_options(options)
 
 
 def no_autograph(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,32 +12,23 @@ from jaxdp.data import images
 from jaxdp.data.dataset import Dataset
 
 VERSION = 2  # Of the order of examples and of their augmentation draws: bump it whenever either changes.
-# How the train stream picks each step's examples (the spec's `order`), and what each means in an error.
-GLOBAL, SHARD = "global", "shard"
-ORDERS = {GLOBAL: "one global order, read by index (sampler.GlobalOrder)",
-          SHARD: "each process its own shard, read by index (dataset.shard_by_process)"}
-
-
-def order_kind(ds: Dataset) -> str:
-  """The kind of order the train stream of `ds` reads by: GLOBAL or SHARD."""
-  return SHARD if ds.options.shard_by_process else GLOBAL
+GLOBAL = "global"  # The spec's `order`: one global order, read by index (sampler.GlobalOrder).
 
 
 def stream_spec(ds: Dataset, split: str, *, seed: int, global_batch: int, process_count: int) -> dict[str, Any]:
   """What the train batches depend on besides the step: save it with the step, compare on restore.
 
-  The order of examples (its version; dataset and version, or in-memory data's digest; source kind, order kind,
-  split, seed, global batch; the process count where each process has its own shard), the features a batch holds,
-  and their augmentation (crop_padding, flip, image_size, crop recipe).
+  The order of examples (its version; dataset and version, or in-memory data's digest; source kind, split, seed,
+  global batch), the features a batch holds, and their augmentation (crop_padding, flip, image_size, crop recipe).
+  Never the process count: every count reads the same global batches.
   """
-  pre, order = ds.options.preprocess, order_kind(ds)
-  spec = {"version": VERSION, "dataset": ds.corpus.facts.name, "source": ds.kind, "order": order, "split": split,
+  del process_count
+  pre = ds.options.preprocess
+  spec = {"version": VERSION, "dataset": ds.corpus.facts.name, "source": ds.kind, "order": GLOBAL, "split": split,
           "seed": seed, "global_batch": global_batch, "features": sorted(ds.element_spec()),
           "crop_padding": pre.crop_padding, "flip": pre.flip, "image_size": pre.image_size}
   if pre.image_size:
     spec["crop"] = images.RECIPE
-  if order != GLOBAL:
-    spec["process_count"] = process_count
   return spec
 
 
@@ -50,7 +41,5 @@ def check_resume(saved: dict[str, Any], current: dict[str, Any]) -> None:
   changed = [f"{k} {saved.get(k)!r} -> {current.get(k)!r}" for k in sorted({*saved, *current})
              if saved.get(k) != current.get(k)]
   if changed:
-    orders = "" if saved.get("order") == current.get("order") else (
-        f" (was {ORDERS.get(saved.get('order'), saved.get('order'))}; now {ORDERS.get(current.get('order'))})")
-    raise ConfigError(f"the checkpoint's input stream differs ({'; '.join(changed)}){orders}: resuming would replay "
+    raise ConfigError(f"the checkpoint's input stream differs ({'; '.join(changed)}): resuming would replay "
                       f"or skip examples; restore those values or start in a new workdir")

@@ -4,7 +4,7 @@ Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, 
 e, k = divmod(step, steps_per_epoch) and the permutation is numpy's, of a counter-based generator keyed by
 (seed, epoch) (`rng`); the last n % B examples of each epoch sit it out. Process p of P reads rows
 [p * B / P, (p + 1) * B / P) of each global batch. Only the permutations of the epochs in use are held
-(n int64 each), never the examples. `ShardOrder` is the opt-in `dataset.shard_by_process` order.
+(n int64 each), never the examples.
 """
 
 import collections
@@ -73,21 +73,6 @@ def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     while len(_held) > EPOCHS_HELD:
       _held.popitem(last=False)  # Never `key`, the most recent: `order` is returned as it is.
   return order
-
-
-class ShardOrder:
-  """shard_by_process over a random-access source: process p reads its own contiguous 1/P of the split,
-  shuffled per epoch by (seed, p); deterministic, but the batches depend on the process count."""
-
-  def __init__(self, n: int, rows: int, seed: int, split: str, process_index: int, process_count: int):
-    size = n // process_count  # Equal shards: the same batches per epoch everywhere.
-    self.lo = process_index * size
-    self.order = GlobalOrder(size, rows, seed * 1_000_003 + process_index, f"{split} (this process's shard)")
-    self.steps_per_epoch = self.order.steps_per_epoch
-
-  def rows(self, step: int, lo: int, hi: int) -> np.ndarray:
-    del lo, hi  # The whole local batch comes from this process's shard.
-    return self.lo + self.order.rows(step, 0, self.order.global_batch)
 
 
 def eval_rows(n: int, global_batch: int, step: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,7 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
   options = Options.from_config(config, input_shape)
   prepare.require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
-  return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib, options.cache_on_disk), options, builder)
+  return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib), options, builder)
 
 
 def registered(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False,

@@ -12,9 +12,6 @@ Save the state's step, never a count of batches pulled from the iterator: prefet
 A split with nothing to decode (cached, token file, in-memory, .npz) and no per-example crop is read by numpy in
 the caller's thread (`jaxdp.data.host_batches`), any other through tf.data's workers: the same batches either way.
 
-`dataset.shard_by_process` (opt in): each process reads only its own 1/P of the split, reshuffled per
-epoch (`sampler.ShardOrder`).
-
 `with_ids=True` adds the feature `reader.INDEX` (int64 [rows]): the position in the split of each example
 as it was read, which the audit records; strip it before the step (`jaxdp.loop.audit.Recorder.take_ids`).
 
@@ -31,13 +28,8 @@ from jaxdp.data.reader import INDEX, drop_row, example_check, probe_row, read_st
 _FOREVER = 2**62  # "Forever": the stream of steps is cut by the number of steps.
 
 
-def train_order(ds: Dataset, split: str, seed: int, global_batch: int, process_index: int,
-                process_count: int) -> sampler.GlobalOrder | sampler.ShardOrder:
-  """The order of the train stream's examples: one global order, or (dataset.shard_by_process) this process's
-  shard order."""
-  if ds.options.shard_by_process:
-    return sampler.ShardOrder(ds.num_examples(split), global_batch // process_count, seed, split, process_index,
-                              process_count)
+def train_order(ds: Dataset, split: str, seed: int, global_batch: int) -> sampler.GlobalOrder:
+  """The one global order of the train stream's examples."""
   return sampler.GlobalOrder(ds.num_examples(split), global_batch, seed, split)
 
 
@@ -53,7 +45,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
   rows = global_batch // process_count
   first_row = process_index * rows
   source = ds.source(split)
-  order = train_order(ds, split, seed, global_batch, process_index, process_count)
+  order = train_order(ds, split, seed, global_batch)
   pre = ds.options.preprocess
 
   def ids(step: int) -> np.ndarray:
@@ -87,7 +79,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
     steps = tf.data.Dataset.range(first, _FOREVER if stop_step is None else stop_step)
     batches = read_steps(ds, probe_row(with_index, len(source)), steps, lambda step: read(int(step), swaps), rows,
                          first_row, per_example)
-    return (finish(b, int(b.pop("step")[0])) for b in map(drop_row, to_numpy(batches, ds.options.prefetch)))
+    return (finish(b, int(b.pop("step")[0])) for b in map(drop_row, to_numpy(batches)))
 
   check = example_check(ds, per_example)
 

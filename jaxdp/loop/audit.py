@@ -91,7 +91,7 @@ class Recorder:
       self._saves.flush()
 
   def digest(self, step: int) -> str | None:
-    """The digest of global batch `step`; None when this process cannot know it (dataset.shard_by_process)."""
+    """The digest of global batch `step`; None when no order was given."""
     if self.global_order is None:
       return None
     return batch_digest(self.global_order.rows(step - 1, 0, self.header["global_batch"]))
@@ -112,22 +112,18 @@ def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int
           process_index: int, process_count: int, num_devices: int) -> Recorder:
   """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
   from jaxdp.data import resume, train_stream  # The input pipeline's own order of examples.
-  kind = resume.order_kind(ds)
-  if kind != resume.GLOBAL and not config.audit_data:
-    return Recorder({}, None)  # Each process its own order: no digest of the global batch.
   split = config.dataset.train_split
   n = ds.num_examples(split)
   rows = global_batch // process_count
-  order = train_stream.train_order(ds, split, config.seed, global_batch, process_index, process_count)
-  global_order = order if kind == resume.GLOBAL else None
+  order = train_stream.train_order(ds, split, config.seed, global_batch)
   header = {"version": HEADER_VERSION, "segment": _segment_id(process_count), "process_index": process_index,
             "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
             "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
             "steps_per_epoch": order.steps_per_epoch,
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
-            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": kind}
+            "restored_from": restored_from, "order": resume.GLOBAL}
   directory = os.path.join(workdir, AUDIT_DIR) if config.audit_data else None
-  return Recorder(header, directory, global_order)
+  return Recorder(header, directory, order)
 
 
 def _segment_id(process_count: int) -> str:

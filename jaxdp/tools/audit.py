@@ -159,7 +159,7 @@ def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
 
 def _check_headers(segments: list[Segment]) -> None:
   """The stream's facts must not change between segments (the resume guard refuses that too)."""
-  keys = ("global_batch", "num_examples", "seed", "split", "dataset", "shard_by_process")
+  keys = ("global_batch", "num_examples", "seed", "split", "dataset")
   first = segments[0].header
   for seg in segments[1:]:
     changed = [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in keys if seg.header[k] != first[k]]
@@ -205,10 +205,6 @@ def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str
   if order == resume.GLOBAL:
     whole = sampler.GlobalOrder(n, batch, seed, split)
     return lambda step: whole.rows(step, 0, batch)
-  if order == resume.SHARD:
-    rows = batch // process_count
-    shards = [sampler.ShardOrder(n, rows, seed, split, p, process_count) for p in range(process_count)]
-    return lambda step: np.concatenate([shard.rows(step, 0, rows) for shard in shards])
   return None
 
 
