@@ -178,18 +178,19 @@ class FailingSource:
     return {"inputs": np.full([2], i, np.float32), "labels": np.int64(i % 3)}
 
 
-def test_a_failing_read_is_reported_as_on_the_tf_data_path():
-  """One `error:` line naming the source's exception and its frame, as the CLI prints a failed tf.data worker."""
+def test_a_failing_read_names_the_sources_error_on_both_paths():
+  """tf.data's worker failure is one `error:` line naming the source's exception and its frame; the host path raises
+  its own `ReadError`, caused by the source's exception, naming it and the step."""
   source = FailingSource()
   ds = data.load(ml_collections.ConfigDict({}), train_data=source)  # Its digest reads every row.
   source.broken = True
-  summaries = []
-  for host in (True, False):
-    with pytest.raises(tf.errors.OpError) as error:
-      _train(ds, host=host, steps=10, batch=8)
-    summaries.append(exits.input_failure(error.value))
-  assert summaries[0] == summaries[1], summaries
-  assert summaries[0][0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summaries
+  with pytest.raises(tf.errors.OpError) as error:
+    _train(ds, host=False, steps=10, batch=8)
+  summary = exits.input_failure(error.value)
+  assert summary[0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summary
+  with pytest.raises(data.ReadError, match=r"step \d+ failed: ValueError: cannot read example 13") as error:
+    _train(ds, host=True, steps=10, batch=8)
+  assert isinstance(error.value.__cause__, ValueError) and exits.input_failure(error.value) is None
 
 
 def test_a_host_stream_pulled_from_another_thread_reads_the_same_batches(data_dir):

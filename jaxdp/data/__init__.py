@@ -25,12 +25,12 @@ decodes nor shuffles never pays it), through `tf_setup.tensorflow()`, so it neve
 """
 
 # The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
-from jaxdp.data.bad_examples import BadExampleError, skipped_through
+from jaxdp.data.bad_examples import BadExampleError, ReadError, skipped_through
 from jaxdp.data.dataset import Batch, Dataset, Options
 from jaxdp.data.eval_stream import eval_batches, num_eval_steps
 from jaxdp.data.kinds import load
 from jaxdp.data.resume import check_resume, stream_spec
 from jaxdp.data.train_stream import train_batches
 
-__all__ = ["BadExampleError", "Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps",
+__all__ = ["BadExampleError", "Batch", "Dataset", "Options", "ReadError", "check_resume", "eval_batches", "load", "num_eval_steps",
            "skipped_through", "stream_spec", "train_batches"]

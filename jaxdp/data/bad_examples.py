@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
 
 log = logging.getLogger("jaxdp")
 
-Failure = Union["tf.errors.OpError", UnreadableExample]  # How a step whose examples do not all decode fails.
+Failure = Union["tf.errors.OpError", UnreadableExample, "ReadError"]  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
 SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
@@ -42,11 +42,14 @@ class BadExampleError(ConfigError):
   """An example of the data cannot be decoded: bad input, so a one-line error and exit status 2."""
 
 
+class ReadError(Exception):
+  """A source's read on the host failed (its error is the cause); the guard re-reads the step as for a decode."""
+
+
 def is_failure(error: BaseException) -> bool:
-  """Whether `error` is a `Failure`: a TensorFlow `OpError` (none before TensorFlow is loaded: it is not imported
-  here) or an `UnreadableExample`."""
+  """Whether `error` is a `Failure` (no TensorFlow `OpError` exists before TensorFlow is loaded)."""
   tf = sys.modules.get("tensorflow")
-  return isinstance(error, UnreadableExample) or tf is not None and isinstance(error, tf.errors.OpError)
+  return isinstance(error, (UnreadableExample, ReadError)) or tf is not None and isinstance(error, tf.errors.OpError)
 
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
@@ -129,7 +132,7 @@ def named_error(split: str, indices: list[int], error: Failure, remedy: str = SK
 def reason_of(error: Failure) -> str:
   """TensorFlow's first line of `error`, without what TensorFlow puts around the cause (an `UnreadableExample`: its
   message, the same cause)."""
-  message = str(error) if isinstance(error, UnreadableExample) else error.message
+  message = error.message if hasattr(error, "message") else str(error)
   return exits.tf_cause(message or "") or type(error).__name__
 
 
