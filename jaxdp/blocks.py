@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax import lax
 
-from jaxdp.data import Dataset, host_batches
+from jaxdp.data import Dataset, stream
 from jaxdp.data.dataset import CACHE_AUTO
 from jaxdp.data.source import TfdsCorpus
 
@@ -30,7 +30,7 @@ def steps_per_block(ds: Dataset, rows: int, block_mb: float) -> int:
   """Steps per transfer for `rows` rows a step of `ds`: as many as fit in `block_mb` MiB, at most MAX_STEPS;
   1 (a transfer per step) for batches tf.data decodes, whose reading ahead would also raise a bad example's
   error that many steps early."""
-  if not host_batches.applies(ds):
+  if not stream.on_host(ds):
     return 1
   return steps_fitting(rows * ds.row_bytes(), block_mb)
 
@@ -92,7 +92,7 @@ def describe(ds: Dataset, rows: int, steps: int, block_mb: float, prefetch: int)
             f"{ahead}; the step takes its batch from the block on the devices")
   if block_mb <= 0:
     why = "parallel.block_mb=0"
-  elif not host_batches.applies(ds):
+  elif not stream.on_host(ds):
     why = "batches decoded by tf.data" + _uncached(ds)
   else:
     mib = rows * ds.row_bytes() / 2**20

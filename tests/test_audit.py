@@ -10,9 +10,9 @@ from jaxdp.loop import audit as recording
 from jaxdp.tools import audit
 from jaxdp.report import metrics
 from jaxdp import parallel, train
-from jaxdp.data import sampler
+from jaxdp.data import order as sampler
 from jaxdp.batch import ROWS
-from jaxdp.data.reader import INDEX
+from jaxdp.batch import INDEX
 
 B = 256  # digits' train split has 1,437 examples: 5 steps per epoch.
 

@@ -1,4 +1,4 @@
-"""Reading by index (`jaxdp.data.source.tf_read`, `jaxdp.data.reader`; on the host, `jaxdp.data.host_batches`): one
+"""Reading by index (`jaxdp.data.reader`; on the host, `jaxdp.data.stream`): one
 source read per step, whatever the features."""
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
-from jaxdp.data import train_stream
+from jaxdp.data import stream
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import ArrayCorpus, Facts, UnreadableExample
 
@@ -64,7 +64,7 @@ def test_the_eval_stream_reads_once_per_step(counted, tf_data):
 def test_each_rows_id_comes_through_the_decode(data_dir, fields):
   ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
   held = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir})).source("train")
-  order = train_stream.train_order(ds, "train", 0, 32)
+  order = stream.train_order(ds, "train", 0, 32)
   batches = data.train_batches(ds, "train", seed=0, global_batch=32, start_step=0, process_index=1, process_count=2,
                                stop_step=3, with_ids=True)
   for step, batch in enumerate(batches):

@@ -16,7 +16,7 @@ from jaxdp import build, checkpoint, data, train
 from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
-from jaxdp.data import images
+from jaxdp.data import preprocess as images
 from jaxdp.configs import mlp_digits
 
 
@@ -74,7 +74,7 @@ def test_a_failed_restore_closes_the_manager(config, tmp_path, monkeypatch):
   train.train_and_evaluate(_saving(config), str(tmp_path))
   config.seed = 3
   parts = build.build(config)
-  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.resume.VERSION, "seed": 3})
+  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.stream.VERSION, "seed": 3})
   closed = []
   monkeypatch.setattr(ckpt.manager, "close", lambda: closed.append(True))
   with pytest.raises(ConfigError, match="seed"):
@@ -174,6 +174,6 @@ def test_a_spec_of_another_order_version_is_refused_in_one_line(data_dir):
   current = _spec(ds)
   assert {k: v for k, v in current.items() if k != "version"} == _old()  # Nothing else differs.
   for saved, version in ((_old(), 1), ({**current, "version": 1}, 1)):
-    with pytest.raises(ConfigError, match=rf"order version {version}, this jaxdp reads version {data.resume.VERSION}"):
+    with pytest.raises(ConfigError, match=rf"order version {version}, this jaxdp reads version {data.stream.VERSION}"):
       data.check_resume(saved, current)
   data.check_resume(dict(current), current)

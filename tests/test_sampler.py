@@ -1,4 +1,4 @@
-"""The stateless train order (`jaxdp.data.sampler`): a pure function of (seed, step), from any thread, in any order."""
+"""The stateless train order (`jaxdp.data.order`): a pure function of (seed, step), from any thread, in any order."""
 
 import random
 import threading
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdp.config import ConfigError
-from jaxdp.data import sampler
+from jaxdp.data import order as sampler
 
 N, B, SEED = 40, 8, 3  # 5 steps per epoch: 30 epochs in 150 steps.
 EPOCHS = 30

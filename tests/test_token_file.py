@@ -12,7 +12,7 @@ from jaxdp import data, train
 from jaxdp.report import metrics
 from jaxdp.config import ConfigError
 from jaxdp.configs import gpt_token_file
-from jaxdp.data import token_file as token_windows
+from jaxdp.data import arrays as token_windows
 from jaxdp.datasets import token_file
 
 

@@ -5,7 +5,7 @@ batch (0.4), reached after 5 epochs of linear warmup, then cosine decay; weight 
 convolution and dense kernels only (not BatchNorm, not biases); label smoothing 0.1; bfloat16
 compute; BatchNorm statistics over the global batch; the last BatchNorm scale of every residual block
 starts at zero. Input: the random-resized crop to 224 and a horizontal flip for training, the central
-87.5% square resized to 224 for eval (`jaxdp.data.images`), read by index from TFDS `imagenet2012`
+87.5% square resized to 224 for eval (`jaxdp.data.preprocess`), read by index from TFDS `imagenet2012`
 prepared as ArrayRecord (the TFDS build needs the ILSVRC tarballs in its manual_dir).
 """
 

@@ -1,7 +1,7 @@
 """Examples that do not decode (a truncated image, bytes that are no image): named, or replaced and counted.
 
 A failed decode inside a tf.data worker surfaces as one `tf.errors.OpError` at the step's batch, naming no
-example; a batch built on the host (`host_batches`) raises the source's `UnreadableExample` (a split decoded in
+example; a batch built on the host (`stream.on_host`) raises the source's `UnreadableExample` (a split decoded in
 memory), naming none either. `Guarded` catches it, re-reads that step one example at a time to find the rows that fail, and
 then either raises `BadExampleError` naming the split and each bad example's index in it (exit status 2
 through the CLI), or, with `dataset.skip_bad_examples`, reads the step again with each bad row replaced by

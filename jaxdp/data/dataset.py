@@ -1,4 +1,4 @@
-"""What the trainer opens (`jaxdp.data.kinds.load`): a `Dataset`, that is a `Corpus` of random-access splits, the
+"""What the trainer opens (`jaxdp.data.load`): a `Dataset`, that is a `Corpus` of random-access splits, the
 facts the trainer needs, and `Options`: how its batches are read and prepared."""
 
 import dataclasses

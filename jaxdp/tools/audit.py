@@ -6,7 +6,7 @@ segment before were lost with it) and continues. The lineage must be steps 1, 2,
 skipped step is named), every global batch must be whole, and every completed epoch must hold each example
 at most once (n - n % B distinct ones). Two workdirs are compared step by step; the first step whose global
 batches differ is named. The check also compares the ids with the order the stream reads by
-(`jaxdp.data.sampler`), where it is one: a reader that read other rows than its order names is caught even
+(`jaxdp.data.order`), where it is one: a reader that read other rows than its order names is caught even
 when every example is still seen once per epoch.
 """
 
@@ -201,9 +201,10 @@ def _check_order(entries: list[Entry]) -> None:
 def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
                     process_count: int) -> Callable[[int], np.ndarray] | None:
   """Stream step -> the global batch the order names; None where none is known (ids not read)."""
-  from jaxdp.data import resume, sampler
-  if order == resume.GLOBAL:
-    whole = sampler.GlobalOrder(n, batch, seed, split)
+  from jaxdp.data import stream
+  from jaxdp.data.order import GlobalOrder
+  if order == stream.GLOBAL:
+    whole = GlobalOrder(n, batch, seed, split)
     return lambda step: whole.rows(step, 0, batch)
   return None
 
