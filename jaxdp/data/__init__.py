@@ -40,7 +40,7 @@ class Kind:
 
 def tfds_kind(name: str, matches: Callable[[str], bool], make: tfds_dataset.MakeBuilder) -> Kind:
   """A kind whose datasets are TFDS builders made by `make`."""
-  return Kind(name, matches, tfds_dataset.opener(make), make)
+  return Kind(name, matches, lambda config, kwargs: tfds_dataset.open_builder(config, kwargs, make), make)
 
 
 def is_npz(name: str) -> bool:

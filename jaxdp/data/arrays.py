@@ -232,18 +232,6 @@ class TokenWindows:
     windows = self.tokens[offsets].astype(np.int32)  # Reads only these windows' pages.
     return {"inputs": windows[:, :-1], "labels": windows[:, 1:]}
 
-  @property
-  def input_shape(self) -> tuple[int, ...]:
-    return (self.seq_len,)
-
-  @property
-  def num_classes(self) -> int:
-    return self.vocab_size
-
-  @property
-  def integer_inputs(self) -> bool:
-    return True
-
   def spec(self) -> dict:
     """What decides the examples (for a resume guard): the file's identity and the windowing."""
     st = os.stat(self.path)
@@ -293,6 +281,7 @@ def open_token_file(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
   windows = splits(**kwargs)
   train = windows["train"]
   digest = hashlib.sha256(json.dumps({k: s.spec() for k, s in windows.items()}, sort_keys=True).encode())
-  facts = Facts(f"{TOKEN_FILE}:{os.path.basename(train.path)}@{digest.hexdigest()[:12]}", train.input_shape,
-                train.input_shape, train.num_classes, integer_inputs=True)
+  shape = (train.seq_len,)
+  facts = Facts(f"{TOKEN_FILE}:{os.path.basename(train.path)}@{digest.hexdigest()[:12]}", shape, shape,
+                train.vocab_size, integer_inputs=True)
   return Dataset(ArrayCorpus(facts, windows), Options.from_config(config, facts.input_shape), kind=TOKEN_FILE)

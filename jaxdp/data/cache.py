@@ -36,10 +36,8 @@ Decoded = tuple[Rows, dict[int, str]]  # The split's arrays, and its examples th
 
 
 class DecodedSource:
-  """A split held decoded in memory (every feature); reads are numpy gathers.
-
-  `bad`: the indices of the examples that did not decode, and why; reading one raises `UnreadableExample`.
-  """
+  """A split held decoded (every feature); reads are numpy gathers. `bad`: {index: why} of the examples that did
+  not decode; reading one raises `UnreadableExample`."""
 
   def __init__(self, arrays: Rows, bad: dict[int, str] | None = None):
     self._arrays, self.bad = arrays, dict(bad or {})
@@ -98,18 +96,15 @@ def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> De
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order.
-
-  Each chunk is copied into the split's arrays as it arrives: the decoded chunks and the whole split are never
-  held together, as a list of chunks concatenated at the end was (docs/design-notes.md#input-pipeline-choices).
-  """
+  """Every row of the split, decoded in parallel a chunk at a time, in index order, each chunk copied into the
+  split's arrays as it arrives: never the chunks and the split together (docs/design-notes.md#input-pipeline-choices)."""
   tf = reader.tensorflow()
   n = len(source)
   indices = np.arange(n)
   probe = source.read(indices[:1])
   spec = reader.decoded_spec(probe, decode, position=False)
   arrays = {k: np.empty((n, *s.shape), s.dtype.as_numpy_dtype) for k, s in spec.items()}
-  for a in arrays.values():  # Pages touched before the decode starts, not while its threads run .
+  for a in arrays.values():  # Pages touched before the decode starts, not while its threads run.
     a.fill(0)
   chunks = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(reader.tf_read(probe, source.read))
   lo = 0
@@ -124,13 +119,13 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
 def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str) -> Decoded:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
   tf = reader.tensorflow()
-  n, one = len(source), decode
+  n = len(source)
   good, parts = [], []
   for lo in range(0, n, _READ_CHUNK):
     indices = np.arange(lo, min(n, lo + _READ_CHUNK))
     examples = tf.data.Dataset.from_tensor_slices(source.read(indices))  # A read that fails raises here, as itself.
     decoded = tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(indices), examples.map(
-        one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)).ignore_errors()
+        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)).ignore_errors()
     for index, rows in tfds.as_numpy(decoded):
       good.append(index)
       parts.append(rows)
@@ -161,10 +156,8 @@ def identity(split: str, files: list[str], features: dict[str, tuple[tuple[int, 
 
 
 def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], Decoded]) -> Decoded:
-  """The split mapped from its files under `folder` when they are there, else `decode()`d and written there first.
-
-  Decodes in memory, without files, when `folder` is not a local folder; also, with one warning, when it
-  cannot be written."""
+  """The split mapped from its files under `folder`, else `decode()`d and written there first; decoded in memory only
+  when `folder` is not a local folder, or (one warning) cannot be written."""
   if not os.path.isdir(folder):  # Not local (gs://...), or not there: nothing to map.
     return decode()
   here = os.path.join(folder, FOLDER, split)

@@ -87,11 +87,8 @@ class Preprocess:
     return bool(self.crop_padding or self.flip) and not self.image_size
 
   def affine(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, offset), float32 per channel: inputs of `dtype` are normalized as x * scale - offset; None: as they are.
-
-    (x / 255 - mean) / std (uint8; else x - mean) as one multiply-add: scale = 1 / (255 std), offset = mean / std.
-    The one home of the formula, applied in float32.
-    """
+    """(scale, offset), float32 per channel, of the one multiply-add x * scale - offset that is (x / 255 - mean) / std
+    (uint8; else (x - mean) / std): scale = 1 / (255 std), offset = mean / std; None: inputs stay as they are."""
     scale = 1 / 255 if np.dtype(dtype) == np.uint8 else 1.0
     if not (self.mean or self.std or scale != 1.0):
       return None
@@ -110,11 +107,8 @@ class Preprocess:
     return self.finish({**batch, INPUTS: x})
 
   def augment(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
-
-    One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
-    (top + i, left + width - 1 - j) when the row is flipped.
-    """
+    """Random crop after zero padding, then random flip (draws [rows, 3] in [0, 1)), in one gather: pixel (i, j) of a
+    row reads padded pixel (top + i, left + j), or (top + i, left + width - 1 - j) when it is flipped."""
     rows, height, width, channels = images.shape
     pad = self.crop_padding
     top = (draws[:, 0] * np.float32(2 * pad + 1)).astype(np.int32)

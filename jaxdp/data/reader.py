@@ -116,11 +116,8 @@ def probe_row(read: Callable[[np.ndarray], Rows], n: int) -> Rows:
 
 
 def example_check(decode: Decode | None, per_example: Decode | None) -> Callable[[Callable[[], Rows], int, int], bool]:
-  """check(read, step, row): whether one example (`read()`: its row) decodes alone as row `row` of step `step`.
-
-  Used only after a step failed, to find its bad rows; traced once per stream. A source that knows the example does
-  not decode says so (`UnreadableExample`: a split decoded in memory).
-  """
+  """check(read, step, row): whether one example (`read()`: its row) decodes alone as row `row` of step `step`; used
+  after a step failed, traced once per stream (a split decoded in memory raises `UnreadableExample` itself)."""
   @functools.cache
   def traced() -> Decode:  # At the first check: a stream that never fails never loads TensorFlow.
     return tensorflow().function(_decoder(decode, per_example), autograph=False, reduce_retracing=True)

@@ -54,8 +54,7 @@ class Facts:
 
 
 class UnreadableExample(Exception):
-  """A read of an example known not to decode (a split decoded in memory holds nothing for it): the message says
-  why it did not; the bad-example guard (`jaxdp.data.bad_examples`) names or replaces it like any other."""
+  """A read of an example known not to decode (a split decoded in memory holds nothing for it); says why."""
 
 
 class Source(Protocol):
@@ -176,10 +175,7 @@ class TfdsCorpus:
     return row_bytes * sum(int(info.num_examples) for info in self.builder.info.splits.values()) / 2**20
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """One serialized record -> every feature under its batch name, decoded by the features' own TF code.
-
-    With `keep_encoded`, images stay encoded: the pipeline decodes them together with their crop.
-    """
+    """One serialized record -> every feature under its batch name (with `keep_encoded`, images stay encoded)."""
     decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
     return self.names(self.builder.info.features.deserialize_example(example["record"], decoders=decoders))
 

@@ -43,12 +43,9 @@ def train_order(ds: Dataset, split: str, seed: int, global_batch: int) -> order.
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int, process_index: int,
                   process_count: int, stop_step: int | None = None, with_ids: bool = False,
                   _tf_data: bool = False) -> Iterator[Batch]:
-  """This process's rows of global batches start_step, ..., stop_step - 1 (None: forever); `with_ids` adds `INDEX`,
-  each row's position in the split (for the audit: strip it before the step); `_tf_data`: through tf.data always.
-
-  A stream that ends lets tf.data's workers finish with it: an endless one is cancelled when it is released, which
-  can hold the process's exit (docs/design-notes.md#input-pipeline-choices).
-  """
+  """This process's rows of global batches start_step, ..., stop_step - 1 (None: forever, whose tf.data workers are
+  cancelled on release, which can hold the exit: docs/design-notes.md#input-pipeline-choices); `with_ids` adds `INDEX`,
+  each row's position in the split (for the audit); `_tf_data`: through tf.data always."""
   rows = global_batch // process_count
   first_row = process_index * rows
   source, pre = ds.source(split), ds.options.preprocess

@@ -41,11 +41,6 @@ CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 SHIPPED = "jaxdp.datasets"  # The package of jaxdp's own builders, a module each, named as the dataset.
 
 
-def opener(make: MakeBuilder) -> Callable[[ml_collections.ConfigDict, dict], Dataset]:
-  """A kind's opener from its builder maker: (config.dataset, builder_kwargs) -> the prepared `Dataset`."""
-  return lambda config, kwargs: open_builder(config, kwargs, make)
-
-
 def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuilder) -> Dataset:
   """The dataset of `make`'s builder, preparing it once (as ArrayRecord) if needed."""
   skip_bad = bool(config.skip_bad_examples)
@@ -110,11 +105,8 @@ def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -
 
 
 def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
-  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet.
-
-  Every process that found the dataset unprepared reopens it afterwards: a builder made before the
-  dataset was prepared (by this process or another) keeps empty splits.
-  """
+  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet, and then made again: a builder made before
+  the dataset was prepared (by this process or another) keeps empty splits."""
   with _no_temp_dirs_left():
     builder = make()
   if builder.is_prepared() or mocked(builder):
@@ -160,14 +152,9 @@ def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.D
       fresh.download_and_prepare()
 
 
-def random_access(builder: tfds.core.DatasetBuilder) -> bool:
-  """Whether the builder's splits read by index (prepared as ArrayRecord, or mocked)."""
-  return mocked(builder) or RANDOM_ACCESS in builder.info.available_file_formats()
-
-
 def require_random_access(builder: tfds.core.DatasetBuilder) -> None:
   """A dataset prepared as TFRecord only: one line saying how to convert it."""
-  if random_access(builder):
+  if mocked(builder) or RANDOM_ACCESS in builder.info.available_file_formats():
     return
   formats = ", ".join(sorted(f.value for f in builder.info.available_file_formats())) or "unknown"
   raise ConfigError(
