@@ -2,4 +2,3 @@
 
 INDEX = "_index"  # Each row's example id as read (train streams `with_ids`, for the audit); never trained on.
 REAL = "_real"  # Eval batches: True for a real example, False for padding (masked out of every metric).
-ROWS = "_rows"  # Train streams `row_ids`: each row's example id in a split held on the devices (jaxdp.resident).

@@ -67,6 +67,10 @@ REMOVED = {
                                "processes",
     "distributed.init_timeout_s": "a constant now (300 s: runtime/distributed.py's INIT_TIMEOUT_S)",
     "distributed.heartbeat_timeout_s": "a constant now (100 s: runtime/distributed.py's HEARTBEAT_TIMEOUT_S)",
+    "dataset.prefetch": "parallel.prefetch is the one prefetch setting; tf.data's own depth is a constant",
+    "dataset.cache_on_disk": "a split held decoded is always kept in files beside the dataset where it can be written",
+    "dataset.crop_ratio": "a constant: Inception's central crop, 0.875 of the shorter side",
+    "dataset.shard_by_process": "the one global order reads by index on any process count",
 }
 
 

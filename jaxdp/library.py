@@ -96,7 +96,7 @@ class DataParallel:
     """
     ds, split = self._open(data, split, train=True)
     self._check_batch(batch_size, self.strategy.options.accum_steps)
-    spec = datalib.stream_spec(ds, split, seed=seed, global_batch=batch_size, process_count=jax.process_count())
+    spec = datalib.stream_spec(ds, split, seed=seed, global_batch=batch_size)
     if self._restored is not None and start_step:
       datalib.check_resume(self._restored, spec)
     self._stream = spec

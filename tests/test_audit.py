@@ -10,8 +10,8 @@ from jaxdp.loop import audit as recording
 from jaxdp.tools import audit
 from jaxdp.report import metrics
 from jaxdp import feed, train
-from jaxdp.data import sampler
-from jaxdp.data.reader import INDEX
+from jaxdp.data import order as sampler
+from jaxdp.batch import INDEX
 
 B = 256  # digits' train split has 1,437 examples: 5 steps per epoch.
 
@@ -86,7 +86,7 @@ def _segment(start, steps, restored=None, saves=(), batch=4, n=10, seed=0, proce
   order = sampler.GlobalOrder(n, batch, seed, "train")
   header = {"segment": f"{start:020d}", "process_count": process_count, "num_devices": 1, "global_batch": batch,
             "num_examples": n, "steps_per_epoch": n // batch, "seed": seed, "split": "train", "dataset": "d",
-            "shard_by_process": False, "start_step": start, "restored_from": restored}
+            "start_step": start, "restored_from": restored}
   return audit.Segment(header, {s: order.rows(s - 1, 0, batch) for s in steps}, list(saves))
 
 
@@ -131,16 +131,12 @@ def test_a_duplicate_example_in_the_last_partial_epoch_is_named():
     audit.check_entries([seg], audit.lineage([seg]))
 
 
-@pytest.mark.parametrize("order, process_count", [("global", 1), ("global", 2), ("shard", 2)])
+@pytest.mark.parametrize("order, process_count", [("global", 1), ("global", 2)])
 def test_a_reader_that_reads_another_steps_rows_is_caught(order, process_count):
   """Ids that are a permutation's batches, but of the next step (`order.rows(step + 1)`): not the order's."""
   n, batch = 12, 4
-  if order == "global":
-    whole = sampler.GlobalOrder(n, batch, 0, "train")
-    rows = lambda step: whole.rows(step, 0, batch)  # noqa: E731
-  else:
-    shards = [sampler.ShardOrder(n, batch // 2, 0, "train", p, 2) for p in range(2)]
-    rows = lambda step: np.concatenate([s.rows(step, 0, 0) for s in shards])  # noqa: E731
+  whole = sampler.GlobalOrder(n, batch, 0, "train")
+  rows = lambda step: whole.rows(step, 0, batch)  # noqa: E731
   seg = _segment(0, (), batch=batch, n=n, process_count=process_count)
   seg.header["order"] = order
   seg.steps = {s: rows(s - 1) for s in range(1, 4)}
@@ -166,13 +162,13 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
     return real_take(self, (read.append(b[INDEX].copy()) or b for b in batches))
 
   monkeypatch.setattr(recording.Recorder, "take_ids", take_ids)
-  _train(audited, tmp_path, 6, dataset=dict(audited.dataset, shard_by_process=True))
+  _train(audited, tmp_path, 6)
   assert placed and all(keys == ["inputs", "labels"] for keys in placed)
   entries = audit.lineage(audit.load(str(tmp_path)))
   assert [e.step for e in entries] == list(range(1, 7))
   for entry, ids in zip(entries, read):
     np.testing.assert_array_equal(entry.ids, ids)
-  assert "steps 1..6 in 1 segment(s)" in audit.check(str(tmp_path))  # The shard order's batches, once per epoch.
+  assert "steps 1..6 in 1 segment(s)" in audit.check(str(tmp_path))  # The global order's batches, once per epoch.
 
 
 def test_a_steps_ids_are_on_disk_once_recorded_and_a_step_without_ids_is_an_error(tmp_path):

@@ -114,7 +114,7 @@ def test_a_bad_example_in_a_cached_split_is_one_error_line_through_the_cli(tmp_p
 
 
 def test_a_bad_example_in_a_split_kept_on_disk_is_named_and_skipped_by_later_opens_too(tmp_path):
-  """The files of a split held decoded (`dataset.cache_on_disk`) keep its bad examples and why each is bad."""
+  """The files of a split held decoded keep its bad examples and why each is bad."""
   kwargs = {"builder_kwargs": {"bad_train": (5, 17), "bad_test": (3,)}, "skip_bad_examples": True}
   first = _load(tmp_path, 64, **kwargs)
   expected = _train(first)

@@ -19,6 +19,7 @@ import gpu_check  # noqa: E402
 import overhead  # noqa: E402
 
 from jaxdp import models  # noqa: E402
+from jaxdp.tools import launch  # noqa: E402
 from jaxdp.config import ConfigError  # noqa: E402
 
 

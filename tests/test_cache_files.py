@@ -1,4 +1,4 @@
-"""A split held decoded is kept in files beside its prepared dataset (`dataset.cache_on_disk`) and mapped by every
+"""A split held decoded is kept in files beside its prepared dataset and mapped by every
 later open: the same batches as a decode in memory, decoded again when the dataset or the files change, written
 by one of several openers at once, and a folder that cannot hold them leaves the split decoded in memory."""
 
@@ -15,7 +15,7 @@ import pytest
 
 import runs
 from jaxdp import data
-from jaxdp.data import cache, cache_files
+from jaxdp.data import cache
 
 B = 32
 
@@ -35,7 +35,7 @@ def _batches(ds: data.Dataset) -> tuple[list[dict], list[dict]]:
 def own_dir(data_dir: str, tmp_path) -> str:
   """A copy of the session's prepared `digits` (same files, same times), for this test alone."""
   path = str(tmp_path / "tfds")
-  shutil.copytree(data_dir, path, ignore=shutil.ignore_patterns(cache_files.FOLDER))
+  shutil.copytree(data_dir, path, ignore=shutil.ignore_patterns(cache.FOLDER))
   return path
 
 
@@ -53,7 +53,7 @@ def decodes(monkeypatch) -> list[str]:
 
 
 def _files(data_dir: str, split: str) -> list[str]:
-  return sorted(glob.glob(os.path.join(data_dir, "digits", "*", cache_files.FOLDER, split, "v*")))
+  return sorted(glob.glob(os.path.join(data_dir, "digits", "*", cache.FOLDER, split, "v*")))
 
 
 def test_a_split_decoded_once_is_mapped_from_its_files_by_every_later_open(own_dir, decodes):
@@ -67,11 +67,6 @@ def test_a_split_decoded_once_is_mapped_from_its_files_by_every_later_open(own_d
   assert len(decodes) == 2  # Nothing decoded again: mapped.
   arrays = again.source("train")._arrays
   assert all(not a.flags.writeable and isinstance(a.base, np.memmap) for a in arrays.values())
-
-
-def test_without_cache_on_disk_nothing_is_written(own_dir, decodes):
-  runs.assert_bitwise(_batches(_load(own_dir, cache_on_disk=False)), _batches(_load(own_dir, cache_mb=0)))
-  assert not glob.glob(os.path.join(own_dir, "**", cache_files.FOLDER), recursive=True)
 
 
 def test_a_dataset_prepared_again_is_decoded_again_and_its_old_files_dropped(own_dir, decodes):
@@ -102,7 +97,7 @@ def test_files_that_are_incomplete_are_decoded_again(own_dir, decodes, damage):
 
 def test_a_folder_that_cannot_hold_the_files_leaves_the_split_decoded_in_memory(own_dir, decodes, caplog):
   [version_dir] = glob.glob(os.path.join(own_dir, "digits", "*"))
-  with open(os.path.join(version_dir, cache_files.FOLDER), "w"):  # A file where the folder would go.
+  with open(os.path.join(version_dir, cache.FOLDER), "w"):  # A file where the folder would go.
     pass
   with caplog.at_level(logging.WARNING, logger="jaxdp"):
     runs.assert_bitwise(_batches(_load(own_dir)), _batches(_load(own_dir, cache_mb=0)))
@@ -113,7 +108,7 @@ def test_a_folder_that_cannot_hold_the_files_leaves_the_split_decoded_in_memory(
 def test_files_written_before_are_mapped_where_the_lock_cannot_be_taken(own_dir, decodes):
   expected = _batches(_load(own_dir, cache_mb=0))
   _batches(_load(own_dir))
-  for lock in glob.glob(os.path.join(own_dir, "digits", "*", cache_files.FOLDER, "*", ".lock")):
+  for lock in glob.glob(os.path.join(own_dir, "digits", "*", cache.FOLDER, "*", ".lock")):
     os.remove(lock)
     os.mkdir(lock)  # Not openable for writing (as a read-only folder is not; permissions do not stop root).
   runs.assert_bitwise(_batches(_load(own_dir)), expected)
@@ -145,7 +140,7 @@ def test_openers_at_once_decode_the_split_once_and_read_the_same(own_dir, decode
 def test_the_files_name_changes_with_the_decoded_features(tmp_path):
   (tmp_path / "a.array_record").write_bytes(b"x")
   files = [str(tmp_path / "a.array_record")]
-  digests = {cache_files.identity("train", files, {"inputs": (shape, dtype)})
+  digests = {cache.identity("train", files, {"inputs": (shape, dtype)})
              for shape, dtype in [((8, 8, 1), np.float32), ((8, 8, 1), np.uint8), ((8, 8, 3), np.float32)]}
   assert len(digests) == 3
 
@@ -153,18 +148,18 @@ def test_the_files_name_changes_with_the_decoded_features(tmp_path):
 def test_the_files_give_back_the_bad_examples_and_refuse_another_shape(tmp_path):
   stem = str(tmp_path / "v1-abc")
   arrays = {"inputs": np.arange(24, dtype=np.float32).reshape(4, 3, 2), "labels": np.arange(4, dtype=np.int32)}
-  cache_files._write(stem, arrays, {2: "not a JPEG"})
-  mapped, bad = cache_files.read(stem)
+  cache._write(stem, arrays, {2: "not a JPEG"})
+  mapped, bad = cache.read(stem)
   assert bad == {2: "not a JPEG"} and set(mapped) == set(arrays)
   runs.assert_bitwise(mapped, arrays)
   np.save(stem + ".0.npy", arrays["inputs"].reshape(4, 2, 3))  # The same bytes and rows, another shape.
-  assert cache_files.read(stem) is None
+  assert cache.read(stem) is None
 
 
 def test_a_write_that_fails_leaves_no_temporary_files(tmp_path, caplog):
   arrays = {"inputs": np.zeros((2, 3), np.float32), "text": np.array([["a"], ["b"]], object)}  # Not savable.
   with caplog.at_level(logging.WARNING, logger="jaxdp"):
-    held, bad = cache_files.load_or_decode(str(tmp_path), "train", "abc", lambda: (arrays, {}))
+    held, bad = cache.load_or_decode(str(tmp_path), "train", "abc", lambda: (arrays, {}))
   assert held is arrays and bad == {} and "writing its decoded copy" in caplog.text
-  left = os.listdir(tmp_path / cache_files.FOLDER / "train")
+  left = os.listdir(tmp_path / cache.FOLDER / "train")
   assert left == [".lock"], left

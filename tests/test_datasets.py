@@ -17,7 +17,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from jaxdp import data, train
-from jaxdp.data import offline, tfds_dataset
+from jaxdp.data import tfds_dataset
 from jaxdp.data import convert
 from jaxdp.config import ConfigError
 from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
@@ -76,7 +76,7 @@ def test_a_hanging_network_fails_within_the_probe_timeout(monkeypatch, tmp_path)
     raise OSError("released")
 
   monkeypatch.setattr(socket, "create_connection", hang)
-  monkeypatch.setattr(offline, "PROBE_TIMEOUT_S", 0.5)
+  monkeypatch.setattr(tfds_dataset, "PROBE_TIMEOUT_S", 0.5)
   start = time.monotonic()
   try:
     with pytest.raises(ConfigError, match=r"'cifar10' is not prepared .* no answer within 0.5 s"):
@@ -97,7 +97,7 @@ def test_preparing_a_dataset_leaves_no_temp_dir(tmp_path, monkeypatch):
   root = tmp_path / "tmp"
   root.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(root))
-  with tfds_dataset.prepare._no_temp_dirs_left():
+  with tfds_dataset._no_temp_dirs_left():
     assert not tfds_dataset.registered("digits", str(tmp_path / "data"), {}).is_prepared()
   assert list(root.iterdir()) == []
   data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": str(tmp_path / "data")}))
@@ -137,11 +137,6 @@ def test_a_tfrecord_only_dataset_is_one_error_line_with_the_command(tfrecord_dir
   assert status == 2 and err.count("\n") == 0, err
   assert err.startswith("error: dataset 'digits' is prepared in") and "as tfrecord only" in err
   assert err.endswith(f"`python -m jaxdp.data.convert {version_dir}`")
-
-
-def test_a_tfrecord_only_dataset_is_refused_under_shard_by_process_too(tfrecord_dir):
-  with pytest.raises(ConfigError, match=r"as tfrecord only.*`python -m jaxdp.data.convert .*digits"):
-    data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": tfrecord_dir, "shard_by_process": True}))
 
 
 def test_the_converted_dataset_reads_the_same_batches(tfrecord_dir, data_dir, tmp_path):

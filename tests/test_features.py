@@ -103,7 +103,7 @@ def test_eval_reads_every_example_of_every_feature_once(tfds_dir, process_count)
 
 def test_the_stream_spec_names_the_features(tfds_dir):
   def spec(ds):
-    return data.stream_spec(ds, "train", seed=0, global_batch=B, process_count=1)
+    return data.stream_spec(ds, "train", seed=0, global_batch=B)
 
   plain, supervised = spec(_load(tfds_dir, PLAIN)), spec(_load(tfds_dir, SUPERVISED))
   assert plain["features"] == sorted(OWN)

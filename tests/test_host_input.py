@@ -1,4 +1,4 @@
-"""Batches built by numpy on the host (`jaxdp.data.host_batches`) are bitwise those of the tf.data path, for every
+"""Batches built by numpy on the host (`jaxdp.data.stream.on_host`) are bitwise those of the tf.data path, for every
 kind of split with nothing to decode: train (1 and several processes, resumed, with ids) and eval; bad examples and
 failing reads are reported alike."""
 
@@ -12,7 +12,7 @@ import tensorflow as tf
 import bad_datasets  # noqa: F401  `bad_datasets:BadPngs`.
 import batches
 from jaxdp import data
-from jaxdp.data import cache, host_batches, reader
+from jaxdp.data import cache, reader, stream
 from jaxdp.data.preprocess import Preprocess
 from jaxdp.data.source import ArrayCorpus
 from jaxdp.datasets import token_file
@@ -35,7 +35,7 @@ def _eval(ds, *, host: bool, batch: int = 16, process_index: int = 0, process_co
 
 def _assert_both_paths_agree(ds, batch: int = 16, eval_split: str = "test") -> None:
   """Train (1 and 2 processes' rows, resumed at a step, with and without ids) and eval batches: bitwise the same."""
-  assert host_batches.applies(ds)
+  assert stream.on_host(ds)
   for kwargs in ({}, {"process_index": 1, "process_count": 2}, {"start": 7, "steps": 9}, {"with_ids": False}):
     batches.assert_same(_train(ds, host=True, batch=batch, **kwargs), _train(ds, host=False, batch=batch, **kwargs))
   for p, count in ((0, 1), (0, 2), (1, 2)):
@@ -142,7 +142,7 @@ def _bad_pngs(data_dir, **fields):
 
 def test_a_bad_example_of_a_cached_split_is_named_alike_on_both_paths(tmp_path):
   ds = _bad_pngs(tmp_path)
-  assert isinstance(ds.corpus, cache.CachedCorpus) and host_batches.applies(ds)
+  assert isinstance(ds.corpus, cache.CachedCorpus) and stream.on_host(ds)
   messages = []
   for host in (True, False):
     with pytest.raises(data.BadExampleError) as train_error:
@@ -178,18 +178,20 @@ class FailingSource:
     return {"inputs": np.full([2], i, np.float32), "labels": np.int64(i % 3)}
 
 
-def test_a_failing_read_is_reported_as_on_the_tf_data_path():
-  """One `error:` line naming the source's exception and its frame, as the CLI prints a failed tf.data worker."""
+def test_a_failing_read_names_the_sources_error_on_both_paths():
+  """tf.data's worker failure is one `error:` line naming the source's exception and its frame; the host path raises
+  its own `ReadError`, caused by the source's exception, naming it and the step, and is the same one line."""
   source = FailingSource()
   ds = data.load(ml_collections.ConfigDict({}), train_data=source)  # Its digest reads every row.
   source.broken = True
-  summaries = []
-  for host in (True, False):
-    with pytest.raises(tf.errors.OpError) as error:
-      _train(ds, host=host, steps=10, batch=8)
-    summaries.append(exits.input_failure(error.value))
-  assert summaries[0] == summaries[1], summaries
-  assert summaries[0][0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summaries
+  with pytest.raises(tf.errors.OpError) as error:
+    _train(ds, host=False, steps=10, batch=8)
+  summary = exits.input_failure(error.value)
+  assert summary[0].startswith("an input worker failed: ValueError: cannot read example 13 (at "), summary
+  with pytest.raises(data.ReadError, match=r"step \d+ failed: ValueError: cannot read example 13") as error:
+    _train(ds, host=True, steps=10, batch=8)
+  assert isinstance(error.value.__cause__, ValueError)
+  assert exits.input_failure(error.value)[0] == summary[0], (exits.input_failure(error.value), summary)
 
 
 def test_a_host_stream_pulled_from_another_thread_reads_the_same_batches(data_dir):
@@ -202,3 +204,14 @@ def test_a_host_stream_pulled_from_another_thread_reads_the_same_batches(data_di
       stream = data.train_batches(ds, "train", seed=3, global_batch=16, start_step=0, process_index=0,
                                   process_count=1, with_ids=True)
       batches.assert_same([pool.submit(next, stream).result() for _ in range(70)], expected)
+
+
+def test_decoded_by_says_none_on_the_host_else_why_tf_data_decodes(data_dir):
+  """`data.decoded_by`: None where numpy makes the batches; else tf.data, and why the split is not held decoded."""
+  arrays = {"inputs": np.zeros((8, 2), np.float32), "labels": np.zeros(8, np.int64)}
+  assert data.decoded_by(data.load(ml_collections.ConfigDict({}), train_data=arrays)) is None
+  assert data.decoded_by(_digits(data_dir)) is None  # Small: decoded once, then gathered on the host.
+  why = data.decoded_by(_digits(data_dir, cache_mb=0))
+  assert why.startswith("batches decoded by tf.data: dataset.cache_mb=0 (its splits take ") and "MiB decoded" in why
+  why = data.decoded_by(_digits(data_dir, cache_mb=0.01))
+  assert why.endswith("more than dataset.cache_mb=0.01 MiB holds in memory"), why

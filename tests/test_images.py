@@ -16,10 +16,16 @@ from jaxdp import data, train
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
 from jaxdp.configs import imagenet2012_resnet50
-from jaxdp.data import images
+from jaxdp.data import preprocess as images
 from jaxdp.models.resnet import Bottleneck, ResNet
 
 SIZE = 16
+
+
+@pytest.fixture
+def half_crop(monkeypatch):
+  """The eval crop's side at half the shorter side (its constant is 0.875), so that crops land on whole pixels."""
+  monkeypatch.setattr(images, "CROP_RATIO", 0.5)
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +54,20 @@ def _field(height, width):
   return image, tf.io.encode_png(image), tf.io.encode_jpeg(image, quality=95)
 
 
-def test_eval_crop_is_the_central_square():
+def test_eval_crop_is_the_central_square(half_crop):
   image, png, jpeg = _field(40, 60)
-  out = images.eval_crop(png, 20, 0.5, 3).numpy()  # The central 20 x 20 of 40 x 60, resized to 20: unchanged.
+  out = images.eval_crop(png, 20, 3).numpy()  # The central 20 x 20 of 40 x 60, resized to 20: unchanged.
   np.testing.assert_array_equal(out, image[10:30, 20:40])
   # JPEG: decode_and_crop_jpeg is decode, then crop, up to chroma upsampling at the window's edge.
-  window = images.eval_crop(jpeg, 20, 0.5, 3).numpy().astype(int)
+  window = images.eval_crop(jpeg, 20, 3).numpy().astype(int)
   diff = np.abs(window - tf.io.decode_jpeg(jpeg).numpy()[10:30, 20:40])
   assert diff.max() <= 2 and (diff == 0).mean() > 0.95
 
 
-def test_eval_crop_puts_the_odd_margin_pixel_before_the_crop():
+def test_eval_crop_puts_the_odd_margin_pixel_before_the_crop(half_crop):
   image, png, _ = _field(41, 61)
   # side = int(0.5 * 41) = 20: margins of 21 rows and 41 columns; the extra pixel goes before the crop.
-  out = images.eval_crop(png, 20, 0.5, 3).numpy()
+  out = images.eval_crop(png, 20, 3).numpy()
   np.testing.assert_array_equal(out, image[11:31, 21:41])
 
 
@@ -78,15 +84,15 @@ def test_train_crop_is_keyed_by_position_and_varies():
   assert not np.array_equal(other_seed, crops[(7, 3)])
 
 
-def test_decoded_images_crop_as_their_png_does_and_keep_their_dtype():
+def test_decoded_images_crop_as_their_png_does_and_keep_their_dtype(half_crop):
   image, png, _ = _field(48, 64)
   keys = [images.example_seed(0, *pos) for pos in [(0, 0), (7, 3)]]
   for key in keys:
     np.testing.assert_array_equal(images.train_crop(tf.constant(image), key, SIZE, 3, True).numpy(),
                                   images.train_crop(png, key, SIZE, 3, True).numpy())
-  np.testing.assert_array_equal(images.eval_crop(tf.constant(image), 20, 0.5, 3).numpy(),
-                                images.eval_crop(png, 20, 0.5, 3).numpy())
-  as_float = images.eval_crop(tf.constant(image / 255, tf.float32), 20, 0.5, 3)  # Resized 24 -> 20: interpolated.
+  np.testing.assert_array_equal(images.eval_crop(tf.constant(image), 20, 3).numpy(),
+                                images.eval_crop(png, 20, 3).numpy())
+  as_float = images.eval_crop(tf.constant(image / 255, tf.float32), 20, 3)  # Resized 24 -> 20: interpolated.
   assert as_float.dtype == tf.float32 and 0 < float(tf.reduce_max(as_float)) <= 1.01
 
 

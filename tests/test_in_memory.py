@@ -107,7 +107,7 @@ def test_nothing_is_written_to_a_tfds_directory(tmp_path, monkeypatch):
   ds = _load(_arrays(60), _arrays(21, seed=1), data_dir=str(data_dir), cache_mb=64)
   _train(ds)
   list(data.eval_batches(ds, "test", global_batch=B, process_index=0, process_count=1))
-  data.stream_spec(ds, "train", seed=1, global_batch=B, process_count=1)
+  data.stream_spec(ds, "train", seed=1, global_batch=B)
   assert [os.listdir(d) for d in (home, tfds_dir, data_dir)] == [[], [], []]
 
 

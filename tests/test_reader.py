@@ -1,4 +1,4 @@
-"""Reading by index (`jaxdp.data.source.tf_read`, `jaxdp.data.reader`; on the host, `jaxdp.data.host_batches`): one
+"""Reading by index (`jaxdp.data.reader`; on the host, `jaxdp.data.stream`): one
 source read per step, whatever the features."""
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 
 from jaxdp import data
 from jaxdp.batch import INDEX, REAL
-from jaxdp.data import train_stream
+from jaxdp.data import stream
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import ArrayCorpus, Facts, UnreadableExample
 
@@ -36,7 +36,7 @@ class CountingSource:
 def counted() -> tuple[Dataset, CountingSource]:
   source = CountingSource()
   facts = Facts("counting", (4,), (), 3)
-  return Dataset(ArrayCorpus(facts, {"train": source, "test": source}), Options(prefetch=0), kind="counting"), source
+  return Dataset(ArrayCorpus(facts, {"train": source, "test": source}), Options(), kind="counting"), source
 
 
 @pytest.mark.parametrize("tf_data", [False, True])
@@ -64,7 +64,7 @@ def test_the_eval_stream_reads_once_per_step(counted, tf_data):
 def test_each_rows_id_comes_through_the_decode(data_dir, fields):
   ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, **fields}))
   held = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir})).source("train")
-  order = train_stream.train_order(ds, "train", 0, 32, 1, 2)
+  order = stream.train_order(ds, "train", 0, 32)
   batches = data.train_batches(ds, "train", seed=0, global_batch=32, start_step=0, process_index=1, process_count=2,
                                stop_step=3, with_ids=True)
   for step, batch in enumerate(batches):
@@ -84,7 +84,7 @@ class UnreadableAtFive(CountingSource):
 @pytest.mark.parametrize("tf_data", [False, True])
 def test_an_unreadable_example_fails_its_step_and_is_never_read_as_another(tf_data):
   source = UnreadableAtFive()
-  ds = Dataset(ArrayCorpus(Facts("unreadable", (4,), (), 3), {"train": source, "test": source}), Options(prefetch=0),
+  ds = Dataset(ArrayCorpus(Facts("unreadable", (4,), (), 3), {"train": source, "test": source}), Options(),
                kind="unreadable")
   batches = data.train_batches(ds, "train", seed=0, global_batch=N, start_step=0, process_index=0, process_count=1,
                                stop_step=1, _tf_data=tf_data)  # One step: every example, 5 among them.

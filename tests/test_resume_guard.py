@@ -16,7 +16,7 @@ from jaxdp import build, checkpoint, data, train
 from jaxdp.datasets import digits  # noqa: F401  (defining its builder registers "digits" with TFDS)
 from jaxdp.strategies import zero1_layout as zero
 from jaxdp.config import ConfigError
-from jaxdp.data import images
+from jaxdp.data import preprocess as images
 from jaxdp.configs import mlp_digits
 
 
@@ -74,7 +74,7 @@ def test_a_failed_restore_closes_the_manager(config, tmp_path, monkeypatch):
   train.train_and_evaluate(_saving(config), str(tmp_path))
   config.seed = 3
   parts = build.build(config)
-  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.resume.VERSION, "seed": 3})
+  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.stream.VERSION, "seed": 3})
   closed = []
   monkeypatch.setattr(ckpt.manager, "close", lambda: closed.append(True))
   with pytest.raises(ConfigError, match="seed"):
@@ -127,7 +127,7 @@ def test_an_nnx_dropout_model_stops_and_resumes_bitwise(config, tmp_path, backen
 
 
 def _spec(ds, split="train", **kw):
-  return data.stream_spec(ds, split, **{"seed": 0, "global_batch": 32, "process_count": 2, **kw})
+  return data.stream_spec(ds, split, **{"seed": 0, "global_batch": 32, **kw})
 
 
 def _with(ds, corpus_name=None, **preprocess):
@@ -163,18 +163,17 @@ def test_another_crop_recipe_is_refused(data_dir, monkeypatch):
 
 
 def _old(**changes) -> dict:
-  """A digits spec as jaxdp wrote it before the spec named its order's version (global batch 32, 2 processes)."""
-  spec = {"dataset": "digits/1.1.0", "source": "tfds-array_record", "order": "shard", "split": "train", "seed": 0,
-          "global_batch": 32, "process_count": 2, "features": ["inputs", "labels"], "crop_padding": 0, "flip": False,
-          "image_size": 0}
+  """A digits spec as jaxdp wrote it before the spec named its order's version (global batch 32)."""
+  spec = {"dataset": "digits/1.1.0", "source": "tfds-array_record", "order": "global", "split": "train", "seed": 0,
+          "global_batch": 32, "features": ["inputs", "labels"], "crop_padding": 0, "flip": False, "image_size": 0}
   return {**spec, **changes}
 
 
 def test_a_spec_of_another_order_version_is_refused_in_one_line(data_dir):
-  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir, "shard_by_process": True}))
+  ds = data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": data_dir}))
   current = _spec(ds)
   assert {k: v for k, v in current.items() if k != "version"} == _old()  # Nothing else differs.
-  for saved, version in ((_old(), 1), (_old(shard_by_process=True), 1), ({**current, "version": 1}, 1)):
-    with pytest.raises(ConfigError, match=rf"order version {version}, this jaxdp reads version {data.resume.VERSION}"):
+  for saved, version in ((_old(), 1), ({**current, "version": 1}, 1)):
+    with pytest.raises(ConfigError, match=rf"order version {version}, this jaxdp reads version {data.stream.VERSION}"):
       data.check_resume(saved, current)
   data.check_resume(dict(current), current)

@@ -1,4 +1,4 @@
-"""The stateless train order (`jaxdp.data.sampler`): a pure function of (seed, step), from any thread, in any order."""
+"""The stateless train order (`jaxdp.data.order`): a pure function of (seed, step), from any thread, in any order."""
 
 import random
 import threading
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxdp.config import ConfigError
-from jaxdp.data import sampler
+from jaxdp.data import order as sampler
 
 N, B, SEED = 40, 8, 3  # 5 steps per epoch: 30 epochs in 150 steps.
 EPOCHS = 30
@@ -85,23 +85,6 @@ def test_orders_of_the_same_split_and_seed_share_each_epochs_permutation():
   stream, audit = sampler.GlobalOrder(N, B, SEED, "train"), sampler.GlobalOrder(N, 2 * B, SEED, "train")
   assert audit.permutation(7) is stream.permutation(7)
   assert sampler.GlobalOrder(N, B, SEED + 1, "train").permutation(7) is not stream.permutation(7)
-
-
-def test_shard_order_is_thread_safe_too():
-  order = sampler.ShardOrder(2 * N, B, SEED, "train", process_index=1, process_count=2)
-  calls = [s for s in range(EPOCHS * N // B) for _ in range(4)]
-  random.Random(0).shuffle(calls)
-  expected = {s: order.rows(s, 0, B) for s in sorted(set(calls))}
-  with futures.ThreadPoolExecutor(16) as pool:
-    for step, rows in pool.map(lambda s: (s, order.rows(s, 0, B)), calls):
-      np.testing.assert_array_equal(rows, expected[step])
-      assert rows.min() >= N  # Process 1's half of the split.
-
-
-def test_each_process_shuffles_its_shard_its_own_way():
-  """Shards are equal ranges: the same shuffle in each would pair the examples N apart in every batch."""
-  first, second = (sampler.ShardOrder(2 * N, B, SEED, "train", process_index=p, process_count=2) for p in (0, 1))
-  assert any(not np.array_equal(first.rows(s, 0, B) + N, second.rows(s, 0, B)) for s in range(N // B))
 
 
 def test_a_batch_larger_than_the_split_names_the_flag_to_change():

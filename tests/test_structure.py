@@ -138,7 +138,7 @@ def test_importing_the_trainer_and_the_pipeline_loads_no_tensorflow():
   result = _run("import sys\n"
                 "import jaxdp, jaxdp.train, jaxdp.evaluate, jaxdp.sample, jaxdp.datasets, jaxdp.loop.train\n"
                 "from jaxdp import data\n"
-                "from jaxdp.data import cache, convert, host_batches, images, reader, sampler\n"
+                "from jaxdp.data import cache, convert, order, preprocess, reader, stream\n"
                 "print(sorted(m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')))")
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == "[]"
@@ -168,8 +168,8 @@ def test_importing_the_pipeline_and_the_trainer_adds_no_import_hook_and_sets_no_
   assert result.stdout.strip() == "[] [] []"
 
 
-def test_tensorflow_is_imported_by_tf_setup_only():
-  """`tf_setup.tensorflow()` is jaxdp's one way to TensorFlow (annotations aside), so its set-up always runs."""
+def test_tensorflow_is_imported_by_the_reader_only():
+  """`reader.tensorflow()` is jaxdp's one way to TensorFlow (annotations aside), so its set-up always runs."""
   found = set()
   for name, path in _modules().items():
     tree = ast.parse(path.read_text(), str(path))
@@ -179,7 +179,7 @@ def test_tensorflow_is_imported_by_tf_setup_only():
               for imported in ([a.name for a in node.names] if isinstance(node, ast.Import) else
                                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
               if imported.split(".")[0] == "tensorflow"}
-  assert found == {"jaxdp.data.tf_setup"}
+  assert found == {"jaxdp.data.reader"}
 
 
 TF_SETUP_FIRST = """import importlib.abc, sys, traceback
@@ -187,25 +187,25 @@ class First(importlib.abc.MetaPathFinder):  # Records who imports TensorFlow fir
   def find_spec(self, name, path, target=None):
     if name == "tensorflow" and any(f.name == "_find_and_load" for f in traceback.extract_stack()):
       sys.meta_path.remove(self)
-      print("tensorflow first imported from", "tf_setup" if any(f.filename.endswith("tf_setup.py")
+      print("tensorflow first imported from", "reader" if any(f.filename.endswith("data/reader.py")
             for f in traceback.extract_stack()) else traceback.format_stack()[-8:], flush=True)
 sys.meta_path.insert(0, First())
 """
 
 
-@pytest.mark.parametrize("first", ["tf_setup", "tensorflow"])
+@pytest.mark.parametrize("first", ["reader", "tensorflow"])
 def test_tensorflow_never_sees_an_accelerator(first):
-  """`tf_setup.tensorflow()` hides TensorFlow's GPUs (and TPUs) whether TensorFlow was loaded before it (a user's
+  """`reader.tensorflow()` hides TensorFlow's GPUs (and TPUs) whether TensorFlow was loaded before it (a user's
   notebook) or by it; its start-up variables are set only when it imports TensorFlow itself."""
   result = _run("import os, sys\nos.environ.pop('TF_ENABLE_ONEDNN_OPTS', None)\n"
                 + ("import tensorflow\n" if first == "tensorflow" else "") +
-                "from jaxdp.data import tf_setup\ntf = tf_setup.tensorflow()\n"
+                "from jaxdp.data import reader\ntf = reader.tensorflow()\n"
                 "from tensorflow.python.eager import context\n"
                 "print(context.context()._visible_device_list, tf is sys.modules['tensorflow'], "
                 "os.environ.get('TF_ENABLE_ONEDNN_OPTS'))")
   assert result.returncode == 0, result.stderr
   assert "CPU" in result.stdout and "GPU" not in result.stdout  # Empty until set.
-  assert result.stdout.split()[-2:] == (["True", "0"] if first == "tf_setup" else ["True", "None"])
+  assert result.stdout.split()[-2:] == (["True", "0"] if first == "reader" else ["True", "None"])
 
 
 def test_tensorflow_whose_devices_are_fixed_already_is_one_warning():
@@ -213,18 +213,18 @@ def test_tensorflow_whose_devices_are_fixed_already_is_one_warning():
   result = _run("import logging, tensorflow as tf\nlogging.basicConfig()\n"
                 "def fixed(*args): raise RuntimeError('Visible devices cannot be modified after being initialized')\n"
                 "tf.config.set_visible_devices = fixed\n"
-                "from jaxdp.data import tf_setup\nprint(tf_setup.tensorflow() is tf)")
+                "from jaxdp.data import reader\nprint(reader.tensorflow() is tf)")
   assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
   assert "may hold accelerator memory" in result.stderr
 
 
-def test_the_pipeline_imports_tensorflow_through_tf_setup(tmp_path):
+def test_the_pipeline_imports_tensorflow_through_the_reader(tmp_path):
   """Preparing (TFDS encodes with TensorFlow), reading by index, decoding, streaming: TensorFlow's first import
-  always comes through `tf_setup`, so no TFDS call reaches it before its GPUs are hidden."""
+  always comes through `reader.tensorflow()`, so no TFDS call reaches it before its GPUs are hidden."""
   runs = {"prepare": f"data.load(ConfigDict({{'name': 'digits', 'data_dir': {str(tmp_path / 'a')!r}}}))",
           "stream": f"ds = data.load(ConfigDict({{'name': 'digits', 'data_dir': {str(tmp_path / 'a')!r}, "
                     "'cache_mb': 0}))\nnext(data.eval_batches(ds, 'test', global_batch=32, process_index=0, process_count=1))"}
   for name, code in runs.items():  # The second finds `digits` prepared: decoding loads TensorFlow.
     result = _run(TF_SETUP_FIRST + "from ml_collections import ConfigDict\nfrom jaxdp import data\n" + code)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "tensorflow first imported from tf_setup" in result.stdout, (name, result.stdout)
+    assert "tensorflow first imported from reader" in result.stdout, (name, result.stdout)

@@ -12,7 +12,7 @@ from jaxdp import data, train
 from jaxdp.report import metrics
 from jaxdp.config import ConfigError
 from jaxdp.configs import gpt_token_file
-from jaxdp.data import token_file as token_windows
+from jaxdp.data import arrays as token_windows
 from jaxdp.datasets import token_file
 
 
@@ -218,7 +218,7 @@ def test_a_rewritten_token_file_is_refused_on_resume(tmp_path):
 
   def spec() -> dict:
     ds = data.load(tiny_gpt_on(path, seq_len=8).dataset)
-    return data.stream_spec(ds, "train", seed=0, global_batch=16, process_count=1)
+    return data.stream_spec(ds, "train", seed=0, global_batch=16)
 
   saved, stat = spec(), os.stat(path)
   data.check_resume(saved, spec())  # The same file: the same stream.

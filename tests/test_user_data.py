@@ -11,7 +11,7 @@ from PIL import Image
 
 from jaxdp import train
 from jaxdp.config import ConfigError
-from jaxdp.data import kinds
+from jaxdp import data
 from jaxdp.datasets import image_folder
 
 CLASSES = ("ant", "bee", "cat")
@@ -32,9 +32,9 @@ def make_folder(root, per_class: int = 8, sizes=SIZES, splits: tuple[str, ...] =
 
 
 def builder_for(name: str, data_dir: str, kwargs: dict) -> tfds.core.DatasetBuilder | None:
-  """The builder the kind that claims `name` makes (`jaxdp.data.kinds`); None for a registered TFDS name."""
-  kind = kinds.find(name)
-  return None if kind is kinds.TFDS_NAME else kind.make(name, data_dir, kwargs)
+  """The builder the kind that claims `name` makes (`jaxdp.data.find`); None for a registered TFDS name."""
+  kind = data.find(name)
+  return None if kind is data.TFDS_NAME else kind.make(name, data_dir, kwargs)
 
 
 def _files(root) -> list[str]:
@@ -396,7 +396,7 @@ def test_an_image_folder_of_16_bit_grayscale_is_grayscale(tmp_path):
 def test_skipping_bad_files_prepares_a_copy_of_its_own(tmp_path):
   root, data_dir = make_folder(tmp_path / "photos", per_class=2), str(tmp_path / "tfds")
   strict = builder_for(root, data_dir, {})
-  skipping = kinds.find(root).make(root, data_dir, {}, skip_bad=True)
+  skipping = data.find(root).make(root, data_dir, {}, skip_bad=True)
   assert skipping.data_dir != strict.data_dir  # A copy that left files out is never read as the whole folder.
 
 

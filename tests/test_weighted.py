@@ -12,7 +12,7 @@ import pytest
 import runs
 import weighted_tasks
 from jaxdp import build
-from jaxdp.data import sampler
+from jaxdp.data import order as sampler
 from jaxdp.report import metrics
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

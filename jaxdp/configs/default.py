@@ -72,14 +72,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.crop_padding = 0    # Train only: zero-pad images by this many pixels, then randomly crop back; 0: off.
   config.dataset.flip = False        # Train only: random horizontal flip.
   config.dataset.image_size = 0      # Images of varying size: train random-resized crop / eval central crop to this square; 0: off.
-  config.dataset.crop_ratio = 0.875  # Eval with image_size: the central crop's side / the image's shorter side.
-  config.dataset.prefetch = 2        # Host batches tf.data prepares ahead (-1: tf.data autotuning); tf.data path only: splits with nothing to decode are gathered by numpy when parallel.prefetch's thread asks.
-  config.dataset.shard_by_process = False  # Each process reads only its own 1/P of the split; batches then depend on the process count.
   config.dataset.skip_bad_examples = False  # An example that does not decode: False: one error naming it (exit 2); True: replaced by the next good one (train/skipped_examples); image folders leave such files out.
   # Datasets whose splits, decoded, fit in this many MiB are decoded once and held in memory (same batches, no decoding
   # per step); "auto": the smaller of 1024 and 1/16 of the machine's memory (data/dataset.py); 0: never. A number or "auto".
   config.dataset.cache_mb = config_dict.FieldReference("auto", field_type=object)
-  # A split held decoded (under cache_mb) is kept in files beside the prepared dataset (DATA_DIR/.../jaxdp_decoded/),
-  # which every later run and process of the host maps instead of decoding it again; False: decoded in memory each run.
-  config.dataset.cache_on_disk = True
   return config

@@ -5,7 +5,7 @@ batch (0.4), reached after 5 epochs of linear warmup, then cosine decay; weight 
 convolution and dense kernels only (not BatchNorm, not biases); label smoothing 0.1; bfloat16
 compute; BatchNorm statistics over the global batch; the last BatchNorm scale of every residual block
 starts at zero. Input: the random-resized crop to 224 and a horizontal flip for training, the central
-87.5% square resized to 224 for eval (`jaxdp.data.images`), read by index from TFDS `imagenet2012`
+87.5% square resized to 224 for eval (`jaxdp.data.preprocess`), read by index from TFDS `imagenet2012`
 prepared as ArrayRecord (the TFDS build needs the ILSVRC tarballs in its manual_dir).
 """
 
@@ -50,9 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.train_split = "train"
   config.dataset.eval_split = "validation"
   config.dataset.image_size = 224    # Train: random-resized crop to 224 x 224; eval: central crop resized to 224.
-  config.dataset.crop_ratio = 0.875  # Eval: the central square's side is 0.875 x the shorter side (224 of 256).
   config.dataset.flip = True         # Train: random horizontal flip.
   config.dataset.mean = (0.485, 0.456, 0.406)  # Per-channel normalization of pixels in [0, 1].
   config.dataset.std = (0.229, 0.224, 0.225)
-  config.dataset.prefetch = 4        # Host batches prepared ahead (decoding 224 px JPEGs is the host's main work).
   return config

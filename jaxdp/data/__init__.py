@@ -1,43 +1,104 @@
-"""The input pipeline: tfds (or any random-access source) -> one seeded global order -> each process's rows of
-every global batch -> numpy host batches. Knows nothing of models or devices.
+"""The input pipeline: a random-access source -> one seeded global order -> each process's rows of every global
+batch -> numpy host batches. Knows nothing of models or devices.
 
-The modules, in the order the data flows through them:
-
-- `kinds`: `load(config)` -> `Dataset` (`dataset`: a `Corpus` of splits, its facts, `Options`), by the kind
-  of dataset its name names (one table of matcher and opener): TFDS builders through `tfds_dataset` and
-  `prepare` (prepared once as ArrayRecord; `offline`: fail fast without network; `convert`: TFRecord ->
-  ArrayRecord), or a token file (`token_file`); or data given
-  as Python objects (`in_memory`: a dict of numpy arrays, any random-access source); `source`: the random-access
-  `Source` interface.
-- `held`: a split held whole, finished as its batches are, for the devices to gather from (`jaxdp.resident`).
-- `sampler`: which examples global batch `step` holds, a pure function of (seed, step); `rng`, numpy's generator
-  keyed by (seed, stream, epoch or step).
-- `reader`: step -> this process's rows, read by index and decoded in parallel tf.data workers (in order);
-  `host_batches`: the same rows of a split with nothing to decode (cached, token file, in-memory arrays, .npz), read by
-  numpy in the caller's thread, bitwise the same batches, no tf.data.
-- `images`, `preprocess`: crops of images of varying size (per example, in the tf.data decode); augmentation and
-  normalization (per batch, in numpy, keyed by (seed, step) and position).
-- `train_stream`: `train_batches`, resumable at any step (its docstring states the contract);
-  `eval_stream`: `eval_batches`, every example once, padded and masked.
-- `resume`: `stream_spec`, saved with every checkpoint, and `check_resume`, which compares it on restore.
-
-TensorFlow is imported where it is used, at its first use (its import takes seconds, and a process that never
-decodes nor shuffles never pays it), through `tf_setup.tensorflow()`, so it never takes accelerator memory.
+The modules, in the order the data flows through them: `load` (here: the kind of dataset a name names) opens a
+`dataset.Dataset`, a `source.Corpus` of splits read by index (`tfds_dataset`: TFDS builders prepared once as
+ArrayRecord, `convert`: TFRecord -> ArrayRecord; `arrays`: in-memory arrays, any random-access source, token files),
+decoded once when small (`cache`); `order`: which examples global batch `step` holds; `stream`: `train_batches` and
+`eval_batches`, read by numpy on the host where nothing needs decoding, else by tf.data (`reader`, also the one way
+to TensorFlow); `preprocess`: crops, augmentation and normalization; `bad_examples`: the guard for examples that do
+not decode; `stream.stream_spec` and `check_resume`: the resume contract.
 """
 
-# The package's interface: `from jaxdp import data`, then `data.load`, `data.train_batches`, ...
-from jaxdp.data.bad_examples import BadExampleError, skipped_through
-from jaxdp.data.dataset import Batch, Dataset, Options
-from jaxdp.data.eval_stream import eval_batches, num_eval_steps
-from jaxdp.data.kinds import load
-from jaxdp.data.resume import check_resume, stream_spec
-from jaxdp.data.train_stream import train_batches
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["BadExampleError", "Batch", "Dataset", "Options", "check_resume", "eval_batches", "load", "num_eval_steps",
-           "skipped_through", "stream_spec", "train_batches"]
+import ml_collections
+
+from jaxdp import config as config_lib
+from jaxdp.data import arrays, tfds_dataset
+from jaxdp.data.bad_examples import BadExampleError, ReadError, skipped_through
+from jaxdp.data.dataset import CACHE_AUTO, Batch, Dataset, Options
+from jaxdp.data.source import TfdsCorpus
+from jaxdp.data.stream import check_resume, eval_batches, num_eval_steps, on_host, stream_spec, train_batches
+
+__all__ = ["BadExampleError", "Batch", "Dataset", "Options", "ReadError", "check_resume", "decoded_by", "eval_batches",
+           "load", "num_eval_steps", "skipped_through", "stream_spec", "train_batches"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """A kind of dataset: which names it claims and how it opens them."""
+  name: str                                                 # What the name is, for messages ("an image folder").
+  matches: Callable[[str], bool]                            # Whether `dataset.name` is of this kind.
+  open: Callable[[ml_collections.ConfigDict, dict], Dataset]  # (complete config.dataset, builder_kwargs) -> Dataset.
+  make: tfds_dataset.MakeBuilder | None = None              # A TFDS-backed kind's builder maker.
+
+
+def tfds_kind(name: str, matches: Callable[[str], bool], make: tfds_dataset.MakeBuilder) -> Kind:
+  """A kind whose datasets are TFDS builders made by `make`."""
+  return Kind(name, matches, lambda config, kwargs: tfds_dataset.open_builder(config, kwargs, make), make)
+
+
+def is_npz(name: str) -> bool:
+  """Whether `name` names an .npz file."""
+  return name.lower().endswith(".npz")
+
+
+def is_folder(name: str) -> bool:
+  """Whether `name` means a folder's path rather than a TFDS name (which may contain "/": "name/config")."""
+  # Absolute, or `./`, `../`, `~`, or containing `/` and existing: a bare "mnist" stays the TFDS dataset even beside
+  # a folder of that name (write `./mnist` for the folder).
+  return not is_npz(name) and (name.startswith(("/", "./", "../", "~")) or ("/" in name and os.path.exists(name)))
+
+
+def _npz(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
+  """An .npz file's dataset, by `jaxdp.datasets.npz` (imported by module path: this package never imports it)."""
+  return importlib.import_module(f"{tfds_dataset.SHIPPED}.npz").open_dataset(config, kwargs)
+
+
+# The kinds a name may be, disjoint (a name is claimed by one at most); a name none claims is a registered TFDS name.
+TFDS_NAME = tfds_kind("a registered TFDS name", lambda name: True, tfds_dataset.registered)
+KINDS = (
+    Kind("a token file", lambda name: name == arrays.TOKEN_FILE, arrays.open_token_file),
+    tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)), tfds_dataset.by_class),
+    Kind("an .npz file", is_npz, _npz),
+    tfds_kind("an image folder", is_folder, tfds_dataset.shipped("image_folder")),
+)
+
+
+def find(name: str) -> Kind:
+  """The kind that claims `name`: the kind in the table that matches it, else a registered TFDS name."""
+  claims = [kind for kind in KINDS if kind.matches(name)]
+  if len(claims) > 1:
+    raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
+                     "disjoint")
+  return claims[0] if claims else TFDS_NAME
+
+
+def load(config: ml_collections.ConfigDict, *, train_data: Any = None, eval_data: Any = None) -> Dataset:
+  """Opens the dataset `config` (a `config.dataset`, completed from `configs/default.py`) names, prepared once if
+  needed; or `train_data`/`eval_data` (a dict of numpy arrays or a random-access source each; the name is unused)."""
+  config = config_lib.with_defaults(ml_collections.ConfigDict({"dataset": config})).dataset
+  if train_data is not None or eval_data is not None:
+    return arrays.open_data(config, train_data, eval_data)
+  return find(config.name).open(config, dict(config.get("builder_kwargs") or {}))
 
 
 def decoded_by(ds: Dataset) -> str | None:
-  """None when numpy makes the batches of `ds` on the host (nothing to decode), else why tf.data decodes them."""
-  from jaxdp.data import host_batches
-  return None if host_batches.applies(ds) else "batches decoded by tf.data"
+  """None when numpy makes the batches of `ds` on the host; else why tf.data decodes them."""
+  if on_host(ds):
+    return None
+  mib = ds.corpus.decoded_mib() if isinstance(ds.corpus, TfdsCorpus) else None
+  if mib is None:  # Varying shapes, images cropped per example, or not a TFDS corpus: never held decoded.
+    return "batches decoded by tf.data"
+  setting, budget = ds.options.cache_mb, ds.options.cache_budget_mib
+  size = f"{mib:,.{0 if mib >= 10 else 1}f} MiB"
+  if not budget:
+    return f"batches decoded by tf.data: dataset.cache_mb={setting} (its splits take {size} decoded)"
+  here = f" ({budget:,.0f} MiB here)" if setting == CACHE_AUTO else " MiB"
+  return (f"batches decoded by tf.data: its splits take {size} decoded, more than dataset.cache_mb={setting}{here} "
+          "holds in memory")

@@ -1,16 +1,10 @@
 """Examples that do not decode (a truncated image, bytes that are no image): named, or replaced and counted.
 
-A failed decode inside a tf.data worker surfaces as one `tf.errors.OpError` at the step's batch, naming no
-example; a batch built on the host (`host_batches`) raises the source's `UnreadableExample` (a split decoded in
-memory), naming none either. `Guarded` catches it, re-reads that step one example at a time to find the rows that fail, and
-then either raises `BadExampleError` naming the split and each bad example's index in it (exit status 2
-through the CLI), or, with `dataset.skip_bad_examples`, reads the step again with each bad row replaced by
-the next example in index order that decodes at that position, and goes on from there. The happy path
-costs nothing: no example is checked until a step has failed.
-
-A replacement depends only on the step, the row in the global batch and the data: never on the process
-count, the prefetch depth, or what an earlier run met. So two runs, a resumed run and any process count
-read the same examples.
+A step that fails (a tf.data `OpError`, a split decoded in memory's `UnreadableExample`, a host `ReadError`) names no
+example: `Guarded` re-reads it one example at a time, then raises `BadExampleError` naming the split and the bad
+indices (exit status 2), or, with `dataset.skip_bad_examples`, replaces each bad row by the next example in index
+order that decodes there. Nothing is checked until a step fails; a replacement depends only on the step, the row and
+the data, so any run, resumed or on any process count, reads the same examples.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
 
 log = logging.getLogger("jaxdp")
 
-Failure = Union["tf.errors.OpError", UnreadableExample]  # How a step whose examples do not all decode fails.
+Failure = Union["tf.errors.OpError", UnreadableExample, "ReadError"]  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
 SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
@@ -42,11 +36,14 @@ class BadExampleError(ConfigError):
   """An example of the data cannot be decoded: bad input, so a one-line error and exit status 2."""
 
 
+class ReadError(exits.InputFailure):
+  """A source's read on the host failed (its error is the cause); the guard re-reads the step as for a decode."""
+
+
 def is_failure(error: BaseException) -> bool:
-  """Whether `error` is a `Failure`: a TensorFlow `OpError` (none before TensorFlow is loaded: it is not imported
-  here) or an `UnreadableExample`."""
+  """Whether `error` is a `Failure` (no TensorFlow `OpError` exists before TensorFlow is loaded)."""
   tf = sys.modules.get("tensorflow")
-  return isinstance(error, UnreadableExample) or tf is not None and isinstance(error, tf.errors.OpError)
+  return isinstance(error, (UnreadableExample, ReadError)) or tf is not None and isinstance(error, tf.errors.OpError)
 
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
@@ -62,9 +59,8 @@ def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
 class Guarded(Iterator[Batch]):
   """The batches of steps start, start + 1, ...; a step that fails to decode is named, or repaired and counted.
 
-  `open_from(step, swaps)`: this process's batches from `step` on, reading the rows `swaps` names in place
-  of the sampled ones. `indices(step)`: the split's indices of this process's rows of `step`.
-  `decodes(step, row, index)`: whether example `index` decodes as row `row` of step `step` (its crop).
+  `open_from(step, swaps)`: the batches from `step` on, the rows `swaps` names read in place of the order's;
+  `indices(step)`: this process's rows' indices; `decodes(step, row, index)`: whether `index` decodes as that row.
   """
 
   def __init__(self, open_from: Callable[[int, Swaps], Iterator[Batch]], indices: Callable[[int], np.ndarray],
@@ -98,7 +94,7 @@ class Guarded(Iterator[Batch]):
     if not bad:
       raise error  # Not an example that fails to decode: some other failure, reported as it is.
     if not self.skip:
-      raise self._error(bad, error)
+      raise named_error(self.split, [index for _, index in bad], error)
     swaps = {row: self._replacement(step, row, index) for row, index in bad}
     log.warning("%s step %d: replaced %d bad example(s) (dataset.skip_bad_examples): %s", self.split, step,
                 len(bad), ", ".join(f"{index} -> {swaps[row]}" for row, index in bad))
@@ -114,9 +110,6 @@ class Guarded(Iterator[Batch]):
         return candidate
     raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
 
-  def _error(self, bad: list[tuple[int, int]], error: Failure) -> BadExampleError:
-    return named_error(self.split, [index for _, index in bad], error)
-
 
 def named_error(split: str, indices: list[int], error: Failure, remedy: str = SKIP) -> BadExampleError:
   """One line naming the split, the bad indices, and TensorFlow's reason."""
@@ -127,9 +120,8 @@ def named_error(split: str, indices: list[int], error: Failure, remedy: str = SK
 
 
 def reason_of(error: Failure) -> str:
-  """TensorFlow's first line of `error`, without what TensorFlow puts around the cause (an `UnreadableExample`: its
-  message, the same cause)."""
-  message = str(error) if isinstance(error, UnreadableExample) else error.message
+  """The cause `error` names: TensorFlow's first line without what it puts around it, or the message."""
+  message = error.message if hasattr(error, "message") else str(error)
   return exits.tf_cause(message or "") or type(error).__name__
 
 

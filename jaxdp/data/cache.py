@@ -1,35 +1,43 @@
-"""Datasets that fit in memory decoded once: every read is then a numpy gather instead of parsing and decoding.
+"""Datasets that fit in memory decoded once (`dataset.cache_mb`): every read is then a numpy gather, not a parse and a
+decode on the cores the step needs (docs/design-notes.md#input-pipeline-choices).
 
-Reading by index decodes each step's rows anew (parse the record, decode the PNG), on the cores the step needs
-(docs/design-notes.md#input-pipeline-choices). A dataset whose splits,
-decoded, take at most `dataset.cache_mb` MiB together ("auto": up to 1 GiB, by the machine's memory:
-`dataset.cache_budget_mib`) is decoded once, when a split is first opened, by the same `decode`, in index order; the stream then reads the same rows in the same order and
-yields the same bytes (tested), and its stream spec does not change. Images of varying size
-(`dataset.image_size`) stay encoded and are never cached: they are decoded together with their crop.
+A split is decoded when first opened, by the corpus's own `decode`, in index order: the same rows and bytes as reading
+by index (tested), the same stream spec. Images of varying size (`dataset.image_size`) stay encoded for their crop.
+An example that does not decode is found then: reading it raises `UnreadableExample`, for the bad-example guard.
 
-An example that does not decode is found while decoding the split (only once the parallel decode has failed):
-the split is held without it, and reading it raises `UnreadableExample`, so that the bad-example guard
-names it, or replaces it exactly as it would when reading by index (`dataset.skip_bad_examples`).
+The decoded split is kept beside the prepared dataset (`<its folder>/jaxdp_decoded/<split>/`: a `.npy` per feature
+and a `.json`) and mapped by every later open, in any process and run of the host: one copy in the page cache. One
+process writes at a time (a file lock); files are renamed into place, the `.json` last, so a killed writer leaves
+nothing that is read; their names carry a digest of the prepared files and the features. A folder that cannot be
+written leaves the split decoded in memory.
 """
 
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import bad_examples, cache_files, reader, tf_setup
-from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample, tf_read
+from jaxdp.data import bad_examples, reader
+from jaxdp.data.source import Rows, Source, TfdsCorpus, UnreadableExample
 
+log = logging.getLogger("jaxdp")
 _READ_CHUNK = 1024  # Records read per call while decoding a split.
+FOLDER = "jaxdp_decoded"
+FORMAT = 1  # The files' layout; part of their names, so another layout never reads them.
+Decoded = tuple[Rows, dict[int, str]]  # The split's arrays, and its examples that do not decode ({index: why}).
 
 
 class DecodedSource:
-  """A split held decoded in memory (every feature); reads are numpy gathers.
-
-  `bad`: the indices of the examples that did not decode, and why; reading one raises `UnreadableExample`.
-  """
+  """A split held decoded (every feature); reads are numpy gathers. `bad`: {index: why} of the examples that did
+  not decode; reading one raises `UnreadableExample`."""
 
   def __init__(self, arrays: Rows, bad: dict[int, str] | None = None):
     self._arrays, self.bad = arrays, dict(bad or {})
@@ -42,21 +50,14 @@ class DecodedSource:
       raise UnreadableExample(self.bad[unreadable[0]])
     return {k: v[indices] for k, v in self._arrays.items()}
 
-  def held(self) -> Rows | None:
-    """The whole split, whose `read(ids)` is `{k: v[ids]}` of it; None when some example is unreadable."""
-    return None if self.bad else self._arrays
-
 
 class CachedCorpus:
-  """A `TfdsCorpus` whose splits are decoded once, when first opened; nothing left to decode per step.
-
-  `on_disk` (`dataset.cache_on_disk`): a split decoded once is kept in files beside the prepared dataset and
-  mapped by every later open (`jaxdp.data.cache_files`), in any process and run of the host.
-  """
+  """A `TfdsCorpus` whose splits are decoded once, when first opened, and kept in files beside the prepared dataset
+  that every later open maps (in memory where they cannot be written)."""
   decode = None
 
-  def __init__(self, corpus: TfdsCorpus, on_disk: bool = False):
-    self.corpus, self.facts, self.on_disk = corpus, corpus.facts, on_disk
+  def __init__(self, corpus: TfdsCorpus):
+    self.corpus, self.facts = corpus, corpus.facts
     self._sources: dict[str, DecodedSource] = {}
 
   def source(self, split: str) -> DecodedSource:
@@ -64,32 +65,30 @@ class CachedCorpus:
       self._sources[split] = DecodedSource(*self._decoded(split))
     return self._sources[split]
 
-  def _decoded(self, split: str) -> cache_files.Decoded:
-    """The split's arrays and bad examples: mapped from their files (`on_disk`), or decoded now."""
-    def decode() -> cache_files.Decoded:
+  def _decoded(self, split: str) -> Decoded:
+    """The split's arrays and bad examples: mapped from their files, or decoded now."""
+    def decode() -> Decoded:
       return decode_all(self.corpus.source(split), self.corpus.decode, split)
 
-    if not self.on_disk:
-      return decode()
     builder = self.corpus.builder
     try:
       files = [os.fspath(f) for f in builder.info.splits[split].filepaths]
-      digest = cache_files.identity(split, files, self.facts.decoded())
+      digest = identity(split, files, self.facts.decoded())
     except (OSError, KeyError, ValueError, AttributeError, TypeError):  # No files to name it by (mocked, a slice):
       return decode()                                                  # decoded in memory; an unknown split fails there.
-    return cache_files.load_or_decode(os.fspath(builder.data_dir), split, digest, decode)
+    return load_or_decode(os.fspath(builder.data_dir), split, digest, decode)
 
 
-def maybe_cached(corpus: TfdsCorpus, max_mib: float, on_disk: bool = False) -> TfdsCorpus | CachedCorpus:
-  """`corpus` decoded in memory (`on_disk`: and kept in files) when all its splits fit in `max_mib` MiB decoded."""
+def maybe_cached(corpus: TfdsCorpus, max_mib: float) -> TfdsCorpus | CachedCorpus:
+  """`corpus` decoded once (`CachedCorpus`) when all its splits fit in `max_mib` MiB decoded."""
   mib = corpus.decoded_mib()
-  return CachedCorpus(corpus, on_disk) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
+  return CachedCorpus(corpus) if max_mib > 0 and mib is not None and mib <= max_mib else corpus
 
 
-def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
+def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> Decoded:
   """Every feature of every row of `split` (`source`), decoded in parallel, in index order; and the examples that do
   not decode ({index: why}: their rows are zeros)."""
-  tf = tf_setup.tensorflow()
+  tf = reader.tensorflow()
   try:
     return _decoded(source, decode), {}
   except tf.errors.OpError:  # Some example does not decode (or the read failed): find which, one chunk at a time.
@@ -97,20 +96,17 @@ def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> tu
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """Every row of the split, decoded in parallel (a chunk of rows at a time), in index order.
-
-  Each chunk is copied into the split's arrays as it arrives: the decoded chunks and the whole split are never
-  held together, as a list of chunks concatenated at the end was (docs/design-notes.md#input-pipeline-choices).
-  """
-  tf = tf_setup.tensorflow()
+  """Every row of the split, decoded in parallel a chunk at a time, in index order, each chunk copied into the
+  split's arrays as it arrives: never the chunks and the split together (docs/design-notes.md#input-pipeline-choices)."""
+  tf = reader.tensorflow()
   n = len(source)
   indices = np.arange(n)
   probe = source.read(indices[:1])
   spec = reader.decoded_spec(probe, decode, position=False)
   arrays = {k: np.empty((n, *s.shape), s.dtype.as_numpy_dtype) for k, s in spec.items()}
-  for a in arrays.values():  # Pages touched before the decode starts, not while its threads run (data_notes.md).
+  for a in arrays.values():  # Pages touched before the decode starts, not while its threads run.
     a.fill(0)
-  chunks = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(tf_read(probe, source.read))
+  chunks = tf.data.Dataset.from_tensor_slices(indices).batch(_READ_CHUNK).map(reader.tf_read(probe, source.read))
   lo = 0
   for part in tfds.as_numpy(reader.decode_rows(chunks, decode, spec)):
     rows = len(next(iter(part.values())))
@@ -120,16 +116,16 @@ def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
   return arrays
 
 
-def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str) -> tuple[Rows, dict[int, str]]:
+def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str) -> Decoded:
   """Every row of the split that decodes, in index order (zeros for the others), and why each other did not."""
-  tf = tf_setup.tensorflow()
-  n, one = len(source), decode
+  tf = reader.tensorflow()
+  n = len(source)
   good, parts = [], []
   for lo in range(0, n, _READ_CHUNK):
     indices = np.arange(lo, min(n, lo + _READ_CHUNK))
     examples = tf.data.Dataset.from_tensor_slices(source.read(indices))  # A read that fails raises here, as itself.
     decoded = tf.data.Dataset.zip(tf.data.Dataset.from_tensor_slices(indices), examples.map(
-        one, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)).ignore_errors()
+        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)).ignore_errors()
     for index, rows in tfds.as_numpy(decoded):
       good.append(index)
       parts.append(rows)
@@ -143,10 +139,105 @@ def _decoded_but_bad(source: Source, decode: Callable[[dict], dict], split: str)
 
 def _why(source: Source, decode: Callable[[dict], dict], index: int) -> str:
   """TensorFlow's first line on example `index` decoding alone."""
-  tf = tf_setup.tensorflow()
+  tf = reader.tensorflow()
   try:
     for _ in tf.data.Dataset.from_tensor_slices(source.read(np.array([index]))).map(decode):
       pass
   except tf.errors.OpError as e:
     return bad_examples.reason_of(e)
   return "it did not decode with the others"
+
+
+def identity(split: str, files: list[str], features: dict[str, tuple[tuple[int, ...], np.dtype]]) -> str:
+  """A digest of what the decoded split depends on: its prepared files (name, size, mtime) and decoded features."""
+  stats = [(os.path.basename(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in sorted(files)]
+  facts = sorted((k, list(shape), np.dtype(dtype).str) for k, (shape, dtype) in features.items())
+  return hashlib.sha256(json.dumps([FORMAT, split, stats, facts]).encode()).hexdigest()[:16]
+
+
+def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], Decoded]) -> Decoded:
+  """The split mapped from its files under `folder`, else `decode()`d and written there first; decoded in memory only
+  when `folder` is not a local folder, or (one warning) cannot be written."""
+  if not os.path.isdir(folder):  # Not local (gs://...), or not there: nothing to map.
+    return decode()
+  here = os.path.join(folder, FOLDER, split)
+  stem = os.path.join(here, f"v{FORMAT}-{digest}")
+  with contextlib.ExitStack() as stack:
+    try:
+      stack.enter_context(_locked(here))
+    except OSError as e:  # Files written by another (complete ones are only ever renamed into place) still map.
+      if (found := read(stem)) is not None:
+        return found
+      log.warning("dataset split %r is decoded in memory: cannot write its decoded copy in %s (%s)", split, here,
+                  e.strerror or e)
+      return decode()
+    if (found := read(stem)) is not None:
+      return found
+    arrays, bad = decode()
+    try:
+      _write(stem, arrays, bad)
+    except (OSError, ValueError) as e:  # A full disk; a feature numpy cannot save without pickling.
+      log.warning("dataset split %r is decoded in memory: writing its decoded copy in %s failed (%s)", split, here,
+                  getattr(e, "strerror", None) or e)  # A ValueError has no strerror.
+      # Its own complete files too: without their .json nothing reads them, and each may be a feature's size.
+      _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p or p.startswith(stem + "."))
+      return arrays, bad
+    return read(stem) or (arrays, bad)  # Mapped: this process's decoded copy is released.
+
+
+@contextlib.contextmanager
+def _locked(folder: str) -> Iterator[None]:
+  """Holds the folder's lock (one writer per host; released by the kernel if the process dies)."""
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, ".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read(stem: str) -> Decoded | None:
+  """The split's arrays mapped read-only from `stem`'s files, and its bad examples; None when any is missing,
+  incomplete or not as its `.json` says."""
+  try:
+    with open(f"{stem}.json") as f:
+      meta = json.load(f)
+    arrays = {k: _mapped(f"{stem}.{i}.npy", meta["rows"], spec) for i, (k, spec) in enumerate(meta["features"].items())}
+    return arrays, {int(i): why for i, why in meta["bad"].items()}
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _mapped(path: str, rows: int, spec: dict) -> np.ndarray:
+  """The `.npy` file at `path` as a read-only array backed by the file (ValueError when not as `spec` says, or short)."""
+  a = np.load(path, mmap_mode="r", allow_pickle=False)
+  if a.shape != (rows, *spec["shape"]) or a.dtype != np.dtype(spec["dtype"]):
+    raise ValueError(f"{path}: {a.shape} {a.dtype}, expected {rows} rows of {spec}")
+  return a.view(np.ndarray)  # Gathers from it give plain arrays; the mapping lives as long as the view.
+
+
+def _write(stem: str, arrays: Rows, bad: dict[int, str]) -> None:
+  """Writes the arrays and then the `.json` under temporary names, each renamed when complete; then drops the
+  split's files of other digests (a dataset prepared again) and leftovers of killed writers."""
+  tmp = f".tmp-{os.getpid()}"
+  for i, a in enumerate(arrays.values()):
+    with open(f"{stem}.{i}.npy{tmp}", "wb") as f:
+      np.save(f, np.ascontiguousarray(a), allow_pickle=False)
+    os.replace(f"{stem}.{i}.npy{tmp}", f"{stem}.{i}.npy")
+  meta = {"rows": len(next(iter(arrays.values()))),
+          "features": {k: {"shape": list(a.shape[1:]), "dtype": a.dtype.str} for k, a in arrays.items()},
+          "bad": {str(i): why for i, why in bad.items()}}
+  with open(f"{stem}.json{tmp}", "w") as f:
+    json.dump(meta, f)
+  os.replace(f"{stem}.json{tmp}", f"{stem}.json")
+  ours = os.path.basename(stem) + "."
+  here = os.path.dirname(stem)
+  _remove(os.path.join(here, n) for n in os.listdir(here) if n != ".lock" and (not n.startswith(ours) or ".tmp-" in n))
+
+
+def _remove(paths: Iterable[str]) -> None:
+  """Removes what it can of `paths` (leftovers; nothing else reads them: the lock is held)."""
+  for path in paths:
+    with contextlib.suppress(OSError):
+      os.remove(path)

@@ -16,14 +16,14 @@ import sys
 
 from array_record.python import array_record_module
 
-from jaxdp.data import tf_setup
+from jaxdp.data import reader
 
 ARRAY_RECORD = "array_record"
 
 
 def convert(version_dir: str) -> list[str]:
   """Writes an ArrayRecord copy of every TFRecord shard in `version_dir`; returns the shards written."""
-  tf = tf_setup.tensorflow()
+  tf = reader.tensorflow()
   info_path = os.path.join(version_dir, "dataset_info.json")
   if not os.path.isfile(info_path):
     raise FileNotFoundError(f"{version_dir!r} is not a prepared TFDS dataset version (no dataset_info.json)")

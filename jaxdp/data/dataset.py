@@ -1,4 +1,4 @@
-"""What the trainer opens (`jaxdp.data.kinds.load`): a `Dataset`, that is a `Corpus` of random-access splits, the
+"""What the trainer opens (`jaxdp.data.load`): a `Dataset`, that is a `Corpus` of random-access splits, the
 facts the trainer needs, and `Options`: how its batches are read and prepared."""
 
 import dataclasses
@@ -18,7 +18,7 @@ from jaxdp.data.source import INPUTS, Corpus, Source
 Batch = dict[str, np.ndarray]
 CACHE_AUTO = "auto"  # dataset.cache_mb's default: a budget from the machine's memory (`cache_budget_mib`).
 # "auto" holds at most this much, and at most 1/CACHE_AUTO_SHARE of the machine's memory (a process decoding a split
-# holds its own copy, and every process does with cache_on_disk=False). A split over the budget is parsed by tf.data
+# holds its own copy where its files cannot be written). A split over the budget is parsed by tf.data
 # every step, on the cores the step needs. Why: docs/design-notes.md#input-pipeline-choices
 CACHE_AUTO_MAX_MIB = 1024
 CACHE_AUTO_SHARE = 16
@@ -29,11 +29,8 @@ _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.lim
 class Options:
   """How batches are read and prepared (`config.dataset` fields beyond the dataset's name)."""
   preprocess: Preprocess = Preprocess()
-  shard_by_process: bool = False
-  prefetch: int = 2
   cache_mb: float | str = CACHE_AUTO  # Splits decoded at most this big (MiB, all together) are decoded once, in memory.
   skip_bad_examples: bool = False  # An example that does not decode is replaced (`bad_examples`), not an error.
-  cache_on_disk: bool = True  # A split held decoded is kept in files beside the dataset, mapped by later opens.
 
   @property
   def cache_budget_mib(self) -> float:
@@ -43,10 +40,8 @@ class Options:
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int | None, ...]) -> "Options":
     """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`)."""
-    options = cls(Preprocess.from_config(config, input_shape), bool(config.shard_by_process), config.prefetch, config.cache_mb, bool(config.skip_bad_examples), bool(config.cache_on_disk))
+    options = cls(Preprocess.from_config(config, input_shape), config.cache_mb, bool(config.skip_bad_examples))
     options.cache_budget_mib  # A bad value fails now, naming itself.
-    if not isinstance(options.prefetch, int) or options.prefetch < -1:
-      raise ConfigError(f"dataset.prefetch must be an integer >= 0 (or -1: autotune), got {options.prefetch!r}")
     return options
 
 

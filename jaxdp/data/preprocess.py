@@ -1,29 +1,33 @@
-"""Host-side preprocessing of whole batches: train augmentation (random crop with padding, horizontal
-flip), then inputs to float32 and per-channel normalization.
+"""Preprocessing: per batch in numpy, augmentation (random crop with padding, flip) then float32 inputs normalized
+per channel; per example in tf.data, images of varying size cropped to `image_size` squares (the ImageNet recipe).
 
-Every function takes one process's rows of a global batch as numpy arrays (read, or decoded by tf.data) and uses
-only vectorized ops (no per-example map), so it costs a few ops per batch. Augmentation is stateless: the draws of
-global batch `step` come from one generator keyed by (seed, step) (`sampler.rng`) over all its rows, and
-the example at global position `id = step * global_batch + row` takes row `row`. An example's crop and
-flip therefore depend on the seed and its position only, never on which process or device gets it.
+Augmentation is stateless: the draws of global batch `step` come from one generator keyed by (seed, step)
+(`order.rng`), and the example at row `row` of the global batch takes row `row` of them; a crop of an image of varying
+size is keyed by (seed, step, row) in TF. Either depends on the seed and the example's position only, never on which
+process or device reads it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data import sampler
+from jaxdp.data import order
+from jaxdp.data.reader import tensorflow
+
+if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
+  import tensorflow as tf
 
 INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 
 
 def draws(seed: int, global_batch: int, step: int) -> np.ndarray:
   """The augmentation draws float32 [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
-  return sampler.rng(seed, sampler.AUGMENT, step).random((global_batch, 3), np.float32)
+  return order.rng(seed, order.AUGMENT, step).random((global_batch, 3), np.float32)
 
 
 def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
@@ -40,19 +44,17 @@ def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class Preprocess:
-  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip, image_size, crop_ratio)."""
+  """Per-dataset preprocessing from `config.dataset` (mean, std, crop_padding, flip, image_size)."""
   mean: tuple[float, ...] = ()
   std: tuple[float, ...] = ()
   crop_padding: int = 0
   flip: bool = False
-  image_size: int = 0       # Images of varying size: cropped to image_size squares (`jaxdp.data.images`); 0: off.
-  crop_ratio: float = 0.875  # Eval of images of varying size: the central crop's side / the shorter side.
+  image_size: int = 0  # Images of varying size: cropped to image_size squares (`train_crop`); 0: off.
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
     """Reads and checks the fields of a complete `config.dataset` (`config.with_defaults`) against the input shape."""
-    pre = cls(tuple(config.mean), tuple(config.std), config.crop_padding, bool(config.flip), config.image_size,
-              config.crop_ratio)
+    pre = cls(tuple(config.mean), tuple(config.std), config.crop_padding, bool(config.flip), config.image_size)
     channels = input_shape[-1] if input_shape else 1
     for key, value in (("mean", pre.mean), ("std", pre.std)):
       if len(value) not in (0, 1, channels):
@@ -71,8 +73,6 @@ class Preprocess:
     """Images of varying size need image_size (then no crop_padding); fixed-size ones may use it too."""
     if not isinstance(self.image_size, int) or self.image_size < 0:
       raise ConfigError(f"dataset.image_size must be a non-negative integer, got {self.image_size!r}")
-    if not (isinstance(self.crop_ratio, (int, float)) and 0 < self.crop_ratio <= 1):
-      raise ConfigError(f"dataset.crop_ratio must be in (0, 1], got {self.crop_ratio!r}")
     varying = None in input_shape
     if varying and not self.image_size:
       raise ConfigError(f"the inputs vary in shape {input_shape!r}: set dataset.image_size (e.g. 224) to crop "
@@ -87,11 +87,8 @@ class Preprocess:
     return bool(self.crop_padding or self.flip) and not self.image_size
 
   def affine(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, offset), float32 per channel: inputs of `dtype` are normalized as x * scale - offset; None: as they are.
-
-    (x / 255 - mean) / std (uint8; else x - mean) as one multiply-add: scale = 1 / (255 std), offset = mean / std.
-    The one home of the formula, applied in float32.
-    """
+    """(scale, offset), float32 per channel, of the one multiply-add x * scale - offset that is (x / 255 - mean) / std
+    (uint8; else (x - mean) / std): scale = 1 / (255 std), offset = mean / std; None: inputs stay as they are."""
     scale = 1 / 255 if np.dtype(dtype) == np.uint8 else 1.0
     if not (self.mean or self.std or scale != 1.0):
       return None
@@ -110,11 +107,8 @@ class Preprocess:
     return self.finish({**batch, INPUTS: x})
 
   def augment(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """Random crop after zero padding, then random horizontal flip; draws [rows, 3] in [0, 1).
-
-    One gather does both: output pixel (i, j) of a row reads padded pixel (top + i, left + j), or
-    (top + i, left + width - 1 - j) when the row is flipped.
-    """
+    """Random crop after zero padding, then random flip (draws [rows, 3] in [0, 1)), in one gather: pixel (i, j) of a
+    row reads padded pixel (top + i, left + j), or (top + i, left + width - 1 - j) when it is flipped."""
     rows, height, width, channels = images.shape
     pad = self.crop_padding
     top = (draws[:, 0] * np.float32(2 * pad + 1)).astype(np.int32)
@@ -139,3 +133,82 @@ class Preprocess:
     x = np.multiply(batch[INPUTS], scale, dtype=np.float32)  # Cast and scaled in one pass, into an array of its own.
     np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}
+
+
+# Train: a random-resized ("Inception") crop of 8% to 100% of the area, aspect ratio 3/4 to 4/3 (as the Flax ImageNet
+# example and torchvision), resized, then a random flip. Eval: the central CROP_RATIO square, resized. JPEGs decode
+# only the crop window; images already decoded (arrays given from Python) are cropped as they are.
+AREA = (0.08, 1.0)
+ASPECT = (3 / 4, 4 / 3)
+ATTEMPTS = 10
+CROP_RATIO = 0.875  # Eval: the central square's side / the shorter side (Inception's central crop: 224 of 256).
+RECIPE = "inception-crop(area 0.08-1, aspect 3/4-4/3, 10 attempts)+flip; bicubic"  # In the stream spec.
+
+
+def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
+  """A stateless seed [2] for the example at row `row` of global batch `step` (TF's: the crop is a TF op)."""
+  tf = tensorflow()
+  per_step = tf.random.experimental.stateless_fold_in(tf.constant([seed, order.AUGMENT], tf.int64),
+                                                      tf.cast(step, tf.int64))
+  return tf.random.experimental.stateless_fold_in(per_step, tf.cast(row, tf.int64))
+
+
+def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
+  """Random-resized crop (and random flip) of one image, encoded (-> uint8) or decoded (its dtype), to
+  [image_size, image_size, channels]."""
+  tf = tensorflow()
+  crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
+  shape = _shape(image, channels)
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, tf.constant([0.0, 0.0, 1.0, 1.0], shape=[1, 1, 4]), seed=crop_key, min_object_covered=0.1,
+      aspect_ratio_range=ASPECT, area_range=AREA, max_attempts=ATTEMPTS, use_image_if_no_bounding_boxes=True)
+  crop = _resize(_window(image, begin[0], begin[1], size[0], size[1], channels), image_size)
+  if not flip:
+    return crop
+  return tf.cond(tf.random.stateless_uniform([], flip_key) < 0.5, lambda: tf.reverse(crop, [1]), lambda: crop)
+
+
+def eval_crop(image: tf.Tensor, image_size: int, channels: int) -> tf.Tensor:
+  """Central square of side CROP_RATIO * min(height, width), resized to [image_size, image_size, channels] (dtype as
+  in `train_crop`)."""
+  tf = tensorflow()
+  shape = _shape(image, channels)
+  side = tf.cast(CROP_RATIO * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
+  top, left = (shape[0] - side + 1) // 2, (shape[1] - side + 1) // 2
+  return _resize(_window(image, top, left, side, side, channels), image_size)
+
+
+def _shape(image: tf.Tensor, channels: int) -> tf.Tensor:
+  """[height, width, channels] of an image, reading only a JPEG's header."""
+  tf = tensorflow()
+  if image.dtype != tf.string:  # Already decoded.
+    return tf.shape(image)
+  return tf.cond(tf.io.is_jpeg(image), lambda: tf.io.extract_jpeg_shape(image),
+                 lambda: tf.shape(tf.io.decode_image(image, channels, expand_animations=False)))
+
+
+def _window(image: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor, width: tf.Tensor,
+            channels: int) -> tf.Tensor:
+  """The window of an image, [height, width, channels]; JPEGs decode only that window."""
+  tf = tensorflow()
+  if image.dtype != tf.string:  # Already decoded.
+    return tf.slice(image, [top, left, 0], [height, width, channels])
+
+  def jpeg() -> tf.Tensor:
+    return tf.io.decode_and_crop_jpeg(image, tf.stack([top, left, height, width]), channels=channels)
+
+  def other() -> tf.Tensor:
+    decoded = tf.io.decode_image(image, channels, expand_animations=False)
+    return tf.slice(decoded, [top, left, 0], [height, width, channels])
+
+  return tf.cond(tf.io.is_jpeg(image), jpeg, other)
+
+
+def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
+  """Bicubic resize to a square, back to the image's dtype (uint8: a quarter of float32's bytes on the way to the
+  device)."""
+  tf = tensorflow()
+  resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
+  if image.dtype == tf.uint8:
+    return tf.cast(tf.clip_by_value(tf.round(resized), 0, 255), tf.uint8)
+  return tf.cast(resized, image.dtype)

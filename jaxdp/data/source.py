@@ -1,24 +1,10 @@
 """The random-access interface every input source implements, and its TFDS (ArrayRecord) implementation.
 
-The pipeline (`jaxdp.data`) needs only two things from storage:
-
-- a `Corpus`: the facts the trainer needs (`Facts`: input shape, classes, ...) and one `Source` per split;
-- a `Source`: `len(source)` examples, and `source.read(indices)` -> a dict of numpy arrays whose leading
-  axis follows `indices` (global positions in the split, any order, repeats allowed). It must be safe
-  to call from several threads and must not hold anything proportional to the split in memory.
-
-What `read` returns goes through `corpus.decode` (a TF function of ONE example's dict, run in parallel
-tf.data workers) to every feature of the example under its batch name (`FeatureNames`: the supervised keys
-as "inputs"/"labels", the others under their own names, a nested FeaturesDict flattened with "/"; with
-`dataset.image_size`, "inputs" still-encoded image bytes, which the pipeline decodes together with their crop);
-a corpus whose `read` already returns final arrays sets `decode = None` (e.g. a token file: int32 windows).
-
-A kind of dataset (`jaxdp.data.kinds`) opens a corpus: `tfds_dataset` a `TfdsCorpus` for TFDS builders
-(or, when small, `cache.CachedCorpus`); `token_file` an `ArrayCorpus` of token windows, e.g.
-
-    facts = Facts(name="token_file:train.bin@<digest>", input_shape=(T,), label_shape=(T,),
-                  num_classes=vocab_size, integer_inputs=True)
-    ArrayCorpus(facts, {"train": TokenWindows(...), "test": TokenWindows(...)})   # decode = None
+A `Corpus` gives the facts the trainer needs (`Facts`) and one `Source` per split: `len(source)` examples, and
+`source.read(indices)` -> a dict of numpy arrays whose leading axis follows `indices` (any order, repeats allowed),
+safe from several threads and holding nothing proportional to the split. What `read` returns goes through
+`corpus.decode` (a TF function of one example: every feature under its batch name, `FeatureNames`; with
+`dataset.image_size`, inputs stay encoded for their crop); a corpus whose reads are final arrays has `decode = None`.
 """
 
 from __future__ import annotations
@@ -26,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import offline, tf_setup
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
@@ -68,8 +54,7 @@ class Facts:
 
 
 class UnreadableExample(Exception):
-  """A read of an example known not to decode (a split decoded in memory holds nothing for it): the message says
-  why it did not; the bad-example guard (`jaxdp.data.bad_examples`) names or replaces it like any other."""
+  """A read of an example known not to decode (a split decoded in memory holds nothing for it); says why."""
 
 
 class Source(Protocol):
@@ -99,7 +84,7 @@ class TfdsSource:
     except (KeyError, ValueError, AssertionError) as e:
       raise ConfigError(f"unknown split {split!r} of dataset {builder.name!r}: {e}") from None
     # tfds.testing.mock_data's batched read is broken (an unbound `__getitems__`); its single reads work.
-    self._one_by_one = offline.mocked(builder)
+    self._one_by_one = mocked(builder)
 
   def __len__(self) -> int:
     return len(self._records)
@@ -190,10 +175,7 @@ class TfdsCorpus:
     return row_bytes * sum(int(info.num_examples) for info in self.builder.info.splits.values()) / 2**20
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """One serialized record -> every feature under its batch name, decoded by the features' own TF code.
-
-    With `keep_encoded`, images stay encoded: the pipeline decodes them together with their crop.
-    """
+    """One serialized record -> every feature under its batch name (with `keep_encoded`, images stay encoded)."""
     decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
     return self.names(self.builder.info.features.deserialize_example(example["record"], decoders=decoders))
 
@@ -226,25 +208,27 @@ class ArrayCorpus:
     return self._splits[split]
 
 
-def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
-  """`read` (numpy indices -> numpy rows) as a tf.data function, its outputs typed after `probe` (rows it returned).
+def mocked(builder: tfds.core.DatasetBuilder) -> bool:
+  """Under `tfds.testing.mock_data` preparing is a no-op: nothing will be downloaded."""
+  return type(builder).download_and_prepare.__module__.startswith("tensorflow_datasets.testing")
 
-  A read that raises `UnreadableExample` fails as a TF op (its message, no Python traceback logged by the worker).
-  """
-  tf = tf_setup.tensorflow()
-  keys = sorted(probe)
-  dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
 
-  def read_once(a: np.ndarray) -> list[np.ndarray]:
-    try:
-      rows, why = read(a), ""  # One read per call, whatever the number of features.
-    except UnreadableExample as e:
-      rows, why = probe, str(e)  # Typed as the outputs; the assertion below fails before anything reads them.
-    return [rows[k] for k in keys] + [np.array(why.encode(), object)]
+def identity(source: Any) -> str | None:
+  """A source's own identity as text, which its digest takes instead of a sample of rows (None: it has none): a
+  Hugging Face `_fingerprint`, or the paths, sizes and modification times of the files it names."""
+  own = getattr(source, "_fingerprint", None) or getattr(source, "fingerprint", None)
+  if isinstance(own, str):
+    return own
+  files = next((v for v in (getattr(source, a, None) for a in ("paths", "filenames")) if _paths(v)), None)
+  if files is None:
+    return None
+  try:
+    stats = [(os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in map(os.fspath, files)]
+  except OSError:  # A named file is not there (a remote path): the rows are sampled instead.
+    return None
+  return repr(stats)
 
-  def call(x: tf.Tensor) -> dict[str, tf.Tensor]:
-    *arrays, why = tf.numpy_function(read_once, [x], [*dtypes, tf.string], stateful=False)
-    with tf.control_dependencies([tf.debugging.Assert(tf.equal(why, ""), [why])]):
-      return {k: tf.identity(a) for k, a in zip(keys, arrays)}
 
-  return call
+def _paths(value: Any) -> bool:
+  """Whether `value` is a non-empty list of file paths."""
+  return isinstance(value, (list, tuple)) and bool(value) and all(isinstance(p, (str, os.PathLike)) for p in value)

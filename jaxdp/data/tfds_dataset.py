@@ -1,14 +1,24 @@
-"""A TFDS builder as a `Dataset`: prepared once as ArrayRecord (`prepare`), read by index through a `TfdsCorpus`,
-decoded once in memory when small (`cache`). The builder comes from a kind's maker (`kinds`): a registered
-TFDS name, a builder class named "package.module:Class", or a user's file or folder (`jaxdp.datasets.npz`,
-`jaxdp.datasets.image_folder`).
+"""A TFDS builder as a `Dataset`: prepared once as ArrayRecord (one process prepares, the others wait; not prepared
+and its download unreachable: one error in seconds, naming how to prepare it offline), read by index through a
+`TfdsCorpus`, decoded once when small (`cache`). The builder comes from a kind's maker (`jaxdp.data.load`): a
+registered TFDS name, a builder class "package.module:Class", or a user's folder (`jaxdp.datasets.image_folder`).
 """
 
+import contextlib
+import fcntl
+import glob
 import importlib
 import importlib.util
 import inspect
+import os
 import re
-from collections.abc import Callable
+import socket
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
 
 import ml_collections
 import tensorflow_datasets as tfds
@@ -16,35 +26,32 @@ from tensorflow_datasets.core import dataset_builder
 
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
-from jaxdp.data import cache, prepare
+from jaxdp.data import cache, reader
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import FeatureNames, TfdsCorpus
+from jaxdp.data.source import FeatureNames, TfdsCorpus, mocked
 from jaxdp.runtime import quiet
 
 # (name, data_dir, builder_kwargs, skip_bad, **extra) -> the builder; `extra` (e.g. file_format) is TFDS's.
 MakeBuilder = Callable[..., tfds.core.DatasetBuilder]
-FILE_FORMAT = "array_record"  # What a user's builder prepares, so that it reads by index like any other.
+RANDOM_ACCESS = tfds.core.file_adapters.FileFormat.ARRAY_RECORD  # What jaxdp reads by index; a user's builder prepares it.
+FILE_FORMAT = RANDOM_ACCESS.value
+PROBE_TIMEOUT_S = 10.0  # Per check of a download's hosts, DNS included: an offline machine fails within a minute.
 # "package.module:ClassName"; a TFDS name with a version ("mnist:3.0.1", "mnist/config:3.*.*") does not match.
 CLASS_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 SHIPPED = "jaxdp.datasets"  # The package of jaxdp's own builders, a module each, named as the dataset.
-
-
-def opener(make: MakeBuilder) -> Callable[[ml_collections.ConfigDict, dict], Dataset]:
-  """A kind's opener from its builder maker: (config.dataset, builder_kwargs) -> the prepared `Dataset`."""
-  return lambda config, kwargs: open_builder(config, kwargs, make)
 
 
 def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuilder) -> Dataset:
   """The dataset of `make`'s builder, preparing it once (as ArrayRecord) if needed."""
   skip_bad = bool(config.skip_bad_examples)
   with quiet.tfds_prints():  # TFDS prints "Downloading and preparing ..." for every dataset it prepares.
-    builder = prepare.open_prepared(lambda **extra: make(config.name, config.data_dir, kwargs, skip_bad, **extra))
+    builder = open_prepared(lambda **extra: make(config.name, config.data_dir, kwargs, skip_bad, **extra))
   names = FeatureNames(builder.info)  # A dataset without supervised keys gives all its features, no inputs.
   input_shape = tuple(builder.info.features[names.input_key].shape) if names.input_key is not None else ()
   options = Options.from_config(config, input_shape)
-  prepare.require_random_access(builder)
+  require_random_access(builder)
   corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
-  return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib, options.cache_on_disk), options, builder)
+  return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib), options, builder)
 
 
 def registered(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = False,
@@ -95,3 +102,107 @@ def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -
     return cls(**kwargs)
   except TypeError as e:  # Wrong builder_kwargs for the class (or an abstract class): a config mistake.
     raise ConfigError(f"dataset {name!r} does not accept the builder_kwargs {sorted(kwargs)}: {e}") from None
+
+
+def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
+  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet, and then made again: a builder made before
+  the dataset was prepared (by this process or another) keeps empty splits."""
+  with _no_temp_dirs_left():
+    builder = make()
+  if builder.is_prepared() or mocked(builder):
+    if mocked(builder):
+      builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
+    return builder
+  check_can_prepare(builder)  # Fails in seconds, not after minutes of download retries.
+  _prepare(make, builder)
+  return make()
+
+
+@contextlib.contextmanager
+def _no_temp_dirs_left() -> Iterator[None]:
+  """Removes, on the way out, the empty temp dirs TFDS's builders made inside."""
+  # Every builder of a dataset not yet prepared makes one ("tmp*tfds", in `DatasetInfo.initialize_from_bucket`,
+  # before it asks GCS for the dataset's info) and keeps it, also when the answer is nothing (GCS off, the default).
+  pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
+  before = set(glob.glob(pattern))
+  try:
+    yield
+  finally:
+    for path in set(glob.glob(pattern)) - before:
+      with contextlib.suppress(OSError):  # Not empty (GCS answered), or already gone.
+        os.rmdir(path)
+
+
+def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.DatasetBuilder) -> None:
+  """Prepares the dataset as ArrayRecord under a file lock: one process prepares, the others wait."""
+  root = os.fspath(builder.data_dir_root)
+  os.makedirs(root, exist_ok=True)
+  lock_path = os.path.join(root, f".{builder.name}.prepare.lock")
+  with open(lock_path, "w") as lock, contextlib.ExitStack() as stack:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+    with _no_temp_dirs_left():
+      fresh = make(file_format=FILE_FORMAT)  # Another process may have prepared it meanwhile.
+    if not fresh.is_prepared():
+      reader.tensorflow()  # TFDS encodes the examples with TensorFlow.
+      # jaxdp's one line in place of TFDS's prints (quiet.tfds_prints drops them), from whichever process holds the
+      # lock: a run that has to prepare says so, once, even when process 0 only waits.
+      print(f"preparing dataset {fresh.info.full_name} in {root} (once; other processes wait)", file=sys.stderr,
+            flush=True)
+      fresh.download_and_prepare()
+
+
+def require_random_access(builder: tfds.core.DatasetBuilder) -> None:
+  """A dataset prepared as TFRecord only: one line saying how to convert it."""
+  if mocked(builder) or RANDOM_ACCESS in builder.info.available_file_formats():
+    return
+  formats = ", ".join(sorted(f.value for f in builder.info.available_file_formats())) or "unknown"
+  raise ConfigError(
+      f"dataset {builder.name!r} is prepared in {str(builder.data_dir)!r} as {formats} only; jaxdp reads "
+      f"examples by index from ArrayRecord. Convert it once with `python -m jaxdp.data.convert "
+      f"{builder.data_dir}`")
+
+
+def check_can_prepare(builder: tfds.core.DatasetBuilder) -> None:
+  """Raises ConfigError if `builder` must download (not prepared, has download URLs) and cannot reach them."""
+  if builder.is_prepared() or mocked(builder):
+    return
+  urls = sorted(type(builder).url_infos or {})  # The URLs whose checksums tfds registered for this dataset.
+  if not urls:
+    return  # Nothing to download (e.g. the builders jaxdp ships, generated from local data).
+  hosts = sorted({_host_port(url) for url in urls})
+  problem = unreachable(hosts, PROBE_TIMEOUT_S)
+  if problem:
+    name, root = builder.name, builder.data_dir_root
+    raise ConfigError(
+        f"dataset {name!r} is not prepared in data_dir {str(root)!r} and its download is unreachable ({problem}). "
+        f"Prepare it offline: on a machine with network run `tfds build {name} --data_dir=DIR` (or "
+        f"`python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', data_dir='DIR')"
+        f".download_and_prepare()\"`), then copy DIR/{name} to {str(root)!r}")
+
+
+def unreachable(hosts: list[tuple[str, int]], timeout: float) -> str | None:
+  """None if every (host, port) accepts a TCP connection within `timeout` seconds; else what failed."""
+  results: dict[tuple[str, int], str | None] = {}
+
+  def probe(host: str, port: int) -> None:
+    try:
+      socket.create_connection((host, port), timeout=timeout).close()
+      results[(host, port)] = None
+    except OSError as e:
+      results[(host, port)] = f"{host}:{port}: {e}"
+
+  # Daemon threads with one deadline: name resolution ignores socket timeouts and may hang far longer.
+  threads = [threading.Thread(target=probe, args=hp, daemon=True) for hp in hosts]
+  for t in threads:
+    t.start()
+  deadline = time.monotonic() + timeout
+  for t in threads:
+    t.join(max(0.0, deadline - time.monotonic()))
+  errors = [results.get(hp, f"{hp[0]}:{hp[1]}: no answer within {timeout:g} s") for hp in hosts]
+  return "; ".join(e for e in errors if e) or None
+
+
+def _host_port(url: str) -> tuple[str, int]:
+  parts = urllib.parse.urlparse(url)
+  return parts.hostname or url, parts.port or (80 if parts.scheme == "http" else 443)

@@ -1,4 +1,4 @@
-"""An `.npz` file of numpy arrays as in-memory data (`jaxdp.data.in_memory`): loaded with `np.load`, nothing
+"""An `.npz` file of numpy arrays as in-memory data (`jaxdp.data.arrays`): loaded with `np.load`, nothing
 prepared or written. Every array is a feature (one row per example: the arrays share their first dimension).
 
 Layouts:
@@ -21,7 +21,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data import in_memory
+from jaxdp.data import arrays
 from jaxdp.data.dataset import Dataset
 from jaxdp.data.source import INPUTS, LABELS
 from jaxdp.datasets import fingerprint
@@ -40,7 +40,7 @@ def open_dataset(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
     raise ConfigError(f"dataset.builder_kwargs {unknown} do not apply to an .npz file (only test_fraction)")
   test_fraction = kwargs.get("test_fraction", 0.1)
   path = fingerprint.checked_source(os.path.expanduser(config.name), test_fraction, KIND, os.path.isfile)
-  return in_memory.open_splits(config, read_splits(path, test_fraction), os.path.basename(path), kind="npz")
+  return arrays.open_splits(config, read_splits(path, test_fraction), os.path.basename(path), kind="npz")
 
 
 def layout(path: str) -> tuple[tuple[str, ...], bool]:

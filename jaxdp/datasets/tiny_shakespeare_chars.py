@@ -9,7 +9,7 @@ each split (train / validation / test, about 1 MB / 55 kB / 55 kB of ASCII) into
 
 import tensorflow_datasets as tfds
 
-from jaxdp.data import offline
+from jaxdp.data import tfds_dataset
 from jaxdp.datasets.text_file import WindowedText
 
 SOURCE = "tiny_shakespeare"
@@ -19,7 +19,7 @@ SPLITS = ("train", "validation", "test")
 def source_text(split: str, data_dir: str | None) -> bytes:
   """The whole text of one split of the prepared TFDS `tiny_shakespeare`."""
   builder = tfds.builder(SOURCE, data_dir=data_dir)
-  offline.check_can_prepare(builder)  # Not prepared and no network: a clear error in seconds, not retries.
+  tfds_dataset.check_can_prepare(builder)  # Not prepared and no network: a clear error in seconds, not retries.
   builder.download_and_prepare()
   examples = builder.as_dataset(split=split, shuffle_files=False)
   return b"".join(ex["text"] for ex in tfds.as_numpy(examples))

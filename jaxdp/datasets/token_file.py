@@ -1,4 +1,4 @@
-"""Writes token files (`jaxdp.data.token_file` reads them): token ids, or a text file's bytes, plus the sidecar.
+"""Writes token files (`jaxdp.data.arrays` reads them): token ids, or a text file's bytes, plus the sidecar.
 
     python -m jaxdp.datasets.token_file book.txt book.bin   # a text file -> byte tokens (vocabulary 256)
 
@@ -14,7 +14,7 @@ from types import TracebackType
 import numpy as np
 
 from jaxdp.config import ConfigError
-from jaxdp.data.token_file import DTYPES, sidecar_path
+from jaxdp.data.arrays import DTYPES, sidecar_path
 
 BYTE_VOCAB = 256  # Text written as UTF-8 bytes.
 

@@ -7,7 +7,7 @@ it records the checkpoint it restored and the step it started from. `python -m j
 (`jaxdp.tools.audit`) checks what was recorded.
 
 The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
-split (`data.reader.INDEX`), and
+split (`jaxdp.batch.INDEX`), and
 `Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
 of the loop, the state's step after it, trains the stream's batch s - 1). The `data/digest` metric is the
 sampler's global batch (no process holds the whole batch as read).
@@ -67,8 +67,8 @@ class Recorder:
     return self._ids is not None
 
   def take_ids(self, batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    """`batches` without their ids (`data.reader.INDEX`), which are kept, in order, for `record`."""
-    from jaxdp.data.reader import INDEX
+    """`batches` without their ids (`jaxdp.batch.INDEX`), which are kept, in order, for `record`."""
+    from jaxdp.batch import INDEX
     for batch in batches:
       if INDEX in batch:
         batch = dict(batch)
@@ -91,7 +91,7 @@ class Recorder:
       self._saves.flush()
 
   def digest(self, step: int) -> str | None:
-    """The digest of global batch `step`; None when this process cannot know it (dataset.shard_by_process)."""
+    """The digest of global batch `step`; None when no order was given."""
     if self.global_order is None:
       return None
     return batch_digest(self.global_order.rows(step - 1, 0, self.header["global_batch"]))
@@ -111,23 +111,19 @@ class Recorder:
 def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
           process_index: int, process_count: int, num_devices: int) -> Recorder:
   """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
-  from jaxdp.data import resume, train_stream  # The input pipeline's own order of examples.
-  kind = resume.order_kind(ds)
-  if kind != resume.GLOBAL and not config.audit_data:
-    return Recorder({}, None)  # Each process its own order: no digest of the global batch.
+  from jaxdp.data import stream  # The input pipeline's own order of examples.
   split = config.dataset.train_split
   n = ds.num_examples(split)
   rows = global_batch // process_count
-  order = train_stream.train_order(ds, split, config.seed, global_batch, process_index, process_count)
-  global_order = order if kind == resume.GLOBAL else None
+  order = stream.train_order(ds, split, config.seed, global_batch)
   header = {"version": HEADER_VERSION, "segment": _segment_id(process_count), "process_index": process_index,
             "process_count": process_count, "num_devices": num_devices, "global_batch": global_batch,
             "rows": [process_index * rows, (process_index + 1) * rows], "num_examples": n,
             "steps_per_epoch": order.steps_per_epoch,
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
-            "restored_from": restored_from, "shard_by_process": ds.options.shard_by_process, "order": kind}
+            "restored_from": restored_from, "order": stream.GLOBAL}
   directory = os.path.join(workdir, AUDIT_DIR) if config.audit_data else None
-  return Recorder(header, directory, global_order)
+  return Recorder(header, directory, order)
 
 
 def _segment_id(process_count: int) -> str:

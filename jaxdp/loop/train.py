@@ -122,7 +122,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
       summary.report({"cpu_devs": cpu_devices.describe()}, title=None)
     summary.report({"input": _describe_input(parts)}, title=None)
     stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
-                              global_batch=parts.layout.global_batch, process_count=jax.process_count())
+                              global_batch=parts.layout.global_batch)
     # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
     checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, named, stream=stream))
   with clock.span("restore"):

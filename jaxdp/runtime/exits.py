@@ -49,15 +49,25 @@ def release(error: BaseException) -> None:
     pending += [e.__cause__, e.__context__]
 
 
+class InputFailure(Exception):
+  """A failure reading input on the host (`data.ReadError`), reported as tf.data's are: one line naming its cause."""
+
+
 def input_failure(error: BaseException) -> tuple[str, str] | None:
   """(one-line summary, traceback or "") for a failure of the tf.data input pipeline; None for anything else.
 
-  An input failure is a `tf.errors.OpError`, or an error raised while handling one (e.g. a dataset's read
+  An input failure is an `InputFailure` or a `tf.errors.OpError`, or an error raised while handling one (e.g. a dataset's read
   failing again when the failed step is re-read). The traceback is kept only when the failing code is
   jaxdp's own (a bug to report); a failure in the user's dataset code, or of a TensorFlow op on the data,
   is the one line.
   """
-  op_error = _op_error_in_chain(error)
+  read = _in_chain(error, (InputFailure,))
+  if read is not None:  # A read on the host: its cause is the source's own error, with its frames.
+    cause = read.__cause__ or read
+    where = [(f.filename, str(f.lineno), f.name) for f in traceback.extract_tb(cause.__traceback__)[-1:]]
+    return _summary(f"{type(cause).__name__}: {cause}", where, "".join(traceback.format_exception(cause)))
+  tf = sys.modules.get("tensorflow")  # No OpError can exist before TensorFlow loads; importing it would take seconds.
+  op_error = _in_chain(error, (tf.errors.OpError,)) if tf is not None else None
   if op_error is None:
     return None
   if error is not op_error:  # Raised in this process's Python, while handling the worker's failure.
@@ -89,13 +99,11 @@ def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple
   return f"an input worker failed: {cause} (at {os.path.relpath(path)}:{line}, in {name})", text if ours else ""
 
 
-def _op_error_in_chain(error: BaseException | None) -> BaseException | None:
-  """The first TensorFlow OpError among `error` and the errors it was raised from or while handling."""
-  if (tf := sys.modules.get("tensorflow")) is None:  # No OpError can exist yet; importing TF would take seconds.
-    return None
+def _in_chain(error: BaseException | None, types: tuple[type, ...]) -> BaseException | None:
+  """The first of `types` among `error` and the errors it was raised from or while handling."""
   seen = set()
   while error is not None and id(error) not in seen:
-    if isinstance(error, tf.errors.OpError):
+    if isinstance(error, types):
       return error
     seen.add(id(error))
     error = error.__cause__ or error.__context__

@@ -1,6 +1,6 @@
 """Other libraries' noise off: TFDS's two prints around preparing (`tfds_prints`, wherever jaxdp prepares), and,
 for a command only (`command`: it owns its process), TensorFlow's start-up lines (`TF_ENV`, which
-`data.tf_setup` also sets when it imports TensorFlow), libtpu's start-up warnings, TFDS's bars and its warnings.
+`data.reader` also sets when it imports TensorFlow), libtpu's start-up warnings, TFDS's bars and its warnings.
 
 libtpu (the `tpu` extra, installed for ahead-of-time TPU compiles) is tried by JAX on every run and, on a machine
 without TPU chips, prints host-bounds and worker-hostname warnings: there, a one-host topology (TPU_HOST_BOUNDS,

@@ -2,7 +2,7 @@
 
 One workdir: its lineage (a resume keeps the steps up to the checkpoint it restored) must be steps 1, 2, 3, ... with
 whole global batches, each completed epoch holds an example at most once, and each batch is the one its order
-(`jaxdp.data.sampler`) names. Two workdirs: the first step whose global batches differ is named. The recorder is
+(`jaxdp.data.order`) names. Two workdirs: the first step whose global batches differ is named. The recorder is
 `jaxdp.loop.audit`.
 """
 
@@ -154,7 +154,7 @@ def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
 
 def _check_headers(segments: list[Segment]) -> None:
   """The stream's facts must not change between segments (the resume guard refuses that too)."""
-  keys = ("global_batch", "num_examples", "seed", "split", "dataset", "shard_by_process")
+  keys = ("global_batch", "num_examples", "seed", "split", "dataset")
   first = segments[0].header
   for seg in segments[1:]:
     changed = [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in keys if seg.header[k] != first[k]]
@@ -196,14 +196,11 @@ def _check_order(entries: list[Entry]) -> None:
 def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
                     process_count: int) -> Callable[[int], np.ndarray] | None:
   """Stream step -> the global batch the order names; None where none is known (ids not read)."""
-  from jaxdp.data import resume, sampler
-  if order == resume.GLOBAL:
-    whole = sampler.GlobalOrder(n, batch, seed, split)
+  from jaxdp.data import stream
+  from jaxdp.data.order import GlobalOrder
+  if order == stream.GLOBAL:
+    whole = GlobalOrder(n, batch, seed, split)
     return lambda step: whole.rows(step, 0, batch)
-  if order == resume.SHARD:
-    rows = batch // process_count
-    shards = [sampler.ShardOrder(n, rows, seed, split, p, process_count) for p in range(process_count)]
-    return lambda step: np.concatenate([shard.rows(step, 0, rows) for shard in shards])
   return None
 
 

@@ -1,10 +1,8 @@
-"""The stateless global order: which examples global batch `step` holds, as a pure function of (seed, step).
+"""The one global order: which examples global batch `step` holds, a pure function of (seed, step).
 
-Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, where
-e, k = divmod(step, steps_per_epoch) and the permutation is numpy's, of a counter-based generator keyed by
-(seed, epoch) (`rng`); the last n % B examples of each epoch sit it out. Process p of P reads rows
-[p * B / P, (p + 1) * B / P) of each global batch. Only the permutations of the epochs in use are held
-(n int64 each), never the examples. `ShardOrder` is the opt-in `dataset.shard_by_process` order.
+Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, e, k = divmod(step, steps_per_epoch),
+drawn by numpy's Philox keyed by (seed, epoch) (`rng`); the last n % B examples of an epoch sit it out. Process p of P
+reads rows [p * B / P, (p + 1) * B / P). Only the permutations of the epochs in use are held, never the examples.
 """
 
 import collections
@@ -16,19 +14,15 @@ from jaxdp.config import ConfigError
 
 SHUFFLE, AUGMENT = 1, 2  # Stream ids: the epoch shuffles and the augmentation draws never share a generator.
 
-# Permutations this process keeps (n int64 each), shared by every `GlobalOrder` of the same (n, seed): the train
-# stream's, which reads ahead and so computes each epoch's first, and the audit's digest in the loop's thread,
-# which then finds it (an epoch's shuffle is not free for millions of rows). Room for the epoch in use, the next
-# (reading ahead crosses epochs), a straggler (parallel tf.data workers may still ask for an older epoch) and the
-# audit's epoch behind the stream's. Others are recomputed.
+# Permutations kept (n int64 each), shared by every `GlobalOrder` of the same (n, seed) (the stream's and the audit's):
+# the epoch in use, the next (reading ahead), a straggler (a tf.data worker) and the audit's behind. Others are redrawn.
 EPOCHS_HELD = 4
 _held: collections.OrderedDict[tuple[int, int, int], np.ndarray] = collections.OrderedDict()  # Least recent first.
 _held_lock = threading.Lock()
 
 
 def rng(seed: int, stream: int, counter: int) -> np.random.Generator:
-  """The generator of `counter` (an epoch or a step) of one random `stream` of `seed`: Philox, counter-based, keyed
-  by a hash of the three, so any (seed, epoch) or (seed, step) is drawn alone, on any process, in any order."""
+  """Philox keyed by (seed, stream, counter: an epoch or a step): any one drawn alone, on any process, in any order."""
   return np.random.Generator(np.random.Philox(np.random.SeedSequence([seed % 2**64, stream, counter % 2**64])))
 
 
@@ -73,21 +67,6 @@ def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     while len(_held) > EPOCHS_HELD:
       _held.popitem(last=False)  # Never `key`, the most recent: `order` is returned as it is.
   return order
-
-
-class ShardOrder:
-  """shard_by_process over a random-access source: process p reads its own contiguous 1/P of the split,
-  shuffled per epoch by (seed, p); deterministic, but the batches depend on the process count."""
-
-  def __init__(self, n: int, rows: int, seed: int, split: str, process_index: int, process_count: int):
-    size = n // process_count  # Equal shards: the same batches per epoch everywhere.
-    self.lo = process_index * size
-    self.order = GlobalOrder(size, rows, seed * 1_000_003 + process_index, f"{split} (this process's shard)")
-    self.steps_per_epoch = self.order.steps_per_epoch
-
-  def rows(self, step: int, lo: int, hi: int) -> np.ndarray:
-    del lo, hi  # The whole local batch comes from this process's shard.
-    return self.lo + self.order.rows(step, 0, self.order.global_batch)
 
 
 def eval_rows(n: int, global_batch: int, step: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
