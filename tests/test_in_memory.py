@@ -113,7 +113,7 @@ def test_nothing_is_written_to_a_tfds_directory(tmp_path, monkeypatch):
 
 def test_the_resume_guard_refuses_changed_data():
   def spec(train):
-    return data.stream_spec(_load(train), "train", seed=1, global_batch=B, process_count=1)
+    return data.stream_spec(_load(train), "train", seed=1, global_batch=B)
 
   saved = spec(_arrays(60))
   assert saved["dataset"].startswith("<in-memory>@") and saved["source"] == "in-memory"
