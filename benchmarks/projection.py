@@ -334,8 +334,8 @@ def check(argv: list[str]) -> None:
             f"{args.rounds} rounds alternating the two, the median of the rounds (each round's figures below).", "",
             f"The train step alone (what `--project` times: device-resident batch, 1 process) took "
             f"{1e3 * alone:.2f} ms; the 1-process training loop's step {1e3 * results[0]['compute_s']:.2f} ms (the "
-            "loop adds its input pipeline and host work, and overlaps some of it with 2 steps in flight): the CLI's "
-            "projection leaves that difference out.", "",
+            "loop adds its input pipeline and host work, and overlaps some of it with 2 steps in flight): `--project`"
+            " leaves that difference out.", "",
             "Second model, `cores shared`: compute = the 1-process step x max(1, P / cores), as if the processes "
             f"split the {os.cpu_count()} cores evenly, plus the same all-reduce model.", "",
             "| processes | compute ms (concurrent trainings) | all-reduce ms (model) | projected step ms "
