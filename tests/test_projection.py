@@ -1,12 +1,18 @@
-"""The scaling projection: the alpha-beta arithmetic on fixed inputs, the CLI's JSON, a bad interconnect name."""
+"""The scaling projection (benchmarks/projection.py): the alpha-beta arithmetic on fixed inputs, its `--project`
+JSON, a bad interconnect name; `jaxdp.inspect --project` names where it moved."""
 
 import json
 import math
+import os
+import sys
 
 import pytest
 
-from jaxdp.tools import inspect, projection
-from jaxdp.configs import mlp_digits
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+import projection  # noqa: E402
+
+from jaxdp.configs import mlp_digits  # noqa: E402
+from jaxdp.tools import inspect  # noqa: E402
 
 LINK = projection.Interconnect(1e9, 1e-5, "test: 1 GB/s, 10 us")
 
@@ -50,9 +56,9 @@ def test_model_efficiency_share_and_what_ifs():
 
 
 def test_cli_json_keys(data_dir, capsys):
-  status = inspect.main(["inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}",
-                         "--config.model.hidden=(16,)", "--config.batch_size=16", "--project", "1,8,64",
-                         "--interconnect", "nvlink4", "--json"])
+  status = projection.main(["projection.py", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}",
+                            "--config.model.hidden=(16,)", "--config.batch_size=16", "--project", "1,8,64",
+                            "--interconnect", "nvlink4", "--json"])
   assert status == 0
   r = json.loads(capsys.readouterr().out)
   assert r["interconnect"] == "nvlink4" and r["bytes_per_s"] == 450e9 and r["per_device_batch"] == 16
@@ -69,17 +75,26 @@ def test_cli_json_keys(data_dir, capsys):
 
 
 @pytest.mark.parametrize("args", [["--project", "8", "--interconnect", "carrier-pigeon"],
-                                  ["--project", "8,x"], ["--project"], ["--interconnect", "nvlink4"],
-                                  ["--project", "8", "--topology", "v5e:2x2"], ["--topology=h100:8", "--project=8"]])
+                                  ["--project", "8,x"], ["--project"], ["--interconnect", "nvlink4"]])
 def test_bad_flags_are_one_error_line(data_dir, args, capsys):
-  status = inspect.main(["inspect", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}", *args])
+  status = projection.main(["projection.py", "--config", mlp_digits.__file__, f"--config.dataset.data_dir={data_dir}",
+                            *args])
   out, err = capsys.readouterr()
   err = err.strip().splitlines()
   assert status == 2 and len(err) == 1 and err[0].startswith("error: ") and out == ""
   if "carrier-pigeon" in args:
     assert "'carrier-pigeon'" in err[0] and all(name in err[0] for name in projection.INTERCONNECTS)
-  if any(arg.startswith("--topology") for arg in args):  # Not silently one of the two reports.
-    assert "--project" in err[0] and "--topology" in err[0], err
+
+
+@pytest.mark.parametrize("args", [["--project", "8"], ["--project=8,64"], ["--interconnect", "nvlink4"],
+                                  ["--topology=h100:8", "--project=8"]])
+def test_inspect_project_is_one_error_line_naming_where_it_moved(args, capsys):
+  assert inspect.main(["inspect", "--config", mlp_digits.__file__, *args]) == 2
+  out, err = capsys.readouterr()
+  flag = next(a.split("=")[0] for a in args if a.startswith(("--project", "--interconnect")))
+  assert out == "" and err.splitlines() == [
+      f"error: {flag} moved to benchmarks/: python benchmarks/projection.py --project 8,64,512 "
+      "[--interconnect NAME] --config CONFIG.py"]
 
 
 def test_text_report_has_a_row_per_count():

@@ -1,5 +1,5 @@
-"""The train step read without running it, for `inspect`, `topology` and `projection`: its abstract inputs, its
-collectives (from the compiled HLO and the lowered StableHLO text), XLA's memory analysis, the run's options."""
+"""The train step read without running it, for `inspect` and `topology`: its abstract inputs, its collectives
+(from the compiled HLO and the lowered StableHLO text), XLA's memory analysis, the run's options."""
 
 import math
 import re

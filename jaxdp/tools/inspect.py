@@ -1,5 +1,5 @@
 """`python -m jaxdp.inspect --config CONFIG.py [--json]`: the train step compiled for this machine's devices, not run:
-what one optimizer step holds, sends (collectives) and costs; `--topology` and `--project` are other reports."""
+what one optimizer step holds, sends (collectives) and costs; `--topology` is another report."""
 
 import argparse
 import contextlib
@@ -13,10 +13,10 @@ import ml_collections
 from jaxdp import build, parallel
 from jaxdp import config as config_lib
 from jaxdp.report import flops, summary, units
-from jaxdp.tools import cli, hlo, projection, topology
+from jaxdp.tools import cli, hlo, topology
 
 USAGE = ("python -m jaxdp.inspect --config CONFIG.py [--config.key=value ...] [--json] [--cpu_devices N] "
-         "[--topology NAME [--max_batch]] [--project 8,64,512 [--interconnect NAME]]")
+         "[--topology NAME [--max_batch]]")
 KINDS = hlo.KINDS  # The report's rows, one per kind of collective (tests and scripts read inspect.KINDS).
 BYTES_NOTE = ("bytes = the full buffer of each collective (the all-reduced tensor, the reduce-scatter input, the "
               "all-gather output); tensor vs scalar: scalars (rank 0) are the step's metrics (the loss, the "
@@ -115,10 +115,12 @@ def main(argv: list[str]) -> int:
 
 
 def split_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-  """inspect's own flags, checked (--project's counts parsed), and `argv` without them (for `cli.parse`)."""
+  """inspect's own flags, checked, and `argv` without them (for `cli.parse`)."""
+  if moved := [a for a in argv[1:] if a.split("=")[0] in ("--project", "--interconnect")]:
+    raise config_lib.ConfigError(f"{moved[0].split('=')[0]} moved to benchmarks/: python benchmarks/projection.py "
+                                 "--project 8,64,512 [--interconnect NAME] --config CONFIG.py")
   parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-  for flag in ("--topology", "--project", "--interconnect"):  # nargs="?": a flag given without its value is named.
-    parser.add_argument(flag, nargs="?", const="")
+  parser.add_argument("--topology", nargs="?", const="")  # nargs="?": a flag given without its value is named.
   for flag in ("--json", "--max_batch"):
     parser.add_argument(flag, action="store_true")
   ours, rest = cli.own_flags(argv, parser)
@@ -127,15 +129,6 @@ def split_flags(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
   if ours.max_batch and ours.topology is None:
     raise config_lib.ConfigError("--max_batch searches the largest batch for a --topology; name one "
                                  "(e.g. --topology v5e:4x4)")
-  ours.project = None if ours.project is None else projection.parse_counts(ours.project)
-  if ours.interconnect is not None:
-    projection.interconnect(ours.interconnect)  # An unknown name first: its error lists the known ones.
-    if ours.project is None:
-      raise config_lib.ConfigError("--interconnect goes with --project COUNTS (e.g. --project 8,64,512)")
-  ours.interconnect = ours.interconnect or projection.DEFAULT_INTERCONNECT
-  if ours.topology and ours.project:  # A projection times this machine's step; a slice's step cannot run here.
-    raise config_lib.ConfigError(f"--project projects this machine's step and --topology {ours.topology} compiles "
-                                 "for a slice: give one of them")
   return ours, rest
 
 
@@ -145,14 +138,10 @@ def _command(argv: list[str]) -> None:
   config, _ = cli.parse(argv, require_workdir=False, usage=USAGE,
                         extra_help="  --json: print the report as JSON.\n  --topology NAME: compile for a TPU "
                         "slice ahead of time (e.g. v5e:4x4): will it fit?\n  --max_batch: with --topology, the "
-                        "largest global batch that fits.\n  --project 8,64,512: project step time and scaling "
-                        "efficiency to those device counts (alpha-beta model, compute measured here).\n  "
-                        f"--interconnect NAME: with --project, one of {', '.join(projection.INTERCONNECTS)}.")
+                        "largest global batch that fits.")
   with contextlib.redirect_stdout(sys.stderr):  # Dataset preparation messages must not mix into the report.
     if ours.topology and (report := topology.slice_report(config, ours.topology, ours.max_batch)) is not None:
       text = topology.format_report
-    elif ours.project:
-      report, text = projection.project(config, ours.project, ours.interconnect), projection.format_report
     else:  # No option, or a GPU --topology (slice_report said why): this machine's devices.
       report, text = analyze(config), format_report
   print(json.dumps(report, indent=2) if ours.json else text(report))

@@ -14,7 +14,7 @@ from jaxdp import build
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.report import flops, summary, units
-from jaxdp.tools import hlo, projection
+from jaxdp.tools import hlo
 
 GiB = 2**30
 TIGHT = 0.02  # A margin under this share of HBM is flagged: libtpu keeps part of HBM for itself.
@@ -41,6 +41,14 @@ _TPU_NAME = re.compile(rf"^({'|'.join(GENERATIONS)}):\d+x\d+(x\d+)?$")
 ACCEPTED = (f"GENERATION:AxB or GENERATION:AxBxC with GENERATION one of {', '.join(GENERATIONS)} "
             "(e.g. v5e:2x2, v5e:4x4, v6e:8x8, v4:2x2x1, v5p:4x4x4)")
 GPU_NAMES = ("gpu", "cuda", "rocm", *(name.lower() for name, _ in flops.GPU_PEAK_FLOPS))  # "h100:8", "gpu"
+
+
+def ring_share(kind: str, n: int) -> float:
+  """The share of a collective's full buffer that each of `n` devices sends (and receives) in the ring algorithm."""
+  if n <= 1:
+    return 0.0
+  return {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n,
+          "all-to-all": (n - 1) / n, "collective-permute": 1.0}[kind]
 
 
 def devices(name: str) -> list[jax.Device]:
@@ -104,10 +112,10 @@ def report(config: ml_collections.ConfigDict, name: str, devs: list[jax.Device] 
   step_flops = flops.compiled_flops(compiled) if compiled else None
   cost, peak = flops.cost_analysis(compiled) if compiled else {}, flops.TPU_PEAK_FLOPS.get(kind)
   hbm_traffic = cost.get("bytes accessed")
-  # Lower bounds of the step time: compute at peak, HBM traffic, ring collectives (`projection.ring_share`) at ICI.
+  # Lower bounds of the step time: compute at peak, HBM traffic, ring collectives (`ring_share`) at ICI.
   bounds = {"compute_s": step_flops / peak if step_flops and peak else None,
             "hbm_s": hbm_traffic / chip.hbm_bytes_per_s if hbm_traffic and chip else None,
-            "collectives_s": sum(projection.ring_share(k, n) * c["bytes"] for k, c in collectives.items())
+            "collectives_s": sum(ring_share(k, n) * c["bytes"] for k, c in collectives.items())
             / chip.ici_bytes_per_s if chip else None}
   step_s = max((b for b in bounds.values() if b is not None), default=None)
   return {
