@@ -67,6 +67,10 @@ REMOVED = {
                                "processes",
     "distributed.init_timeout_s": "a constant now (300 s: runtime/distributed.py's INIT_TIMEOUT_S)",
     "distributed.heartbeat_timeout_s": "a constant now (100 s: runtime/distributed.py's HEARTBEAT_TIMEOUT_S)",
+    "async_checkpointing": "the trainer always saves in the background; DataParallel.save returns with it written",
+    "max_consecutive_nonfinite": "a constant now (5 skipped steps in a row stop the run: "
+                                 "loop/step_metrics.py's MAX_CONSECUTIVE_NONFINITE)",
+    "check_replicas_every_steps": "the replicas are compared at every checkpoint save and at the last step",
 }
 
 
