@@ -230,7 +230,7 @@ def format_report(r: dict[str, Any]) -> str:
 def overrides(batch: int, steps: int) -> list[str]:
   """Training flags: the per-process batch, no checkpoints, one evaluation at the end, logs every 5 steps."""
   return [f"--config.num_train_steps={steps}", "--config.log_every_steps=5", f"--config.eval_every_steps={steps}",
-          "--config.checkpoint_every_steps=0", "--config.check_replicas_every_steps=0",
+          "--config.checkpoint_every_steps=0",
           f"--config.batch_size={batch}"]
 
 

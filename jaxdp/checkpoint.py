@@ -67,7 +67,7 @@ class Checkpointer:
     self.config = config
     self.stream = stream  # `data.stream_spec` of the run: stored with each save, checked on restore.
     options = ocp.CheckpointManagerOptions(
-        enable_async_checkpointing=config.async_checkpointing,
+        enable_async_checkpointing=True,  # Training goes on while a save is written; `wait` blocks for it.
         preservation_policy=_preservation_policy(config), cleanup_tmp_directories=True)
     # Handlers named up front, so that a fresh manager can read an existing entry's metadata.
     handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}

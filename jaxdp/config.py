@@ -71,6 +71,10 @@ REMOVED = {
     "dataset.cache_on_disk": "a split held decoded is always kept in files beside the dataset where it can be written",
     "dataset.crop_ratio": "a constant: Inception's central crop, 0.875 of the shorter side",
     "dataset.shard_by_process": "the one global order reads by index on any process count",
+    "async_checkpointing": "the trainer always saves in the background; DataParallel.save returns with it written",
+    "max_consecutive_nonfinite": "a constant now (5 skipped steps in a row stop the run: "
+                                 "loop/step_metrics.py's MAX_CONSECUTIVE_NONFINITE)",
+    "check_replicas_every_steps": "the replicas are compared at every checkpoint save and at the last step",
 }
 
 

@@ -43,8 +43,7 @@ class DataParallel:
                grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
                max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
     config = config_lib.with_defaults(ml_collections.ConfigDict())
-    config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm,
-                  async_checkpointing=False)  # `save` returns with its checkpoint written.
+    config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm)
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
                            allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
     unknown = sorted(set(dataset) - set(config.dataset))
@@ -129,6 +128,7 @@ class DataParallel:
     """Writes `state` as WORKDIR/checkpoints/<its step> with the stream of the last `batches`; returns the step."""
     step = int(self.backend.get(state.step))
     named = objects.Objects(**self._given).named(self.config)  # So `jaxdp.evaluate` says which object to pass.
+    # Leaving the `with` closes the checkpointer, which waits for the background write: `save` returns with it done.
     with checkpoint.Checkpointer(workdir, named, stream=self._stream) as saver:
       saver.save(step, state, self.backend, metrics, force=True)
     return step

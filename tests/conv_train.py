@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     config.task.name = ""  # The task is the function passed below.
     config.batch_size, config.eval_batch_size, config.num_train_steps = 32, 8, args.steps
     config.learning_rate, config.log_every_steps, config.eval_every_steps = 1e-2, args.steps, args.steps
-    config.checkpoint_every_steps, config.check_replicas_every_steps = 0, 0
+    config.checkpoint_every_steps = 0
     config.parallel.invariant, config.parallel.invariant_shards = True, 8
     with tempfile.TemporaryDirectory() as workdir:
       result = jaxdp.train_and_evaluate(config, workdir, model=getattr(user_models, name), task=pixel_mse,

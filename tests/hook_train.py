@@ -24,7 +24,7 @@ def main(workdir: str, data_dir: str) -> None:
   config = default.get_config()
   config.dataset.data_dir, config.model.name, config.model.hidden = data_dir, "mlp", (32,)
   config.batch_size, config.num_train_steps, config.log_every_steps, config.eval_every_steps = 32, 40, 1, 2
-  config.checkpoint_every_steps, config.check_replicas_every_steps = 0, 0  # The stop's checkpoint is the only one.
+  config.checkpoint_every_steps = 0  # The stop's checkpoint is the only one.
   seen: dict = {"steps": [], "evals": {}}
 
   class Recorder(jaxdp.Hook):

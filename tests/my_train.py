@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
   config.dataset.eval_split, config.eval_batch_size = "test", 16
   config.batch_size, config.num_train_steps, config.learning_rate = 16, args.steps, 1e-2
   config.log_every_steps, config.eval_every_steps = 1, args.steps
-  config.checkpoint_every_steps, config.check_replicas_every_steps = args.checkpoint_every, 0
+  config.checkpoint_every_steps = args.checkpoint_every
   config.audit_data = True
   config.task.delta = 0.5
   config.parallel.invariant = args.invariant

@@ -21,7 +21,6 @@ def main(workdir: str, data_dir: str, steps: int) -> None:
   config.dataset.data_dir, config.model.name, config.model.hidden = data_dir, "mlp", (32,)
   config.batch_size, config.num_train_steps, config.cpu_devices = 32, steps, "1"
   config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps = 8, steps, 8
-  config.check_replicas_every_steps = 0
   schedule = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 4, 40)
   result = jaxdp.train_and_evaluate(config, workdir, optimizer=optax.chain(optax.clip_by_global_norm(1.0),
                                                                            optax.lion(schedule)))

@@ -23,7 +23,6 @@ def audited(config):
   config.num_train_steps = 12
   config.audit_data = True
   config.checkpoint_every_steps = 4
-  config.async_checkpointing = False
   return config
 
 

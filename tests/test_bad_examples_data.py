@@ -103,7 +103,7 @@ def test_a_bad_example_in_a_cached_split_is_one_error_line_through_the_cli(tmp_p
   flags = runs.flags({"dataset.name": "bad_datasets:BadTrainPngs", "dataset.data_dir": str(tmp_path / "tfds"),
                       "model.name": "mlp", "model.hidden": "(8,)", "batch_size": 16, "eval_batch_size": 16,
                       "num_train_steps": 8, "log_every_steps": 4, "eval_every_steps": 8,
-                      "checkpoint_every_steps": 0, "check_replicas_every_steps": 0})
+                      "checkpoint_every_steps": 0})
   proc = subprocess.run([sys.executable, "-m", "jaxdp.train", *flags, "--workdir", str(tmp_path / "run")],
                         capture_output=True, text=True, timeout=240, env=_env())
   assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -48,7 +48,7 @@ def train_cli(tmp_path, **overrides) -> subprocess.CompletedProcess:
   flags = runs.flags({"dataset.data_dir": str(tmp_path / "tfds"), "dataset.image_size": 8,
                       "model.name": "mlp", "model.hidden": "(8,)", "batch_size": 4, "eval_batch_size": 4,
                       "num_train_steps": 3, "log_every_steps": 1, "eval_every_steps": 3, "checkpoint_every_steps": 1,
-                      "check_replicas_every_steps": 0, "async_checkpointing": False, **overrides})
+                      **overrides})
   return subprocess.run([sys.executable, "-m", "jaxdp.train", *flags, "--workdir", str(tmp_path / "run")],
                         capture_output=True, text=True, timeout=TIMEOUT, env=_env())
 
@@ -83,7 +83,7 @@ def _bad_jpegs_config(tmp_path, **overrides):
   return runs.config_with({"dataset.name": "bad_datasets:BadJpegs", "dataset.data_dir": str(tmp_path / "tfds"),
                            "dataset.image_size": 8, "model.name": "mlp", "model.hidden": (8,), "batch_size": 16,
                            "eval_batch_size": 16, "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
-                           "checkpoint_every_steps": 2, "check_replicas_every_steps": 0, "parallel.num_devices": 2,
+                           "checkpoint_every_steps": 2, "parallel.num_devices": 2,
                            **overrides})
 
 
@@ -166,8 +166,7 @@ def test_the_count_of_skipped_examples_is_over_every_process(tmp_path):
   flags = runs.flags({"dataset.name": "bad_datasets:BadTrainJpegs", "dataset.data_dir": str(tmp_path / "tfds"),
                       "dataset.image_size": 8, "dataset.skip_bad_examples": True, "model.name": "mlp",
                       "model.hidden": "(8,)", "batch_size": 16, "eval_batch_size": 16, "num_train_steps": 16,
-                      "log_every_steps": 4, "eval_every_steps": 16, "checkpoint_every_steps": 0,
-                      "check_replicas_every_steps": 0})
+                      "log_every_steps": 4, "eval_every_steps": 16, "checkpoint_every_steps": 0})
   proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "1",
                          "--", *flags, "--workdir", str(tmp_path / "run")],
                         capture_output=True, text=True, timeout=TIMEOUT, env=_env())
@@ -183,7 +182,7 @@ def test_with_skipping_on_an_image_folder_leaves_bad_files_out_and_says_so(tmp_p
                              "dataset.image_size": 8, "dataset.skip_bad_examples": True, "model.name": "mlp",
                              "model.hidden": (8,), "batch_size": 4, "eval_batch_size": 4, "num_train_steps": 3,
                              "log_every_steps": 3, "eval_every_steps": 3, "checkpoint_every_steps": 0,
-                             "check_replicas_every_steps": 0, "parallel.num_devices": 2})
+                             "parallel.num_devices": 2})
   with caplog.at_level("WARNING", logger="jaxdp"):
     result = train.train_and_evaluate(config, str(tmp_path / "run"))
   assert int(result.backend.get(result.state.step)) == 3

@@ -99,7 +99,7 @@ def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path,
   config = default.get_config()
   config.batch_size, config.num_train_steps = 8, 40
   config.log_every_steps = config.eval_every_steps = 40
-  config.checkpoint_every_steps = config.check_replicas_every_steps = 0
+  config.checkpoint_every_steps = 0
   config.best_metric, config.best_mode = "eval/mse", "min"
   monkeypatch.setattr(feed, "BLOCK_MIB", 0)  # A read per step, inside the loop: blocks would read all 40 steps before it.
   enabled: list[bool] = []

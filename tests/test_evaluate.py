@@ -15,8 +15,7 @@ def finished(data_dir, tmp_path_factory):
   """A short run that evaluates and checkpoints at its last step, with a non-default (stored) model width."""
   config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "batch_size": 32,
                              "num_train_steps": 4, "log_every_steps": 2, "eval_every_steps": 2,
-                             "checkpoint_every_steps": 2, "check_replicas_every_steps": 0,
-                             "eval_batch_size": 48})  # 360 test examples: the last batch is padded.
+                             "checkpoint_every_steps": 2, "eval_batch_size": 48})  # 360 test examples: the last batch is padded.
   # Plain data parallelism: eval sums the global batch's per-example values in one order for any device
   # count (a psum of per-device sums gave 2.29305030 on 4 devices for 2.29305013 on 8).
   with config.model.unlocked():
@@ -88,7 +87,7 @@ def test_help_prints_the_flags_and_exits_0(capsys):
 def test_sample_restores_a_zero1_checkpoint_from_its_stored_config(data_dir, tmp_path):
   config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "batch_size": 32,
                              "num_train_steps": 2, "eval_every_steps": 1000, "checkpoint_every_steps": 2,
-                             "check_replicas_every_steps": 0, "parallel.shard_optimizer_state": True})
+                             "parallel.shard_optimizer_state": True})
   result = train.train_and_evaluate(config, str(tmp_path))
   _, params, _, _ = sample.load_model(restore.stored_config(str(tmp_path)), str(tmp_path))
   runs.assert_bitwise(params, result.backend.get(result.state.params))

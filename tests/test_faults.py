@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxdp import data, models, optim, parallel, train
+from jaxdp import checkpoint, data, models, optim, parallel, train
 from jaxdp.report import metrics
-from jaxdp.loop import replicas
+from jaxdp.loop import replicas, step_metrics
 from jaxdp import step as step_lib
 
 
@@ -47,13 +47,14 @@ def test_nan_on_one_device_is_skipped_by_all_replicas(config, backend_name):
     assert all(np.array_equal(leaf[0], leaf[r]) for r in range(8))
 
 
-def test_repeated_nans_stop_the_run_and_keep_the_last_good_checkpoint(config, tmp_path, capsys):
+def test_repeated_nans_stop_the_run_and_keep_the_last_good_checkpoint(config, tmp_path, capsys, monkeypatch):
   config.model = type(config.model)({"name": "user_models:PoisonNNX", "poison": False})
   config.num_train_steps, config.checkpoint_every_steps = 10, 10
   train.train_and_evaluate(config, str(tmp_path))
   saved = os.listdir(tmp_path / "checkpoints")
   config.model.poison = True
-  config.num_train_steps, config.max_consecutive_nonfinite = 30, 4
+  config.num_train_steps = 30
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 4)
   with pytest.raises(train.NonFiniteError, match="4 consecutive steps"):
     train.train_and_evaluate(config, str(tmp_path))
   assert os.listdir(tmp_path / "checkpoints") == saved
@@ -94,3 +95,30 @@ def test_sentinel_sees_values_moved_within_a_replica_and_names_every_diverged_on
   bumped = lambda x: x + np.float32(1e-7)  # noqa: E731
   with pytest.raises(replicas.ReplicaMismatchError, match=r"device 2 .*device 6 .*other 6 of 8"):
     sentinel.check(_planted(state, {2: bumped, 6: bumped}))
+
+
+def _spy_checks_and_saves(monkeypatch) -> list:
+  """Records, in order, "check" for each replica check and the step of each checkpoint save."""
+  events, check, save = [], replicas.Sentinel.check, checkpoint.Checkpointer.save
+  monkeypatch.setattr(replicas.Sentinel, "check",
+                      lambda self, tree: events.append(("check", tree)) or check(self, tree))
+  monkeypatch.setattr(checkpoint.Checkpointer, "save",
+                      lambda self, step, *a, **k: events.append(("save", step)) or save(self, step, *a, **k))
+  return events
+
+
+def test_replicas_are_checked_right_before_each_checkpoint_save(config, tmp_path, monkeypatch):
+  events = _spy_checks_and_saves(monkeypatch)
+  config.num_train_steps, config.checkpoint_every_steps = 10, 4
+  train.train_and_evaluate(config, str(tmp_path))
+  assert [e[0] if e[0] == "check" else e[1] for e in events] == ["check", 4, "check", 8, "check", 10]
+
+
+def test_without_checkpoints_the_replicas_are_checked_once_at_the_last_step(config, tmp_path, monkeypatch):
+  events = _spy_checks_and_saves(monkeypatch)
+  config.num_train_steps, config.checkpoint_every_steps = 6, 0
+  result = train.train_and_evaluate(config, str(tmp_path))
+  [(kind, checked)] = events
+  assert kind == "check"
+  for a, b in zip(jax.tree.leaves(checked), jax.tree.leaves(result.params)):  # The last step's parameters.
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

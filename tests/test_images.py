@@ -125,7 +125,7 @@ def test_variable_size_stream_is_process_count_invariant_and_resumable(jpeg_dir)
 def test_variable_size_jpegs_train_end_to_end_on_eight_devices(jpeg_dir, tmp_path):
   config = runs.config_with({"dataset.name": "varsize_jpegs", "dataset.data_dir": jpeg_dir, "dataset.image_size": SIZE,
                              "dataset.flip": True, "batch_size": 16, "num_train_steps": 4, "log_every_steps": 2,
-                             "eval_every_steps": 4, "checkpoint_every_steps": 0, "check_replicas_every_steps": 0})
+                             "eval_every_steps": 4, "checkpoint_every_steps": 0})
   result = train.train_and_evaluate(config, str(tmp_path))
   assert result.eval_metrics["eval/num_examples"] == 20
   assert int(result.backend.get(result.state.step)) == 4
@@ -137,7 +137,7 @@ def test_imagenet_resnet50_config_builds_and_steps(jpeg_dir, tmp_path):
   runs.override(config, {"dataset.name": "varsize_jpegs", "dataset.data_dir": jpeg_dir, "dataset.eval_split": "test",
                          "dataset.image_size": SIZE, "batch_size": 16, "eval_batch_size": 16, "num_train_steps": 2,
                          "warmup_steps": 1, "log_every_steps": 1, "eval_every_steps": 2, "checkpoint_every_steps": 0,
-                         "check_replicas_every_steps": 0, "model.width": 4, "parallel.num_devices": 2,
+                         "model.width": 4, "parallel.num_devices": 2,
                          "model.stage_sizes": (1,)})  # One bottleneck block compiles in 16 s, four in 35 s (2 cores);
   # the full ResNet-50 is checked by shape below, and 8 devices by the other tests.
   result = train.train_and_evaluate(config, str(tmp_path))

@@ -207,7 +207,7 @@ def test_a_linear_regression_on_in_memory_arrays_matches_scikit_learn(tmp_path, 
   config.batch_size, config.eval_batch_size, config.num_train_steps = 64, 32, 800
   config.learning_rate, config.lr_schedule = 0.05, "cosine"
   config.log_every_steps, config.eval_every_steps = 400, 800
-  config.checkpoint_every_steps, config.check_replicas_every_steps = 0, 0
+  config.checkpoint_every_steps = 0
   config.best_metric, config.best_mode = "eval/mse", "min"
   result = jaxdp.train_and_evaluate(config, str(tmp_path / "run"), model=LinearRegressor,
                                     train_data={"inputs": x_train, "labels": y_train},

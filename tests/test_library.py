@@ -16,6 +16,7 @@ import optax
 import pytest
 
 import jaxdp
+from jaxdp import checkpoint
 from jaxdp.config import ConfigError
 from jaxdp.tasks import Metric
 
@@ -168,6 +169,7 @@ def test_restore_refuses_a_stream_other_than_the_checkpoints(tmp_path):
   for batch in dp.batches(arrays, batch_size=16, seed=0, stop_step=2):
     state = step(state, batch)[0]
   assert dp.save(str(tmp_path), state) == 2
+  assert checkpoint.steps(str(tmp_path)) == [2]  # Complete when `save` returns, though written in the background.
   again = jaxdp.DataParallel()
   restored, start = again.restore(str(tmp_path), again.init(nnx.Linear(4, 2, rngs=nnx.Rngs(1)), optax.sgd(0.1)))
   assert start == 2

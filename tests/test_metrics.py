@@ -14,7 +14,7 @@ PERF = {"perf/step_time", "perf/examples_per_second", "perf/examples_per_second_
 
 def test_tensorboard_files_hold_every_scalar_of_metrics_jsonl(config, tmp_path):
   config.num_train_steps, config.log_every_steps, config.eval_every_steps = 4, 2, 4
-  config.checkpoint_every_steps = config.check_replicas_every_steps = 0  # Not what this test is about.
+  config.checkpoint_every_steps = 0  # Not what this test is about.
   workdir = str(tmp_path / "run")
   train.train_and_evaluate(config, workdir)
   jsonl = {(key, r["step"]): value for r in metrics.read(workdir) for key, value in r.items()

@@ -23,7 +23,7 @@ K = 20  # Steps before the checkpoint that the elastic restarts resume from; run
 
 def _overrides(data_dir, **more):
   return {"dataset.data_dir": data_dir, "model.name": "mlp", "num_train_steps": 2 * K, "log_every_steps": 1,
-          "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "check_replicas_every_steps": 10, "audit_data": True,
+          "eval_every_steps": 2 * K, "checkpoint_every_steps": K, "audit_data": True,
           **more}
 
 

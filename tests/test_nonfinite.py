@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from jaxdp import data, train
+from jaxdp.loop import step_metrics
 from jaxdp.loop.step_metrics import MAX_STEPS_IN_FLIGHT, NonFiniteError, StepMetrics, steps_in_flight
 from jaxdp.report import metrics
 
@@ -21,7 +22,8 @@ def _poison(config, monkeypatch, steps: set[int]) -> None:
 
 def test_isolated_nonfinite_steps_do_not_stop_training(config, tmp_path, monkeypatch):
   _poison(config, monkeypatch, {1, 3, 5, 7})  # Never two in a row.
-  config.num_train_steps, config.log_every_steps, config.max_consecutive_nonfinite = 10, 10, 2
+  config.num_train_steps, config.log_every_steps = 10, 10
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 2)
   train.train_and_evaluate(config, str(tmp_path))
   logged = [r for r in metrics.read(str(tmp_path)) if "train/nonfinite" in r]
   assert logged[-1]["step"] == 10 and sum(r["train/nonfinite"] for r in logged) == 4
@@ -29,7 +31,8 @@ def test_isolated_nonfinite_steps_do_not_stop_training(config, tmp_path, monkeyp
 
 def test_consecutive_nonfinite_steps_stop_training(config, tmp_path, monkeypatch):
   _poison(config, monkeypatch, {1, 4, 5})
-  config.num_train_steps, config.max_consecutive_nonfinite = 10, 2
+  config.num_train_steps = 10
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 2)
   with pytest.raises(train.NonFiniteError, match="2 consecutive steps"):
     train.train_and_evaluate(config, str(tmp_path))
 
@@ -45,9 +48,10 @@ class _HostBackend:
     return tree
 
 
-def test_without_log_steps_the_guard_still_reads_the_metrics_every_fetch_every_steps():
+def test_without_log_steps_the_guard_still_reads_the_metrics_every_fetch_every_steps(monkeypatch):
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 3)
   backend = _HostBackend()
-  tracker = StepMetrics(backend, max_in_flight=0, max_nonfinite=3)
+  tracker = StepMetrics(backend, max_in_flight=0)
   for step in range(1, StepMetrics.FETCH_EVERY):
     tracker.push(step, {"loss": 1.0, "nonfinite": 0})
   assert backend.fetches == 0 and len(tracker.pending) == StepMetrics.FETCH_EVERY - 1

@@ -23,12 +23,12 @@ def test_metrics_stay_on_device_until_a_log_step_and_only_old_steps_are_waited_f
   fetched, waited = [], []
   backend = types.SimpleNamespace(get=lambda tree: fetched.append(len(tree)) or jax.tree.map(np.asarray, tree))
   monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(int(x)) or x)
-  tracker = step_metrics.StepMetrics(backend, max_in_flight=2, max_nonfinite=5)
+  tracker = step_metrics.StepMetrics(backend, max_in_flight=2)
   for step in range(1, 6):
     # "nonfinite" carries the step number here, so the test sees which step the host waited for.
     tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0) + step})
   assert fetched == [] and waited == [1, 2, 3]  # Two steps left unfinished; nothing copied to the host.
-  tracker.max_nonfinite = 0  # The fake "nonfinite" values are not skips.
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 100)  # The fake "nonfinite" values are not skips.
   out = tracker.flush()
   assert fetched == [5] and out["train/loss"] == 3.0  # One fetch of five steps, their mean.
 
@@ -103,7 +103,7 @@ def test_tracing_counts_as_compilation_wherever_it_happens(config, tmp_path, mon
     return fingerprint(tree)
 
   monkeypatch.setattr(replicas, "_fingerprint", slow_to_trace)
-  config.check_replicas_every_steps = 2  # Checks at steps 2 and 4, inside the loop's training time.
+  config.checkpoint_every_steps = 2  # Replica checks at steps 2 and 4 (the saves), inside the loop's training time.
   train.train_and_evaluate(config, str(tmp_path))
   last = metrics.read(str(tmp_path))[-1]
   assert last["time/total/compile"] >= 1.5 > last["time/total/train"], last

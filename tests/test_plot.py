@@ -22,7 +22,7 @@ def run_dir(tmp_path_factory, data_dir):
   config.dataset.data_dir = data_dir
   config.model.name, config.model.hidden = "mlp", (32,)
   config.batch_size, config.num_train_steps, config.log_every_steps, config.eval_every_steps = 32, 4, 2, 2
-  config.checkpoint_every_steps = config.check_replicas_every_steps = 0  # Not what this test is about.
+  config.checkpoint_every_steps = 0  # Not what this test is about.
   workdir = str(tmp_path_factory.mktemp("plot") / "run")
   train.train_and_evaluate(config, workdir)
   return workdir

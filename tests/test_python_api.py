@@ -84,8 +84,7 @@ def test_a_model_name_or_field_that_does_not_fit_is_one_config_error(model, word
 def object_workdir(data_dir, tmp_path_factory):
   """A run whose model was an NNX class passed from Python (stored as '<object user_models.NNXNet>')."""
   config = runs.config_with({"dataset.data_dir": data_dir, "batch_size": 32, "num_train_steps": 4,
-                             "log_every_steps": 2, "eval_every_steps": 4, "checkpoint_every_steps": 4,
-                             "check_replicas_every_steps": 0})
+                             "log_every_steps": 2, "eval_every_steps": 4, "checkpoint_every_steps": 4})
   config.model = ml_collections.ConfigDict({"name": "mlp", "in_features": 64})
   workdir = tmp_path_factory.mktemp("object")
   train.train_and_evaluate(config, str(workdir), model=user_models.NNXNet)

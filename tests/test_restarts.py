@@ -36,7 +36,7 @@ if os.environ.get("JAXDP_PROCESS_ID") == "1" and os.path.exists(os.environ.get("
 def _overrides(data_dir: str) -> dict:
   return {"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (32,), "batch_size": 64,
           "num_train_steps": STEPS, "log_every_steps": 1, "eval_every_steps": STEPS, "checkpoint_every_steps": EVERY,
-          "check_replicas_every_steps": 0, "audit_data": True, "parallel.invariant": True}
+          "audit_data": True, "parallel.invariant": True}
 
 
 def _launch(workdir, data_dir, *launcher_flags, **env) -> subprocess.Popen:

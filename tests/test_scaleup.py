@@ -105,7 +105,6 @@ def test_a_device_count_is_refused_on_several_processes(monkeypatch):
 
 def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_path):
   ten_steps.parallel.invariant = True
-  ten_steps.check_replicas_every_steps = 0
   ten_steps.eval_batch_size = 40  # 3 batches of 40: the eval sums cross 5 to 40 rows per device.
   ten_steps.dataset.eval_split = "test[:120]"
   results, evals = {}, {}

@@ -44,7 +44,7 @@ RUN_TIMEOUT_S = 300
 def _overrides(data_dir, **more) -> dict:
   """test_multiprocess's run (blocks of steps, the audit), shorter: 10 steps, a checkpoint at 5."""
   return mp._overrides(data_dir, **{"num_train_steps": 10, "checkpoint_every_steps": 5, "eval_every_steps": 10,
-                                    "check_replicas_every_steps": 5, **more})
+                                    **more})
 
 
 def _clean_env() -> dict[str, str]:

@@ -127,8 +127,7 @@ def test_a_user_task_with_zero1_and_accumulation_matches_the_plain_step(config, 
 def test_best_metric_may_be_a_user_eval_metric_and_keeps_its_best_checkpoint(tmp_path, data_dir):
   records = _cli(tmp_path, data_dir, f"--config.task.name={FOCAL}", "--config.num_train_steps=8",
                  "--config.eval_every_steps=2", "--config.checkpoint_every_steps=1", "--config.keep_checkpoints=1",
-                 "--config.keep_best_checkpoints=1", "--config.best_metric=eval/worst", "--config.best_mode=max",
-                 "--config.async_checkpointing=False")
+                 "--config.keep_best_checkpoints=1", "--config.best_metric=eval/worst", "--config.best_mode=max")
   worst = {r["step"]: r["eval/worst"] for r in records if "eval/worst" in r}
   best = max(worst, key=worst.get)
   assert best != 8, worst  # Else keeping the newest would pass too.
@@ -199,7 +198,7 @@ def _far_from_zero(n: int, seed: int) -> dict[str, np.ndarray]:
 
 def test_r2_of_targets_with_a_large_mean_matches_numpy_float64_through_the_eval_path():
   config = default.get_config()
-  config.batch_size, config.eval_batch_size, config.check_replicas_every_steps = 64, 64, 0
+  config.batch_size, config.eval_batch_size = 64, 64
   parts = build.build(config, model=_Affine(), train_data=_far_from_zero(256, 0), eval_data=_far_from_zero(1000, 1))
   assert parts.task_info.describe() == "regression (inferred from float labels)"
   first = _far_from_zero(256, 0)["labels"][:64].astype(np.float64)

@@ -138,7 +138,7 @@ def tiny_gpt_on(path: str, eval_path: str | None = None, seq_len: int = 16, **ov
   config.model.update(num_layers=1, num_heads=2, embed_dim=32, mlp_ratio=2)
   config.dataset.builder_kwargs.update(path=path, eval_path=eval_path, seq_len=seq_len)
   config.update(batch_size=16, eval_batch_size=16, num_train_steps=20, log_every_steps=5, eval_every_steps=1000,
-                warmup_steps=2, learning_rate=1e-2, checkpoint_every_steps=0, check_replicas_every_steps=0)
+                warmup_steps=2, learning_rate=1e-2, checkpoint_every_steps=0)
   config.update(overrides)
   return config
 

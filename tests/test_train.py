@@ -18,7 +18,7 @@ from jaxdp.runtime import compilation_cache
 from jaxdp.loop import evaluate, hooks
 from jaxdp.tools import sample
 from jaxdp.report import metrics, progress
-from jaxdp.loop import preemption
+from jaxdp.loop import preemption, step_metrics
 from jaxdp.configs import gpt_text_file
 
 
@@ -175,7 +175,7 @@ def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
   config.dataset.builder_kwargs.update(path=str(text_path), seq_len=16, stride=16)
   config.batch_size, config.eval_batch_size, config.num_train_steps = 16, 16, 2
   config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps = 2, 1000, 0
-  config.check_replicas_every_steps, config.warmup_steps = 0, 1
+  config.warmup_steps = 1
   config.parallel.backend, config.parallel.num_devices = "pmap", 2
   result = train.train_and_evaluate(config, str(tmp_path / "run"))
   text = sample.sample_text(result.model, result.params, result.model_state, "the ", 8, seq_len=16, temperature=0)
@@ -241,7 +241,7 @@ def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, 
 def test_a_nonfinite_stop_saves_no_checkpoint_on_the_way_out(config, tmp_path, monkeypatch):
   _failing_stream(monkeypatch, -1, nan_steps={5, 6})
   config.num_train_steps, config.log_every_steps, config.checkpoint_every_steps = 10, 8, 4
-  config.max_consecutive_nonfinite = 2
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 2)
   with pytest.raises(train.NonFiniteError):
     train.train_and_evaluate(config, str(tmp_path))
   assert checkpoint.Checkpointer(str(tmp_path), config).manager.all_steps() == [4]

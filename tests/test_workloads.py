@@ -29,9 +29,8 @@ def text_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def _fast(config):
-  """No periodic checkpoints or replica checks: they compile extra programs that these tests don't need."""
+  """No periodic checkpoints: they write files that these tests don't need."""
   config.checkpoint_every_steps = 0
-  config.check_replicas_every_steps = 0
   return config
 
 

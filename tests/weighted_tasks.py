@@ -58,7 +58,7 @@ def config(steps: int = 25):
   c.model.name = "mlp"  # Replaced by `MLP`; the config's other model fields stay out.
   c.optimizer, c.learning_rate, c.batch_size, c.eval_batch_size = "sgd", 0.5, 64, 64
   c.num_train_steps, c.log_every_steps, c.eval_every_steps = steps, 1, steps
-  c.checkpoint_every_steps, c.check_replicas_every_steps = 0, 0
+  c.checkpoint_every_steps = 0
   return c
 
 

@@ -32,9 +32,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.keep_best_checkpoints = 0   # ... plus this many best by `best_metric` (among evaluated steps).
   config.best_metric = "eval/accuracy"  # Metric that ranks checkpoints for keep_best_checkpoints.
   config.best_mode = "max"           # max | min: which end of best_metric is best.
-  config.async_checkpointing = True  # Write checkpoints in the background while training continues.
-  config.max_consecutive_nonfinite = 5  # Stop after this many consecutive NaN/Inf steps (each is skipped); 0: never.
-  config.check_replicas_every_steps = 100  # Compare a fingerprint of every replica's parameters; 0: never.
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches

@@ -49,7 +49,7 @@ class Periodic:
                                **self.run.recorder.metrics(step), **skipped, **clock.scalars()})
       clock.save()
       self.writer.call("on_log", step, state, {**train_metrics, **skipped})
-    if itstime(step, config.check_replicas_every_steps, total):
+    if itstime(step, config.checkpoint_every_steps, total) or step == total:  # Before a diverged copy is saved.
       with clock.span("train"):
         self.sentinel.check(state.params)
     evaluated = itstime(step, config.eval_every_steps, total)

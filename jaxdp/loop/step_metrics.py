@@ -15,6 +15,9 @@ from jaxdp.report import metrics
 log = logging.getLogger("jaxdp")
 # Unfinished steps on CPU before the host waits for the oldest. Why: docs/design-notes.md#steps-in-flight
 MAX_STEPS_IN_FLIGHT = 2
+# Consecutive NaN/Inf steps (each skipped) that stop a run: a few in a row can be bad batches, more mean the
+# training diverged and every further step would be skipped too.
+MAX_CONSECUTIVE_NONFINITE = 5
 
 
 class NonFiniteError(RuntimeError):
@@ -26,13 +29,13 @@ class StepMetrics:
 
   The host never waits for a step in order to log it. It waits only for the step `max_in_flight` steps
   back when that bound is set (fake CPU devices deadlock without one), and copies nothing to do so.
-  A run of `max_nonfinite` consecutive NaN/Inf steps raises NonFiniteError when the metrics are fetched:
+  A run of MAX_CONSECUTIVE_NONFINITE consecutive NaN/Inf steps raises NonFiniteError when the metrics are fetched:
   at the next log step, or after FETCH_EVERY steps, whichever comes first.
   """
   FETCH_EVERY = 256  # Without log steps, metrics are still fetched this often (bounded memory, NaN guard).
 
-  def __init__(self, backend: parallel.Backend, max_in_flight: int, max_nonfinite: int):
-    self.backend, self.max_in_flight, self.max_nonfinite = backend, max_in_flight, max_nonfinite
+  def __init__(self, backend: parallel.Backend, max_in_flight: int):
+    self.backend, self.max_in_flight = backend, max_in_flight
     self.pending: list[tuple[int, dict]] = []  # (step, device metrics), oldest first.
     self.finished = 0  # pending[:finished] are known to have run.
     self.history: list[dict] = []  # Host copies since the last flush.
@@ -63,7 +66,7 @@ class StepMetrics:
       self.history.append(host)
       self.last_step = step
       self.nonfinite_run = self.nonfinite_run + [step] if host["nonfinite"] else []
-      if self.max_nonfinite and len(self.nonfinite_run) >= self.max_nonfinite:
+      if len(self.nonfinite_run) >= MAX_CONSECUTIVE_NONFINITE:
         raise NonFiniteError(f"loss or gradients were NaN/Inf for {len(self.nonfinite_run)} consecutive steps "
                              f"({self.nonfinite_run[0]}..{step}); those updates were skipped and training "
                              "stopped; the last checkpoint is intact")

@@ -158,7 +158,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
         peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps,
         headline=tasks.headline(parts.task))))
-  tracker = StepMetrics(backend, steps_in_flight(backend), config.max_consecutive_nonfinite)
+  tracker = StepMetrics(backend, steps_in_flight(backend))
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
