@@ -5,6 +5,7 @@ It owns the devices, the mesh and the gradient strategy (plain, invariant, ZeRO-
 `checkpoint`, `loop.evaluate`); `@dp.step` with `dp.value_and_grad` serves loops `train_step` does not fit.
 """
 
+import collections
 import functools
 import types
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.config import ConfigError
 from jaxdp.loop import evaluate as evaluate_lib
+from jaxdp.loop import step_metrics
 from jaxdp.models import adapter
 from jaxdp.runtime import process
 from jaxdp.tasks import base as task_lib
@@ -110,8 +112,8 @@ class DataParallel:
     self._check_init()
     if task is not step_lib.CLASSIFICATION:  # The default is what an empty task.name infers: nothing to name.
       self._given["task"] = task
-    return self.backend.map_train(functools.partial(step_lib.train_step, model=self.model, tx=self.tx,
-                                                    strategy=self.strategy, task=task))
+    return self._bounded(self.backend.map_train(functools.partial(
+        step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task)))
 
   def evaluate(self, state: step_lib.TrainState, task: Callable, data: Any, *, batch_size: int,
                split: str | None = None) -> dict[str, float]:
@@ -150,7 +152,26 @@ class DataParallel:
       raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
     mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
                            out_specs=P(), check_vma=self.backend.checked)
-    return jax.jit(mapped, donate_argnums=0)
+    return self._bounded(jax.jit(mapped, donate_argnums=0))
+
+  def _bounded(self, step: Callable) -> Callable:
+    """`step`, which waits for the oldest of its unfinished calls beyond `steps_in_flight` (CPU only): simulated CPU
+    devices deadlock in their collectives when hundreds of steps are queued (docs/design-notes.md#steps-in-flight)."""
+    limit = step_metrics.steps_in_flight(self.backend)
+    if not limit:
+      return step
+    pending: collections.deque = collections.deque()
+
+    @functools.wraps(step)
+    def bounded(state: PyTree, batch: PyTree) -> Any:
+      out = step(state, batch)
+      # A metric: never donated by the next call, as the state is. A step that returns none is not bounded.
+      pending.extend(jax.tree.leaves(out[1])[:1] if isinstance(out, tuple) and len(out) == 2 else [])
+      while len(pending) > limit:
+        pending.popleft().block_until_ready()
+      return out
+
+    return bounded
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
     """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
