@@ -144,12 +144,15 @@ class Hooks:
 
   def call(self, event: str, step: int, state: Any, metrics: Mapping[str, float] | None = None) -> None:
     """`event` of every hook overriding it; a STOP is remembered for `should_stop`."""
+    due = [h for h in self.hooks
+           if _overrides(h, event) and (event != "on_step" or (h.every > 0 and step % h.every == 0))]
+    if not due:  # Most steps: no StepInfo is made on the loop's path.
+      return
     info = StepInfo(step, dict(metrics or {}), state, self.workdir, self.host)
-    for h in self.hooks:
-      if _overrides(h, event) and (event != "on_step" or (h.every > 0 and step % h.every == 0)):
-        self.ran = self.ran or event in EVENTS
-        if _call(h, event, step, getattr(h, event), info) is STOP and event in EVENTS and self.stopped_by is None:
-          self.stopped_by = name(h)
+    for h in due:
+      self.ran = self.ran or event in EVENTS
+      if _call(h, event, step, getattr(h, event), info) is STOP and event in EVENTS and self.stopped_by is None:
+        self.stopped_by = name(h)
 
   def should_stop(self, step: int, state: Any) -> bool:
     """After step `step`: `on_step`, then whether any hook on any process asked to stop (collective)."""
