@@ -1,8 +1,5 @@
-"""Config -> the pieces of a run: backend, dataset, model, optimizer, gradient strategy, state constructor,
-mapped steps.
-
-Shared by the training loop (jaxdp.loop.train) and the tools (jaxdp.tools: inspect, topology, evaluate, ...).
-"""
+"""A config's names as the objects of a run (`resolve`: dataset, model, task, optimizer) and, on a
+`DataParallel` of that config, its steps (`build`): what the trainer and the tools start from."""
 
 import dataclasses
 import functools
@@ -15,59 +12,65 @@ import ml_collections
 import numpy as np
 import optax
 
-from jaxdp import checkpoint, data, feed, models, objects, optim, parallel, strategies, tasks
+from jaxdp import checkpoint, data, models, objects, optim, parallel, strategies, tasks
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.batch import REAL
 from jaxdp.config import ConfigError
+from jaxdp.library import DataParallel
 from jaxdp.report import metrics
-from jaxdp.strategies import zero1_check
 from jaxdp.tasks import base as task_lib
 
 
 @dataclasses.dataclass
-class Parts:
-  """Everything a run is made of, before any state exists on devices."""
+class Resolved:
+  """The objects a config names (or a caller passed instead), checked against each other."""
   config: ml_collections.ConfigDict
   layout: config_lib.Layout
-  backend: parallel.Backend
   ds: data.Dataset
   model: models.Model
   tx: optax.GradientTransformation
-  init: Callable[[], step_lib.TrainState]  # Deterministic fresh state (to be placed by the backend).
-  train_step: Callable  # Mapped and jitted: (state, device batch) -> (state, metrics); state donated.
-  eval_step: Callable   # Mapped and jitted: (state, device batch) -> metric sums.
-  strategy: strategies.Strategy | None = None  # How gradients cross devices (`strategies.select`).
-  flops_step: Callable | None = None  # train_step without the accumulation loop, only for counting FLOPs.
   task: tasks.Task = step_lib.CLASSIFICATION  # What is learned: the loss and metrics of a batch (`tasks.get`).
   task_info: tasks.Resolved | None = None     # The task's name and why it runs, for the start summary.
+  named: ml_collections.ConfigDict | None = None  # The config as checkpoints store it (`objects.Objects.named`).
 
-  @functools.cached_property
-  def steps_per_block(self) -> int:
-    """Train steps per host-to-device transfer (`jaxdp.feed`); at first use, as it reads the train split's spec."""
-    return feed.steps_per_block(self.ds, self.layout.process_batch)
+  @property
+  def cast_inputs(self) -> bool:
+    """Whether float inputs reach the model in the compute dtype (not for token ids)."""
+    return not self.ds.integer_inputs
 
 
-def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, *, model: Any = None,
-          task: Any = None, train_data: Any = None, eval_data: Any = None,
-          optimizer: optax.GradientTransformation | None = None) -> Parts:
-  """Validates `config` and builds its parts; raises ConfigError naming any bad value.
+@dataclasses.dataclass
+class Parts(Resolved):
+  """A resolved config on its `DataParallel`: the state's constructor and the compiled steps."""
+  dp: Any = None  # library.DataParallel.from_config(named)
+  init: Callable[[], step_lib.TrainState] | None = None  # Deterministic fresh state (to be placed by the backend).
+  train_step: Callable | None = None  # Mapped and jitted: (state, (block, index)) -> (state, metrics); donated.
+  eval_step: Callable | None = None   # Mapped and jitted: (state, device batch) -> metric sums.
 
-  `devices`: build over these instead of `jax.devices()` (e.g. a TPU topology's, to compile ahead of time).
-  `model` (an NNX/linen module class or instance), `task` (a function or task object) and `train_data`/
-  `eval_data` (arrays or random-access sources) and `optimizer` (any optax GradientTransformation) are objects
-  from Python overriding the config's names.
+  @property
+  def backend(self) -> parallel.Backend:
+    return self.dp.backend
+
+  @property
+  def strategy(self) -> strategies.Strategy:
+    return self.dp.strategy
+
+
+def resolve(config: ml_collections.ConfigDict, num_devices: int, *, model: Any = None, task: Any = None,
+            train_data: Any = None, eval_data: Any = None,
+            optimizer: optax.GradientTransformation | None = None) -> Resolved:
+  """Validates `config` for `num_devices` and resolves its names; raises ConfigError naming any bad value.
+
+  `model` (an NNX/linen module class or instance), `task` (a function or task object), `train_data`/`eval_data`
+  (arrays or random-access sources) and `optimizer` (any optax GradientTransformation) override the config's names.
   """
   config = config_lib.with_defaults(config)
-  num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
-  strategy_cls = strategies.select(config)
-  strategy_cls.validate(config, layout)
-  backend = parallel.make_backend(config.parallel.backend, config.parallel.num_devices, strategy_cls, devices=devices)
+  strategies.select(config).validate(config, layout)
   # Data objects only when given: a data.load without those parameters still serves named datasets.
   given = {k: v for k, v in (("train_data", train_data), ("eval_data", eval_data)) if v is not None}
   ds = data.load(config.dataset, **given)
-  strategy = strategy_cls(strategies.StrategyOptions.from_config(config, num_devices))
   facts = ds.corpus.facts
   task_info = tasks.resolve(config, facts, task, functools.partial(_first_targets, ds, config.dataset))
   num_outputs = getattr(task_info.task, "num_outputs", None)
@@ -76,28 +79,24 @@ def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = 
                          task=task_info.task, element_spec=ds.element_spec())  # A linen instance: init on what the task feeds.
   shapes = jax.eval_shape(net.init, jax.random.PRNGKey(config.seed))[0]
   tx = optim.make(config, shapes, optimizer)  # The decay mask from the true shapes.
-  _check_sharded(strategy, tx, shapes, objects.shown(config.optimizer if optimizer is None else optimizer))
-  init = functools.partial(step_lib.init_state, jax.random.PRNGKey(config.seed), model=net, tx=tx,
-                           strategy=strategy)
-  abstract = jax.eval_shape(init)
-  backend.bind_state(abstract, strategy.state_specs(abstract))
-  learn = {"model": net, "task": task_info.task, "cast_inputs": not ds.integer_inputs}
-  checkpoint.check_best(config, _traced_metrics(ds, learn))
-  replica_step = functools.partial(step_lib.train_step, tx=tx, strategy=strategy, **learn)
-  train_step = backend.map_train(replica_step)
-  eval_step = backend.map_eval(functools.partial(step_lib.eval_step, strategy=strategy, **learn))
-  accumulates = strategy.options.accum_steps > 1
-  flops_step = backend.map_train(_loop_free(replica_step, strategy)) if accumulates else train_step
-  return Parts(config, layout, backend, ds, net, tx, init, train_step, eval_step, strategy, flops_step,
-               task_info.task, task_info)
+  named = objects.Objects(model, task, train_data, eval_data, optimizer).named(config)
+  resolved = Resolved(config, layout, ds, net, tx, task_info.task, task_info, named)
+  checkpoint.check_best(config, _traced_metrics(ds, {"model": net, "task": task_info.task,
+                                                     "cast_inputs": resolved.cast_inputs}))
+  return resolved
 
 
-def _check_sharded(strategy: strategies.Strategy, tx: optax.GradientTransformation, shapes: Any, name: str) -> None:
-  """A ConfigError naming the optimizer `name` when ZeRO-1 shards the state of one that is not elementwise."""
-  why = strategy.shards_state and tx is not optim.NONE and zero1_check.refusal(tx, shapes, strategy.options.num_shards)
-  if why:
-    raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
-                      f"each device's slice of a parameter alone: {why}")
+def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, **given: Any) -> Parts:
+  """`resolve` on a `DataParallel.from_config` over `devices` (default: all, or `parallel.num_devices`), and its
+  steps; `given`: `resolve`'s objects."""
+  config = config_lib.with_defaults(config)
+  num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
+  run = resolve(config, num_devices, **given)
+  dp = DataParallel.from_config(run.named, devices)
+  init = dp.prepare(run.model, run.tx, seed=config.seed)
+  fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(Resolved)}
+  return Parts(**fields, dp=dp, init=init, train_step=dp.train_step(run.task, cast_inputs=run.cast_inputs),
+               eval_step=dp.eval_step(run.task, cast_inputs=run.cast_inputs))
 
 
 def _first_targets(ds: data.Dataset, dataset: ml_collections.ConfigDict, rows: int = 64) -> np.ndarray:
@@ -137,9 +136,3 @@ def _traced_metrics(ds: data.Dataset, learn: dict[str, Any]) -> list[str]:
       raise
     raise ConfigError(f"the task reads feature {key!r}, which batches leave out: {left_out[key]} (they hold "
                       f"{', '.join(ds.element_spec())})") from None
-
-
-def _loop_free(replica_step: functools.partial, strategy: strategies.Strategy) -> Callable:
-  """The same step with one micro-batch of the whole slice: the same FLOPs, with no loop for XLA to count once."""
-  whole = type(strategy)(dataclasses.replace(strategy.options, accum_steps=1))
-  return functools.partial(replica_step, strategy=whole)

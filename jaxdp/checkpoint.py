@@ -111,8 +111,7 @@ class Checkpointer:
       raise _no_step(self.directory, step, list(self.manager.all_steps()))
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
-  def save(self, step: int, state: TrainState, backend: Backend, metrics: Mapping[str, float] | None = None,
-           force: bool = False) -> None:
+  def save(self, step: int, state: TrainState, backend: Backend, metrics: Mapping[str, float] | None = None) -> None:
     """Starts writing `state` as entry `step` (asynchronously); a no-op if that entry exists."""
     if step in self.manager.all_steps():
       return
@@ -121,7 +120,7 @@ class Checkpointer:
       meta["stream"] = self.stream
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(backend.to_global(state)),
                                                     meta=ocp.args.JsonSave(meta)),
-                      metrics=dict(metrics) if metrics else None, force=force)
+                      metrics=dict(metrics) if metrics else None, force=True)  # Whatever step orbax saved last.
 
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are written."""

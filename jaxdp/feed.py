@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 from jaxdp import data, parallel
+from jaxdp.batch import INDEX
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
@@ -80,17 +81,23 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
   """
   JOIN_S = 30.0  # How long `close` waits for the thread to finish the block it is reading.
 
-  def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int):
-    self.steps = steps
+  def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int, *,
+               on_ids: Callable[[np.ndarray], None] | None = None, abstract: PyTree = None, about: str = ""):
+    self.steps, self.abstract, self.about = steps, abstract, about  # The shapes of an item; how it is fed.
+    self._source = batches
     self._indices = [backend.put_index(i) for i in range(steps)]  # Placed once; every block reuses them.
     self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
     self._stop = threading.Event()
-    blocks = stack(iter(batches), steps)
+    blocks = stack(_take_ids(iter(batches), on_ids) if on_ids else iter(batches), steps)
     self._thread = threading.Thread(target=_produce, args=(backend.put_block, blocks, self._queue, self._stop),
                                     name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
     self._block, self._real, self._at, self._done = None, 0, 0, False
     self.waited = 0.0
     self._thread.start()
+
+  def skipped_through(self, step: int) -> int:
+    """Bad examples the host stream replaced in this process's rows of steps up to `step` (skip_bad_examples)."""
+    return data.skipped_through(self._source, step)
 
   def __next__(self) -> tuple[PyTree, jax.Array]:
     if self._at == self._real:
@@ -138,6 +145,14 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
   def __del__(self) -> None:
     if hasattr(self, "_thread"):  # Not when __init__ failed before the thread existed.
       self.close()
+
+
+def _take_ids(batches: Iterator[data.Batch], on_ids: Callable[[np.ndarray], None]) -> Iterator[data.Batch]:
+  """`batches` without their example ids (`batch.INDEX`), each given to `on_ids` as it is read."""
+  for batch in batches:
+    batch = dict(batch)
+    on_ids(np.asarray(batch.pop(INDEX), np.int64))
+    yield batch
 
 
 _END = object()  # The stream's end, as the thread queues it.

@@ -59,8 +59,10 @@ class Objects:
 
 
 def shown(value: Any) -> str:
-  """A config value as a line shows it: a name quoted, an object as `object_name` gives it."""
-  return repr(value) if isinstance(value, str) else object_name(value)
+  """A config value as a line shows it: a name quoted, an object (or an object's stored name) as `object_name`."""
+  if isinstance(value, str):
+    return value if value.startswith(OBJECT_PREFIX) else repr(value)
+  return object_name(value)
 
 
 def object_name(obj: Any) -> str:

@@ -1,5 +1,6 @@
 """Data-order audit: exactly-once per epoch across resumes, replays caught, two runs compared (jaxdp.audit)."""
 
+import collections
 import os
 import shutil
 
@@ -155,12 +156,12 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
 
   monkeypatch.setattr(feed, "stack", stack)
   read = []
-  real_take = recording.Recorder.take_ids
+  real_take = feed._take_ids
 
-  def take_ids(self, batches):  # What the reader delivered, ids included.
-    return real_take(self, (read.append(b[INDEX].copy()) or b for b in batches))
+  def take_ids(batches, on_ids):  # What the reader delivered, ids included.
+    return real_take((read.append(b[INDEX].copy()) or b for b in batches), on_ids)
 
-  monkeypatch.setattr(recording.Recorder, "take_ids", take_ids)
+  monkeypatch.setattr(feed, "_take_ids", take_ids)
   _train(audited, tmp_path, 6)
   assert placed and all(keys == ["inputs", "labels"] for keys in placed)
   entries = audit.lineage(audit.load(str(tmp_path)))
@@ -171,8 +172,9 @@ def test_the_ids_recorded_are_those_read_and_the_step_never_sees_them(audited, t
 
 
 def test_a_steps_ids_are_on_disk_once_recorded_and_a_step_without_ids_is_an_error(tmp_path):
-  recorder = recording.Recorder({"segment": "0001", "process_index": 0}, str(tmp_path))
-  batches = recorder.take_ids(iter([{INDEX: np.array([5, 9]), "inputs": np.zeros(2)}]))
+  read = collections.deque()
+  recorder = recording.Recorder({"segment": "0001", "process_index": 0}, str(tmp_path), read=read)
+  batches = feed._take_ids(iter([{INDEX: np.array([5, 9]), "inputs": np.zeros(2)}]), read.append)
   assert INDEX not in next(batches)
   recorder.record(1)
   path = recording.stem(str(tmp_path), "0001", 0) + ".ids"

@@ -200,5 +200,5 @@ def test_saving_a_step_already_saved_is_a_no_op(config, tmp_path):
   config.num_train_steps = config.checkpoint_every_steps = 2
   result = train.train_and_evaluate(config, str(tmp_path))
   with checkpoint.Checkpointer(str(tmp_path), config) as saver:
-    saver.save(2, result.state, result.backend, force=True)  # As a stop saves: orbax's own check is skipped.
+    saver.save(2, result.state, result.backend)
   assert checkpoint.steps(str(tmp_path)) == [2]

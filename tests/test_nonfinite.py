@@ -5,7 +5,8 @@ import pytest
 
 from jaxdp import data, train
 from jaxdp.loop import step_metrics
-from jaxdp.loop.step_metrics import MAX_STEPS_IN_FLIGHT, NonFiniteError, StepMetrics, steps_in_flight
+from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics
+from jaxdp.wrap import MAX_STEPS_IN_FLIGHT, steps_in_flight
 from jaxdp.report import metrics
 
 
@@ -51,7 +52,7 @@ class _HostBackend:
 def test_without_log_steps_the_guard_still_reads_the_metrics_every_fetch_every_steps(monkeypatch):
   monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 3)
   backend = _HostBackend()
-  tracker = StepMetrics(backend, max_in_flight=0)
+  tracker = StepMetrics(backend)
   for step in range(1, StepMetrics.FETCH_EVERY):
     tracker.push(step, {"loss": 1.0, "nonfinite": 0})
   assert backend.fetches == 0 and len(tracker.pending) == StepMetrics.FETCH_EVERY - 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import monitoring
 
-from jaxdp import config as config_lib, feed, train
+from jaxdp import config as config_lib, feed, train, wrap
 from jaxdp.loop import goodput, preemption, replicas, step_metrics
 from jaxdp.report import metrics
 from jaxdp.runtime import compilation_cache
@@ -19,18 +19,37 @@ from jaxdp.runtime import compilation_cache
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
 
-def test_metrics_stay_on_device_until_a_log_step_and_only_old_steps_are_waited_for(monkeypatch):
-  fetched, waited = [], []
+def test_metrics_stay_on_device_until_a_log_step(monkeypatch):
+  fetched = []
   backend = types.SimpleNamespace(get=lambda tree: fetched.append(len(tree)) or jax.tree.map(np.asarray, tree))
-  monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(int(x)) or x)
-  tracker = step_metrics.StepMetrics(backend, max_in_flight=2)
+  tracker = step_metrics.StepMetrics(backend)
   for step in range(1, 6):
-    # "nonfinite" carries the step number here, so the test sees which step the host waited for.
-    tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0) + step})
-  assert fetched == [] and waited == [1, 2, 3]  # Two steps left unfinished; nothing copied to the host.
-  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 100)  # The fake "nonfinite" values are not skips.
+    tracker.push(step, {"loss": jnp.float32(step), "accuracy": jnp.float32(0), "nonfinite": jnp.int32(0)})
+  assert fetched == []  # Nothing copied to the host before the log step.
   out = tracker.flush()
   assert fetched == [5] and out["train/loss"] == 3.0  # One fetch of five steps, their mean.
+
+
+def test_a_bounded_step_waits_only_for_the_steps_beyond_its_bound():
+  waited = []
+
+  class Metric:  # A step's output that says when the host waited for it.
+    def __init__(self, step):
+      self.step = step
+
+    def block_until_ready(self):
+      waited.append(self.step)
+      return self
+
+  def step(state, batch):
+    return state, {"nonfinite": Metric(batch)}
+
+  step.lower = None  # What a jitted step has.
+  bounded = wrap.bounded(step, types.SimpleNamespace(platform="cpu"))
+  for i in range(1, 6):
+    bounded(None, i)
+  assert wrap.MAX_STEPS_IN_FLIGHT == 2 and waited == [1, 2, 3]  # Two steps left unfinished.
+  assert wrap.bounded(step, types.SimpleNamespace(platform="gpu")) is step  # Unbounded where the runtime bounds.
 
 
 def test_time_keys_add_up_to_the_wall_time_over_restarts(config, tmp_path, capsys):

@@ -123,7 +123,7 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
     monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 2)
     assert train.train_and_evaluate(config, str(tmp_path)).preempted
   else:
-    monkeypatch.setattr(*((evaluate, "run") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
+    monkeypatch.setattr(*((evaluate, "exact") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
                         _boom)
     with pytest.raises(RuntimeError, match="boom"):
       train.train_and_evaluate(config, str(tmp_path))
@@ -226,10 +226,10 @@ def test_a_save_failing_on_the_way_out_leaves_the_first_error_to_report(config, 
   config.num_train_steps, config.checkpoint_every_steps = 10, 4
   save = checkpoint.Checkpointer.save
 
-  def full_disk(self, *args, force: bool = False, **kwargs):
-    if force:  # The save on the way out; the periodic one at step 4 is written.
+  def full_disk(self, step, *args, **kwargs):
+    if step != 4:  # The save on the way out (step 5); the periodic one at step 4 is written.
       raise OSError("no space left")
-    return save(self, *args, force=force, **kwargs)
+    return save(self, step, *args, **kwargs)
 
   monkeypatch.setattr(checkpoint.Checkpointer, "save", full_disk)
   with pytest.raises(OSError, match="disk gone"):

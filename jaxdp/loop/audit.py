@@ -2,15 +2,9 @@
 
 Each process appends the example ids (positions in the train split) of its rows of every global batch to
 WORKDIR/audit/SEGMENT.pINDEX.ids (int64: step, then the ids), with a JSON header beside it; process 0
-appends every checkpointed step to SEGMENT.saves. A segment is one run of the loop (a start or a resume);
-it records the checkpoint it restored and the step it started from. `python -m jaxdp.audit`
-(`jaxdp.tools.audit`) checks what was recorded.
-
-The ids are those the reader read: the train stream, asked `with_ids`, carries each row's position in the
-split (`jaxdp.batch.INDEX`), and
-`Recorder.take_ids` moves them from each host batch, in stream order, to the step that trains it (step s
-of the loop, the state's step after it, trains the stream's batch s - 1). The `data/digest` metric is the
-sampler's global batch (no process holds the whole batch as read).
+appends every checkpointed step to SEGMENT.saves. A segment is one run of the loop (a start or a resume).
+The ids are those the reader read (`DataParallel.batches(on_ids=)`), in stream order; `python -m jaxdp.audit`
+checks them. The `data/digest` metric is the global order's batch (no process holds the whole batch as read).
 """
 
 import collections
@@ -18,7 +12,6 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,11 +39,12 @@ def saves_path(directory: str, segment: str) -> str:
 class Recorder:
   """Per process: appends the example ids this process read for each trained step; gives each step's digest."""
 
-  def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None):
+  def __init__(self, header: dict[str, Any], directory: str | None, global_order: Any = None,
+               read: collections.deque | None = None):
     self.header, self.global_order = header, global_order
-    # Ids of batches taken, not yet trained. Shared: `take_ids` runs in the prefetch thread, `record` in the loop's;
+    # Ids of batches read, not yet trained: appended by the prefetch thread, taken by `record` in the loop's;
     # a deque's append and popleft are atomic, and a batch's ids are in before the batch reaches the loop.
-    self._read: collections.deque[np.ndarray] = collections.deque()
+    self._read: collections.deque[np.ndarray] = collections.deque() if read is None else read
     self._ids = self._saves = None
     if directory is not None:  # Recording; otherwise only digests.
       os.makedirs(directory, exist_ok=True)
@@ -61,26 +55,11 @@ class Recorder:
       if header["process_index"] == 0:
         self._saves = open(saves_path(directory, header["segment"]), "a")
 
-  @property
-  def recording(self) -> bool:
-    """Whether ids are recorded: the train stream must then carry them (`with_ids`)."""
-    return self._ids is not None
-
-  def take_ids(self, batches: Iterator[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    """`batches` without their ids (`jaxdp.batch.INDEX`), which are kept, in order, for `record`."""
-    from jaxdp.batch import INDEX
-    for batch in batches:
-      if INDEX in batch:
-        batch = dict(batch)
-        self._read.append(np.asarray(batch.pop(INDEX), np.int64))
-      yield batch
-
   def record(self, step: int) -> None:
     """Appends `step` and the ids read for it, the oldest batch taken (flushed: a killed run keeps them)."""
     if self._ids is not None:
       if not self._read:
-        raise RuntimeError(f"step {step}: no example ids were read for it (train the stream through take_ids, "
-                           "asked with_ids=recording)")
+        raise RuntimeError(f"step {step}: no example ids were read for it (read the batches with on_ids)")
       self._ids.write(np.concatenate([[step], self._read.popleft()]).astype(IDS_DTYPE).tobytes())
       self._ids.flush()
 
@@ -109,8 +88,9 @@ class Recorder:
 
 
 def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
-          process_index: int, process_count: int, num_devices: int) -> Recorder:
-  """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`)."""
+          process_index: int, process_count: int, num_devices: int, read: collections.deque | None = None) -> Recorder:
+  """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`), taking the
+  ids the stream appends to `read`."""
   from jaxdp.data import stream  # The input pipeline's own order of examples.
   split = config.dataset.train_split
   n = ds.num_examples(split)
@@ -123,7 +103,7 @@ def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int
             "seed": config.seed, "split": split, "dataset": ds.name, "start_step": start_step,
             "restored_from": restored_from, "order": stream.GLOBAL}
   directory = os.path.join(workdir, AUDIT_DIR) if config.audit_data else None
-  return Recorder(header, directory, order)
+  return Recorder(header, directory, order, read)
 
 
 def _segment_id(process_count: int) -> str:

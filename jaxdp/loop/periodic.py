@@ -13,9 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxdp import data
-from jaxdp import step as step_lib
-from jaxdp.loop import evaluate, hooks as hooks_lib, replicas
+from jaxdp.loop import hooks as hooks_lib, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics
 from jaxdp.report import progress
 
@@ -27,20 +25,19 @@ SKIPPED_FILE = "skipped_examples.json"
 @dataclasses.dataclass
 class Periodic:
   """The loop's periodic work (log, replica check, eval, checkpoint) and what it remembers between steps."""
-  run: Any  # loop.train._Run: the parts, workdir, checkpointer, recorder and clock.
+  run: Any  # loop.train._Run: the resolved config, its DataParallel, workdir, batches, recorder and clock.
   writer: hooks_lib.Hooks  # The trackers (metrics.jsonl, TensorBoard, ...) and the user's hooks.
   reporter: progress.Reporter
   tracker: StepMetrics
   sentinel: replicas.Sentinel
   eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
   saved: int = -1  # The last step checkpointed by this run.
-  completed: tuple[int, step_lib.TrainState] | None = None  # The last step dispatched whose metrics were taken.
-  stream: Iterator | None = None  # The train stream, which counts the bad examples it replaced.
+  completed: tuple[int, Any] | None = None  # The last step dispatched whose metrics were taken (a TrainState).
   skipped_before: int = 0  # Bad examples replaced in the steps before this run's first (earlier runs').
 
-  def periodic(self, step: int, state: step_lib.TrainState) -> None:
+  def periodic(self, step: int, state: Any) -> None:
     """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
-    config, total, clock = self.run.parts.config, self.run.parts.config.num_train_steps, self.run.clock
+    config, total, clock = self.run.config, self.run.config.num_train_steps, self.run.clock
     if itstime(step, config.log_every_steps, total):
       with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
         train_metrics = self.tracker.flush()
@@ -55,22 +52,21 @@ class Periodic:
     evaluated = itstime(step, config.eval_every_steps, total)
     if evaluated:
       with clock.span("eval") as span:  # Also left out of the progress line's step time (between_steps).
-        self.eval_metrics = evaluate.run(self.run.parts, state)
+        self.eval_metrics = self.run.evaluate(state)
       self.writer.write(step, {**self.eval_metrics, "time/eval": span.seconds})
       self.reporter.on_eval(step, self.eval_metrics)
       self.writer.call("on_eval", step, state, self.eval_metrics)
     if itstime(step, config.checkpoint_every_steps, total):
       self.save(step, state, self.eval_metrics if evaluated else None)
 
-  def save(self, step: int, state: step_lib.TrainState, eval_metrics: dict[str, float] | None = None,
-           force: bool = False) -> None:
+  def save(self, step: int, state: Any, eval_metrics: dict[str, float] | None = None) -> None:
     """Checkpoints `state`; its time is written as `time/checkpoint`, outside the step timing."""
     with self.run.clock.span("train"):
       jax.block_until_ready(state)  # The steps in flight are training time: let them finish on the clock.
-    if self.run.parts.config.dataset.skip_bad_examples:  # Before the save: a checkpoint always has its count.
+    if self.run.config.dataset.skip_bad_examples:  # Before the save: a checkpoint always has its count.
       record_skipped(self.run.workdir, step, self._skipped_through(step))
     with self.run.clock.span("checkpoint") as span:  # Left out of the step time, as eval is.
-      self.run.checkpointer.save(step, state, self.run.parts.backend, eval_metrics, force=force)
+      self.run.dp.save(self.run.workdir, state, metrics=eval_metrics, wait=False)
     self.saved = step  # Before the hooks: one that raises must not make the error path save this step again.
     self.run.recorder.saved(step)
     self.writer.write(step, {"time/checkpoint": span.seconds})
@@ -79,7 +75,7 @@ class Periodic:
 
   def _skipped(self, step: int) -> dict[str, float]:
     """`train/skipped_examples`: bad examples replaced so far (with skip_bad_examples), as `_skipped_through`."""
-    if not self.run.parts.config.dataset.skip_bad_examples:
+    if not self.run.config.dataset.skip_bad_examples:
       return {}
     return {"train/skipped_examples": float(self._skipped_through(step))}
 
@@ -88,7 +84,7 @@ class Periodic:
 
     Collective with several processes (each counts its own rows): every process calls it at the same step.
     """
-    here = data.skipped_through(self.stream, step)
+    here = self.run.batches.skipped_through(step)
     if jax.process_count() > 1:
       here = int(np.sum(multihost_utils.process_allgather(np.array([here], np.int32))))
     return self.skipped_before + here
@@ -120,14 +116,14 @@ class Periodic:
 
   def _unsaved_step(self) -> bool:
     """Whether a completed step is not checkpointed yet and may be (checkpointing on, one process)."""
-    every = self.run.parts.config.checkpoint_every_steps
+    every = self.run.config.checkpoint_every_steps
     return self.completed is not None and self.completed[0] != self.saved and every > 0 and jax.process_count() == 1
 
-  def _save_on_the_way_out(self, step: int, state: step_lib.TrainState) -> None:
+  def _save_on_the_way_out(self, step: int, state: Any) -> None:
     """Saves `state` as step `step` and waits for it; a failing save is logged, never raised over the error."""
     try:
-      self.save(step, state, force=True)
-      self.run.checkpointer.wait()
+      self.save(step, state)
+      self.run.dp.wait()
       log.warning("step %d: checkpoint saved before stopping on the error below", step)
     except Exception as e:  # The original error is the one to report; this one only explains a missing save.
       log.warning("step %d: could not checkpoint before stopping: %s", step, e)
@@ -135,7 +131,7 @@ class Periodic:
   def finish(self, step: int) -> None:
     """The run's time per category (summed over this workdir's runs): the last record and line."""
     with self.run.clock.span("checkpoint"):
-      self.run.checkpointer.wait()  # Pending asynchronous saves are part of the run.
+      self.run.dp.wait()  # Pending asynchronous saves are part of the run.
     self.writer.write(step, self.run.clock.scalars())
     self.run.clock.save()
     self.reporter.note(self.run.clock.line())

@@ -1,8 +1,8 @@
 """The training loop: `train_and_evaluate(config, workdir)` trains to `num_train_steps`, resuming from
-WORKDIR/checkpoints/; also called by tests, scripts and notebooks, with objects in place of the config's
-names (`model=`, `task=`, `train_data=`, `eval_data=`). The command line is `jaxdp.tools.train`.
-"""
+WORKDIR/checkpoints/; one loop built on `jaxdp.DataParallel`, as a user's own loop is. The command line is
+`jaxdp.tools.train`."""
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -16,13 +16,12 @@ from typing import Any
 import jax
 import ml_collections
 
-from jaxdp import build, checkpoint, data, feed, models, parallel, tasks
-from jaxdp.objects import Objects
+from jaxdp import build
 from jaxdp import config as config_lib
-from jaxdp import step as step_lib
+from jaxdp.library import DataParallel
 from jaxdp.loop import audit, collector, goodput, hooks as hooks_lib, periodic, preemption, profiling, replicas
 from jaxdp.loop import workdir_lock
-from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics, steps_in_flight  # noqa: F401  (jaxdp.train's name)
+from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics  # noqa: F401  (jaxdp.train's name)
 from jaxdp.report import flops as flops_lib
 from jaxdp.report import metrics, progress, summary
 from jaxdp.runtime import cpu_devices, exits, process
@@ -38,11 +37,11 @@ class Result:
   `params` and `model_state` are one host copy (no device axis, for either backend), so that
   `sample.sample_text(result.model, result.params, result.model_state, ...)` works on any run.
   """
-  state: step_lib.TrainState
-  backend: parallel.Backend
+  state: Any  # step.TrainState
+  backend: Any  # parallel.Backend
   eval_metrics: dict[str, float]
   preempted: bool = False  # Stopped by SIGTERM/SIGINT after checkpointing; rerun to resume.
-  model: models.Model | None = None  # The model as the run built it.
+  model: Any = None  # The model as the run built it (models.Model).
   resumed_from: int | None = None  # The checkpoint step this call resumed from (== num_train_steps: nothing to train).
   preempted_at: int | None = None  # The step checkpointed when a stop was requested.
   stopped_at: int | None = None  # The step checkpointed when a hook asked to stop (early stopping).
@@ -61,13 +60,23 @@ class Result:
 @dataclasses.dataclass
 class _Run:
   """Everything a run is built from, before the loop starts."""
-  parts: build.Parts
+  run: build.Resolved  # The config's objects: dataset, model, task, optimizer, layout.
+  dp: DataParallel
   workdir: str
-  checkpointer: checkpoint.Checkpointer
-  state: step_lib.TrainState
+  state: Any
   recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
   clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
+  batches: Any = None       # feed.Feeder: the train batches on the devices, from the restored step on.
   hooks: list[hooks_lib.Hook] = dataclasses.field(default_factory=list)  # The user's; the default trackers first.
+
+  @property
+  def config(self) -> ml_collections.ConfigDict:
+    return self.run.config
+
+  def evaluate(self, state: Any) -> dict[str, float]:
+    """`eval/*` of the run's task over every example of the eval split."""
+    return self.dp.evaluate(state, self.run.task, self.run.ds, batch_size=self.run.layout.eval_global_batch,
+                            split=self.config.dataset.eval_split)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model: Any = None, task: Any = None,
@@ -79,93 +88,91 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
   the init) or a linen module; `task` a function or task object `task(model, batch) -> (loss, metrics)`;
   `train_data`/`eval_data` a dict of numpy arrays or a random-access source; `optimizer` any optax
   GradientTransformation (its own schedule and decay; config.max_grad_norm still clips the reduced gradient
-  before it). The checkpoints' config records
-  them as "<object ...>", so that `jaxdp.evaluate` on the workdir says which argument to pass.
-  `hooks`: `jaxdp.Hook`s called after log steps, evals, checkpoints and every N steps (docs/hooks.md).
-  In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins the run first.
-
-  An exception leaves with its frames released, as the CLI releases them (`exits.release`): a caller that
-  keeps it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
+  before it). The checkpoints' config records them as "<object ...>", so that `jaxdp.evaluate` on the workdir
+  says which argument to pass. `hooks`: `jaxdp.Hook`s called after log steps, evals, checkpoints and every N
+  steps (docs/hooks.md). In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins
+  the run first.
   """
   config = config_lib.with_defaults(config)
-  objects = Objects(model, task, train_data, eval_data, optimizer)
+  given = dict(model=model, task=task, train_data=train_data, eval_data=eval_data, optimizer=optimizer)
   try:
     hooks = hooks_lib.check(hooks)  # A wrong object fails before anything is built.
     process.join(config)  # As the CLI does before its command (a no-op after it); sets the compilation cache.
     # Whatever is opened is closed in reverse order, also on an exception or a preemption: the checkpoint
-    # manager (after its pending saves), the metrics writers (TensorBoard events flushed), the progress display.
+    # managers (after their pending saves), the metrics writers (TensorBoard events flushed), the progress display.
     with contextlib.ExitStack() as stack:
       compiles = stack.enter_context(goodput.CompileWatch())
       clock = goodput.Clock(workdir, compiles)
-      run = _setup(config, workdir, stack, clock, objects)
+      run = _setup(config, workdir, stack, clock, given)
       run.hooks = hooks
       watcher = stack.enter_context(preemption.Watcher())
       return _train(run, watcher, stack)
   except BaseException as e:
-    exits.release(e)  # After the stack closed: the stream's last users (checkpointer, writers) are done.
+    # An exception leaves with its frames released (`exits.release`), after the stack closed: a caller that keeps
+    # it (a notebook's last error) no longer holds the input stream, which would hang interpreter exit.
+    exits.release(e)
     gc.collect()  # Reference cycles through the released frames: collected now, not at interpreter exit.
     raise
 
 
-def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack,
-           clock: goodput.Clock, objects: Objects = Objects()) -> _Run:
-  """Builds the run's parts, reports them, and restores the newest checkpoint (or initializes)."""
+def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack, clock: goodput.Clock,
+           given: dict[str, Any]) -> _Run:
+  """Resolves the config on its `DataParallel`, reports it, restores the newest checkpoint (or initializes) and
+  opens the train batches from there."""
   with clock.span("setup"):
-    parts = build.build(config, **objects.build_kwargs())
-    named = objects.named(parts.config)  # What the summary shows and checkpoints store.
+    num_devices = config.parallel.num_devices or jax.device_count()
+    run = build.resolve(config, num_devices, **given)
+    dp = stack.enter_context(DataParallel.from_config(run.named))
     _check_workdir(workdir)
     stack.enter_context(workdir_lock.hold(workdir))  # Before anything is written there: one run per workdir.
     profiling.parse_steps(config.profile_steps)  # A bad value fails before anything is restored.
-    summary.report(summary.describe(named, parts.backend, parts.layout, parts.ds, parts.model,
-                                   parts.task_info.describe() if parts.task_info else ""))
-    if parts.backend.devices[0].platform == "cpu" and jax.process_count() == 1:
+    summary.report(summary.describe(run.named, dp.backend, run.layout, run.ds, run.model,
+                                    run.task_info.describe() if run.task_info else ""))
+    if dp.backend.devices[0].platform == "cpu" and jax.process_count() == 1:
       summary.report({"cpu_devs": cpu_devices.describe()}, title=None)
-    summary.report({"input": _describe_input(parts)}, title=None)
-    stream = data.stream_spec(parts.ds, config.dataset.train_split, seed=config.seed,
-                              global_batch=parts.layout.global_batch)
-    # Restore checks the stream (resume guard); the checkpointer closes itself if restore raises.
-    checkpointer = stack.enter_context(checkpoint.Checkpointer(workdir, named, stream=stream))
   with clock.span("restore"):
-    state = checkpointer.restore_or_init(parts.backend, parts.init, strategy=parts.strategy)
+    state = dp.init(run.model, run.tx, seed=config.seed, restore=workdir)
   with clock.span("setup"):
+    start = int(dp.backend.get(state.step))
+    read: collections.deque = collections.deque()  # The ids the reader read, for the audit's recorder.
+    # The stream of the checkpoint is checked here, before anything is written.
+    batches = dp.batches(run.ds, batch_size=run.layout.global_batch, seed=config.seed, start_step=start,
+                         stop_step=config.num_train_steps, split=config.dataset.train_split,
+                         on_ids=read.append if config.audit_data else None)
+    stack.callback(batches.close)  # The prefetch thread stops however the loop ends.
+    summary.report({"input": batches.about}, title=None)
     recorder = stack.enter_context(contextlib.closing(audit.start(
-        workdir, config, parts.ds, parts.layout.global_batch, int(parts.backend.get(state.step)),
-        checkpointer.latest_step(), jax.process_index(), jax.process_count(), parts.backend.num_devices)))
-  return _Run(parts, workdir, checkpointer, state, recorder, clock)
+        workdir, config, run.ds, run.layout.global_batch, start, dp.restored_from, jax.process_index(),
+        jax.process_count(), dp.num_devices, read)))
+  return _Run(run, dp, workdir, state, recorder, clock, batches)
 
 
 def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
   """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
-  parts, config, state, clock = run.parts, run.parts.config, run.state, run.clock
-  backend, total = parts.backend, config.num_train_steps
+  config, state, clock, dp, batches = run.config, run.state, run.clock, run.dp, run.batches
+  backend, total = dp.backend, config.num_train_steps
   start = int(backend.get(state.step))
-  with clock.span("setup"):
-    stream = data.train_batches(
-        parts.ds, config.dataset.train_split, seed=config.seed, global_batch=parts.layout.global_batch,
-        start_step=start, process_index=jax.process_index(), process_count=jax.process_count(), stop_step=total,
-        with_ids=run.recorder.recording)
-    # The audit takes the ids the reader read before the batches reach the devices: the step never sees them.
-    batches = feed.Feeder(backend, run.recorder.take_ids(stream), parts.steps_per_block, config.parallel.prefetch)
-    stack.callback(batches.close)  # The prefetch thread stops however the loop ends.
+  train_step = dp.train_step(run.run.task, cast_inputs=run.run.cast_inputs)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
-    step_flops = _count_flops(parts, state, start < total)
+    step_flops = dp.flops(state, batches) if start < total else None
+  device = backend.devices[0]
+  summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
     hooks = stack.enter_context(contextlib.closing(hooks_lib.Hooks(  # The trackers write on process 0 only.
         metrics.trackers(run.workdir) + run.hooks, run.workdir, backend.get)))
     # The step time leaves out eval and checkpoint saves, as the clock times them (one timer for both).
     reporter = stack.enter_context(contextlib.closing(progress.Reporter(
-        total, start, parts.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
-        peak_flops=flops_lib.peak_flops(backend.devices[0]), untimed_seconds=clock.between_steps,
-        headline=tasks.headline(parts.task))))
-  tracker = StepMetrics(backend, steps_in_flight(backend))
+        total, start, run.run.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
+        peak_flops=flops_lib.peak_flops(device), untimed_seconds=clock.between_steps,
+        headline=tuple(getattr(run.run.task, "headline", ())))))
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
-  loop = periodic.Periodic(run, hooks, reporter, tracker, replicas.Sentinel(backend), stream=stream,
-               skipped_before=periodic.skipped_at(run.workdir, start))
+  loop = periodic.Periodic(run, hooks, reporter, StepMetrics(backend), replicas.Sentinel(backend),
+                           skipped_before=periodic.skipped_at(run.workdir, start))
   if start:  # The status lines are printed (not logged): a script or notebook sees them as the command line does.
-    reporter.note(f"resumed from step {start} ({run.checkpointer.directory}/{start})"
+    reporter.note(f"resumed from step {start} ({dp.checkpoints(run.workdir)}/{start})"
                   + (f"; nothing to train: step {start} of {total}" if start >= total else ""))
     loop.eval_metrics = _last_eval(run.workdir, start) if start >= total else {}
   with clock.span("setup"):
@@ -182,8 +189,8 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
         # The step donates `state`: the last completed one can no longer be saved, and dropping it here releases
         # the previous step's arrays in the step's time, as any loop pays it (not as host work between steps).
         loop.completed = None
-        state, step_metrics = parts.train_step(state, batch)
-        tracker.push(step, step_metrics)
+        state, step_metrics = train_step(state, batch)
+        loop.tracker.push(step, step_metrics)
       garbage.after(step)  # While the devices run the step just dispatched.
       loop.completed = (step, state)
       run.recorder.record(step)
@@ -194,41 +201,17 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
       preempted = watcher.should_stop(step)
       if preempted or (hooks.should_stop(step, state) and step < total):
         if loop.saved != step:
-          loop.save(step, state, force=True)
+          loop.save(step, state)
         reporter.note(f"step {step}: stop requested; checkpoint saved, exiting (preempted at step {step})" if preempted
                       else f"step {step}: {hooks.stopped_by or 'a hook'} asked to stop; checkpoint saved (stopped at "
                            f"step {step})")
         loop.finish(step)
-        return Result(state, backend, loop.eval_metrics, preempted=preempted, model=parts.model,
+        return Result(state, backend, loop.eval_metrics, preempted=preempted, model=run.run.model,
                       resumed_from=start or None, preempted_at=step if preempted else None,
                       stopped_at=None if preempted else step)
   reporter.done()
   loop.finish(total)
-  return Result(state, backend, loop.eval_metrics, model=parts.model, resumed_from=start or None)
-
-
-def _describe_input(parts: build.Parts) -> str:
-  """The start summary's `input` line: how the train batches reach the devices."""
-  return feed.describe(parts.ds, parts.layout.process_batch, parts.steps_per_block, parts.config.parallel.prefetch)
-
-
-def _count_flops(parts: build.Parts, state: step_lib.TrainState, will_train: bool) -> float | None:
-  """The step's FLOPs per device (XLA's cost analysis of the step compiled for the batches' shapes), printed.
-
-  With no accumulation loop the compile done here is the one the first real step reuses (JAX caches the
-  executable); with one, the loop-free step is counted from its lowered program (`flops.lowered_flops`), not
-  compiled: that would cost a second compile of the step.
-  """
-  step_flops = None
-  if will_train:
-    item = parts.backend.abstract_item(parts.ds.element_spec(), parts.layout.process_batch, parts.steps_per_block)
-    if parts.flops_step is parts.train_step:
-      step_flops = flops_lib.step_flops(parts.train_step, state, item)
-    else:
-      step_flops = flops_lib.lowered_flops(parts.flops_step, state, item)
-  device = parts.backend.devices[0]
-  summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
-  return step_flops
+  return Result(state, backend, loop.eval_metrics, model=run.run.model, resumed_from=start or None)
 
 
 def _last_eval(workdir: str, step: int) -> dict[str, float]:
