@@ -1,6 +1,7 @@
 """One set of overrides -> the same run in-process (a config) or as a CLI process (flags)."""
 
 import functools
+import glob
 import os
 import signal
 import subprocess
@@ -122,3 +123,15 @@ def final(workdir) -> dict[str, np.ndarray]:
   """WORKDIR/final.npz, as a user script under test saves its final state."""
   with np.load(os.path.join(workdir, "final.npz")) as f:
     return dict(f)
+
+
+def read_tensorboard(workdir: str) -> dict[str, list[tuple[int, float]]]:
+  """Every scalar in a workdir's TensorBoard event files: tag -> [(step, value), ...] in file order."""
+  from tensorboard.backend.event_processing import event_file_loader
+  scalars: dict[str, list[tuple[int, float]]] = {}
+  for path in sorted(glob.glob(os.path.join(workdir, "events.out.tfevents.*"))):
+    for event in event_file_loader.EventFileLoader(path).Load():
+      for value in event.summary.value:
+        number = value.tensor.float_val[0] if value.HasField("tensor") else value.simple_value
+        scalars.setdefault(value.tag, []).append((int(event.step), float(number)))
+  return scalars

@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+import runs
 
 from jaxdp.loop import hooks
 from jaxdp.report import metrics
@@ -19,7 +20,7 @@ def test_tensorboard_files_hold_every_scalar_of_metrics_jsonl(config, tmp_path):
   train.train_and_evaluate(config, workdir)
   jsonl = {(key, r["step"]): value for r in metrics.read(workdir) for key, value in r.items()
            if key != "step" and type(value) in (int, float)}  # Text (data/digest) is not a scalar.
-  events = metrics.read_tensorboard(workdir)
+  events = runs.read_tensorboard(workdir)
   tensorboard = {(tag, step): value for tag, points in events.items() for step, value in points}
   assert tensorboard.keys() == jsonl.keys()
   for key, value in jsonl.items():
@@ -37,7 +38,7 @@ def test_tensorboard_writes_numbers_only(tmp_path):
   writer = metrics.TensorBoardWriter(str(tmp_path))
   writer.on_write(3, {"a": 1.5, "b": np.float32(2.0), "c": 7, "name": "text", "flag": True, "vector": np.ones(2)})
   writer.close()
-  assert metrics.read_tensorboard(str(tmp_path)) == {"a": [(3, 1.5)], "b": [(3, 2.0)], "c": [(3, 7.0)]}
+  assert runs.read_tensorboard(str(tmp_path)) == {"a": [(3, 1.5)], "b": [(3, 2.0)], "c": [(3, 7.0)]}
 
 
 def test_writers_write_nothing_off_process_0(tmp_path, monkeypatch):
@@ -90,5 +91,5 @@ def test_metrics_jsonl_holds_numpy_scalars_as_numbers(tmp_path):
 def test_tensorboard_scalars_are_on_disk_before_the_writer_closes(tmp_path):
   writer = metrics.TensorBoardWriter(str(tmp_path))
   writer.on_write(1, {"train/loss": 2.0})  # A run killed now keeps what it logged.
-  assert metrics.read_tensorboard(str(tmp_path)) == {"train/loss": [(1, 2.0)]}
+  assert runs.read_tensorboard(str(tmp_path)) == {"train/loss": [(1, 2.0)]}
   writer.close()

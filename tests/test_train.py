@@ -130,7 +130,7 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
   expected = {"Checkpointer"} if how == "restore" else {"Hooks", "Reporter", "Checkpointer"}
   assert set(closed) == expected
   if how != "restore":  # The train line of step 2 reached TensorBoard's files.
-    assert [s for s, _ in metrics.read_tensorboard(str(tmp_path))["train/loss"]] == [2]
+    assert [s for s, _ in runs.read_tensorboard(str(tmp_path))["train/loss"]] == [2]
 
 
 def test_a_run_stopped_inside_its_profiled_steps_ends_as_a_finished_one(config, tmp_path, monkeypatch):

@@ -1,8 +1,4 @@
-"""The built-in CNN on CIFAR-10 (32x32 colour images; TFDS `cifar10`, a download the first time).
-
-Standard CIFAR augmentation: zero-pad by 4 pixels and randomly crop back to 32x32, random horizontal
-flip; per-channel normalization with the training set's statistics.
-"""
+"""The built-in CNN on CIFAR-10 (32x32 colour images; TFDS `cifar10`, a download the first time)."""
 
 import ml_collections
 

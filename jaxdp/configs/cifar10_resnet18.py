@@ -1,8 +1,4 @@
-"""ResNet-18 on CIFAR-10: SGD with Nesterov momentum and weight decay, warmup then cosine decay.
-
-The usual recipe (lr 0.1 for a batch of 128, momentum 0.9, weight decay 5e-4) run at a global batch of
-512: scaled linearly with the batch, the peak lr is 0.1 * 512 / 128 = 0.4, reached after 5 epochs of warmup.
-"""
+"""ResNet-18 on CIFAR-10: SGD with Nesterov momentum and weight decay, warmup then cosine decay."""
 
 import ml_collections
 

@@ -36,8 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
   # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches
   # divide, since XLA's threads leave cores idle on a small model's ops (docs/design-notes.md#cpu-devices) | "N".
-  # --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take
-  # jaxdp.launch's --devices_per_process.
+  # --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take jaxdp.launch's --devices_per_process.
   config.cpu_devices = "auto"
 
   config.parallel = ml_collections.ConfigDict()

@@ -1,12 +1,6 @@
 """ResNet-50 v1.5 on ImageNet (ILSVRC 2012): the data-parallel benchmark recipe of Goyal et al. (2017).
 
-Global batch 1024; SGD with Nesterov momentum 0.9; peak lr 0.1 per 256 examples scaled linearly to the
-batch (0.4), reached after 5 epochs of linear warmup, then cosine decay; weight decay 1e-4 on the
-convolution and dense kernels only (not BatchNorm, not biases); label smoothing 0.1; bfloat16
-compute; BatchNorm statistics over the global batch; the last BatchNorm scale of every residual block
-starts at zero. Input: the random-resized crop to 224 and a horizontal flip for training, the central
-87.5% square resized to 224 for eval (`jaxdp.data.preprocess`), read by index from TFDS `imagenet2012`
-prepared as ArrayRecord (the TFDS build needs the ILSVRC tarballs in its manual_dir).
+TFDS `imagenet2012`, prepared as ArrayRecord: its build needs the ILSVRC tarballs in its manual_dir.
 """
 
 import ml_collections

@@ -25,14 +25,8 @@ ModuleLike = type[nnx.Module] | type[linen.Module] | nnx.Module | linen.Module
 def get_model(config: ml_collections.ConfigDict, input_shape: tuple[int, ...], num_classes: int,
               module: ModuleLike | None = None, *, task: Any = None,
               element_spec: dict[str, Any] | None = None) -> Model:
-  """Resolves `config.name` (or takes `module`) and builds the module with the other fields of `config` as kwargs.
-
-  `input_shape` and `num_classes` (from the dataset) are passed too when the class takes them and the
-  config does not set them. `module` overrides `config.name`: a class is built as a named one is; an NNX
-  instance is used as it is, its current parameters being the run's init (the seed does not change them);
-  a linen instance is initialized from the seed on a zero sample of `input_shape`, or, given the `task` and
-  the dataset's `element_spec`, on zeros of the inputs the task feeds it (any number of them).
-  """
+  """`module` (an NNX instance as it is), else `config.name`'s class built with `config`'s other fields, and the
+  dataset's `input_shape` and `num_classes` where it takes them and the config sets none."""
   if isinstance(module, nnx.Module):
     return from_nnx_instance(module)
   if isinstance(module, linen.Module):

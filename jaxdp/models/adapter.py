@@ -1,10 +1,4 @@
-"""One adapter gives Flax NNX and linen modules the same pure `init` / `apply`.
-
-The train step then sees only pytrees: `params` (what the optimizer trains) and `model_state`
-(everything else the module keeps, e.g. BatchNorm statistics), both plain nested dicts. Randomness
-(dropout) comes from the `rng` given to `apply`, for NNX and linen alike: the step keys it by the data
-each device sees, so no RNG state is kept between steps.
-"""
+"""Flax NNX and linen modules as the same pure `init` / `apply` of plain dicts; randomness only from `apply`'s rng."""
 
 import dataclasses
 import zlib
@@ -22,23 +16,13 @@ PyTree = Any
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A module as two pure functions.
-
-  init(rng) -> (params, model_state)
-  apply(params, model_state, *args, train, rng=None, **kwargs) -> (outputs, new_model_state): the module
-    called on `*args, **kwargs` (any number of inputs: an image and its mask, tokens and attention mask).
-  """
+  """A module as two pure functions: `init(rng)` and `apply(params, model_state, *inputs, train, rng=None)`."""
   init: Callable[[jax.Array], tuple[PyTree, PyTree]]
   apply: Callable[..., tuple[jax.Array, PyTree]]
 
 
 def from_nnx(cls: type[nnx.Module], kwargs: dict[str, Any]) -> Model:
-  """Wraps an NNX module class, built as `cls(**kwargs, rngs=nnx.Rngs(rng))`.
-
-  The module's RNG streams (`nnx.RngState`: typed keys and counts) are not part of `model_state`:
-  `apply` reseeds every stream from its `rng` (one key per stream tag), so the masks depend only on
-  that key, which the step derives from the step number and the data's place in the global batch.
-  """
+  """Wraps an NNX module class, built as `cls(**kwargs, rngs=nnx.Rngs(rng))`; its RNG streams are not model state."""
   abstract = nnx.eval_shape(lambda: cls(**kwargs, rngs=nnx.Rngs(0)))
 
   def init(rng: jax.Array) -> tuple[PyTree, PyTree]:
@@ -49,10 +33,7 @@ def from_nnx(cls: type[nnx.Module], kwargs: dict[str, Any]) -> Model:
 
 
 def from_nnx_instance(module: nnx.Module) -> Model:
-  """Wraps a built NNX module: its current parameters and state are the run's init (whatever the seed).
-
-  A fresh run starts from them (a pretrained or hand-initialized module); the module itself is never changed.
-  """
+  """Wraps a built NNX module, never changed: its current parameters and state are the run's init, whatever the seed."""
   _, params, _, rest = nnx.split(module, nnx.Param, nnx.RngState, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   abstract = nnx.eval_shape(lambda: nnx.merge(*nnx.split(module)))  # A shape-only copy: no device buffers kept.
@@ -104,11 +85,7 @@ def _fill(abstract: nnx.State, values: PyTree) -> nnx.State:
 
 def from_linen(module: linen.Module, sample_inputs: jax.Array | None = None,
                sample_call: tuple[tuple, dict] | None = None) -> Model:
-  """Wraps a linen module whose `__call__` takes `train: bool`.
-
-  `init` calls it on `sample_inputs` alone, or on zeros shaped as `sample_call`'s (args, kwargs): the
-  inputs a task feeds it (`linen_call`), for a module of several inputs.
-  """
+  """Wraps a linen module taking `train: bool`, initialized on `sample_inputs` or on zeros shaped as `sample_call`."""
   if sample_call is None:
     sample_call = ((sample_inputs,), {})
   args, kwargs = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), sample_call)
@@ -131,10 +108,7 @@ def from_linen(module: linen.Module, sample_inputs: jax.Array | None = None,
 
 
 def linen_call(module: linen.Module, task: Callable, element_spec: dict[str, jax.ShapeDtypeStruct]) -> tuple[tuple, dict]:
-  """The (args, kwargs) shapes `task` calls `module` with on one abstract example, traced (nothing runs).
-
-  linen builds its parameters from a first call, so its init needs the inputs a task feeds it; NNX does not.
-  """
+  """The (args, kwargs) shapes `task` calls `module` with on one abstract example, traced: what linen's init needs."""
   calls = []
 
   class Probe:

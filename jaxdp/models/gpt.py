@@ -1,8 +1,4 @@
-"""A small decoder-only transformer (NNX): causal self-attention, pre-LayerNorm, learned or rotary positions.
-
-Trained as a character (byte) level language model: inputs are token ids [B, T], outputs logits
-[B, T, vocab] for the next token at every position.
-"""
+"""A small decoder-only transformer (NNX): token ids [B, T] -> next-token logits [B, T, vocab], pre-LayerNorm."""
 
 from collections.abc import Sequence
 
@@ -22,10 +18,8 @@ def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
   freqs = base ** (-jnp.arange(0, dim // 2, dtype=jnp.float32) * 2 / dim)
   angles = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs[None, :]   # [T, dim/2]
   cos, sin = jnp.cos(angles), jnp.sin(angles)
-  # Halves [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], written as x * [cos, cos] + flip(x) * [-sin, sin] over
-  # an axis of the 2 halves: the same products and sums (so the same numbers), and where a split + concatenate
-  # made XLA:CPU write concatenations forward and backward, a flip is an index map that fuses into the copy that
-  # lays q and k out for attention (docs/design-notes.md#gpt-on-xlacpu). Elementwise either way on GPU and TPU.
+  # Halves [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin] as x * [cos, cos] + flip(x) * [-sin, sin]: the same
+  # numbers, and a flip fuses where a split + concatenate did not (docs/design-notes.md#gpt-on-xlacpu).
   c = jnp.stack([cos, cos], axis=1)[None, :, None]   # [1, T, 1, 2, dim/2]: broadcast over batch and heads.
   s = jnp.stack([-sin, sin], axis=1)[None, :, None]
   halves = x.astype(jnp.float32).reshape(*x.shape[:-1], 2, dim // 2)
@@ -34,10 +28,8 @@ def rotary(x: jax.Array, base: float = 10000.0) -> jax.Array:
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """jax.nn.dot_product_attention(q, k, v, is_causal=True) of [B, T, heads, head_dim], its XLA path written out."""
-  # The same einsums, scale, mask value and softmax, without the grouped-query vmap (an extra axis on the masked
-  # logits) and per-call mask the library wraps them in: a little faster in XLA:CPU's step, alone and with
-  # rotary (docs/design-notes.md#gpt-on-xlacpu). On GPU and TPU the library's default (implementation=None) is this
-  # same XLA path, so nothing is lost there.
+  # The library's einsums, scale, mask value and softmax, without its grouped-query vmap and per-call mask
+  # (docs/design-notes.md#gpt-on-xlacpu); on GPU and TPU its default is this same XLA path.
   t, s, dim = q.shape[1], k.shape[1], q.shape[-1]
   dtype = jnp.promote_types(q.dtype, jnp.float32)
   logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=dtype) * jnp.array(1.0 / np.sqrt(dim), dtype)

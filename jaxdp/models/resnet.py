@@ -1,9 +1,4 @@
-"""ResNet (NNX) for small images such as 32x32 CIFAR, with BatchNorm synchronized across replicas.
-
-ResNet-18 for CIFAR: a 3x3 stem without max-pool, four stages of two basic blocks (64, 128, 256, 512
-channels; stride 2 from the second stage on), global average pooling, one dense layer. `stem="imagenet"`
-gives the 224x224 variant's stem (7x7 convolution and max-pool, both stride 2).
-"""
+"""ResNet (NNX) with BatchNorm synchronized across replicas: ResNet-18 for 32x32 CIFAR by default, or ResNet-50."""
 
 from collections.abc import Sequence
 
@@ -76,21 +71,14 @@ BLOCKS = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
 
 class ResNet(nnx.Module):
-  """ResNet with basic or bottleneck blocks; the defaults are ResNet-18 for 32x32 inputs.
-
-  ResNet-50 v1.5: `stage_sizes=(3, 4, 6, 3), block="bottleneck", stem="imagenet"`.
-  """
+  """ResNet of basic or bottleneck blocks; ResNet-50 v1.5 is `stage_sizes=(3, 4, 6, 3)`, bottleneck, imagenet stem."""
 
   def __init__(self, input_shape: Sequence[int], num_classes: int, stage_sizes: Sequence[int] = (2, 2, 2, 2),
                width: int = 64, bn_axis_name: str | None = "data", bn_momentum: float = 0.9,
                stem: str = "cifar", block: str = "basic", *, rngs: nnx.Rngs):
-    """`bn_axis_name`: the mapped axis over which batch statistics are averaged; None normalizes each
-    replica's slice with its own batch statistics, while the running averages (used in eval) are still
-    averaged over the replicas after every step by the train step, so the replicas stay identical.
-
-    `stem`: "cifar" (a 3x3 convolution, stride 1: for 32x32 inputs) or "imagenet" (a 7x7 convolution,
-    stride 2, then a 3x3 max-pool, stride 2: for 224x224 inputs, 4x smaller before the first stage).
-    """
+    """`bn_axis_name`: the axis batch statistics are averaged over (None: each replica's own; the running averages
+    are averaged over replicas by the step either way). `stem`: "cifar" (3x3, stride 1) or "imagenet" (7x7, stride 2,
+    then a 3x3 max-pool, stride 2)."""
     if stem not in STEMS:
       raise ConfigError(f"unknown model stem {stem!r} (choose from {', '.join(STEMS)})")
     if block not in BLOCKS:

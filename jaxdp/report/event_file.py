@@ -1,9 +1,6 @@
 """A TensorBoard event file written with Python's own file I/O, for `tensorboard.summary.Writer`.
 
-TensorBoard's `DirectoryOutput` opens its file through `tf.io.gfile`, which imports TensorFlow wherever it is
-installed: seconds of process 0's start in runs that otherwise never load it. This output writes the same records
-(TFRecord-framed `Event` protos, scalars as the "scalars" plugin's float32 tensors) to a local workdir, as
-`metrics.jsonl` already is.
+TensorBoard's own `DirectoryOutput` opens files through `tf.io.gfile`, which imports TensorFlow where installed.
 """
 
 import os

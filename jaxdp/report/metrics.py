@@ -1,7 +1,5 @@
-"""Host-side metric writers, the default trackers (`jaxdp.loop.hooks`): `metrics.jsonl` and TensorBoard event
-files in the workdir, process 0 only."""
+"""The default trackers, `metrics.jsonl` and TensorBoard event files in the workdir (process 0), and their readers."""
 
-import glob
 import json
 import numbers
 import os
@@ -14,7 +12,6 @@ import numpy as np
 from jaxdp.loop.hooks import Hook
 
 METRICS_FILE = "metrics.jsonl"
-EVENTS_GLOB = "events.out.tfevents.*"
 
 
 class JsonlWriter(Hook):
@@ -31,15 +28,9 @@ class JsonlWriter(Hook):
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
-  def close(self) -> None:
-    """Nothing buffered: every record is on disk once `on_write` returns."""
-
 
 class TensorBoardWriter(Hook):
-  """TensorBoard event files in the workdir (`tensorboard --logdir WORKDIR`); a no-op off process 0.
-
-  Uses TensorBoard's numpy-only `tensorboard.summary.Writer` over `EventFile`: TensorFlow is never loaded.
-  """
+  """TensorBoard event files in the workdir, written without TensorFlow (`EventFile`); a no-op off process 0."""
 
   def __init__(self, workdir: str):
     self.enabled = jax.process_index() == 0
@@ -75,28 +66,13 @@ def read(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
-def read_tensorboard(workdir: str) -> dict[str, list[tuple[int, float]]]:
-  """Every scalar in a workdir's TensorBoard event files: tag -> [(step, value), ...] in file order."""
-  from tensorboard.backend.event_processing import event_file_loader
-  scalars: dict[str, list[tuple[int, float]]] = {}
-  for path in sorted(glob.glob(os.path.join(workdir, EVENTS_GLOB))):
-    for event in event_file_loader.EventFileLoader(path).Load():
-      for value in event.summary.value:
-        number = value.tensor.float_val[0] if value.HasField("tensor") else value.simple_value
-        scalars.setdefault(value.tag, []).append((int(event.step), float(number)))
-  return scalars
-
-
 COUNTS = ("nonfinite", "zero_weight", "overflow")  # Per-step counts of skipped updates: summed over steps.
 LAST = ("loss_scale",)  # State after the steps, not a statistic of them: the last step's value.
 
 
 def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
-  """Per-step train metrics over several steps, named `prefix/key`: counts summed, state last, the rest averaged.
-
-  A metric with a total weight per step (`history[i]["weight"]`, a mean's) is Σ w·v / Σ w over all the steps'
-  examples, and left out where they weigh nothing; sums and maxima are averaged over steps.
-  """
+  """Per-step train metrics over several steps as `prefix/key`: counts summed, state last, a weighted mean's
+  Σ w·v / Σ w (left out where nothing weighs), the rest averaged."""
   out = {}
   for k in history[0]:
     if k == "weight":
@@ -116,11 +92,7 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
 
 
 def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float]:
-  """Eval sums by kind (`jaxdp.tasks.base.per_row`, reduced) -> `eval/<name>` of each task metric, `eval/num_examples`.
-
-  A mean is its weighted sum over its weight (per element: per example, or per token); then the task's
-  `finalize` adds metrics derived from the reduced ones. Names starting with "_" are helpers, not reported.
-  """
+  """Eval sums by kind -> `eval/<name>` (a mean over its weight; then the task's `finalize`; "_" names left out)."""
   scalars = {name: _ratio(float(total), float(sums["weight"][name])) for name, total in sums["mean"].items()}
   scalars.update({name: float(v) for group in ("sum", "max") for name, v in sums[group].items()})
   scalars = dict(sorted(scalars.items(), key=lambda kv: kv[0] != "loss"))  # The loss first, as ever.
@@ -133,6 +105,7 @@ def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float
 
 
 def _ratio(total: float, weight: float) -> float:
+  """`total / weight`; NaN where nothing weighs."""
   return total / weight if weight else float("nan")
 
 

@@ -1,6 +1,4 @@
-"""What a run shows while it trains (process 0 only): a tqdm progress bar on a terminal, plain
-periodic lines otherwise (so logs stay readable), with the loss, the task's headline metrics, throughput, step
-time, MFU and ETA."""
+"""What a run shows while it trains (process 0): a tqdm bar on a terminal, plain periodic lines otherwise."""
 
 import contextlib
 import logging
@@ -17,19 +15,13 @@ from jaxdp.report import units
 from jaxdp.report import flops as flops_lib
 
 REDRAW_SECONDS = 0.1  # tqdm's `mininterval`: a bar redrawn every step would cost more than a tiny step.
-DEFAULT_HEADLINE = ("accuracy",)  # Classification's, the default task's: the lines read as they always did.
+DEFAULT_HEADLINE = ("accuracy",)  # Classification's, the default task's.
 # Metrics shown under a short label as a percentage (`acc 87.5%`); any other is `name 0.1234`.
 PERCENT_LABELS = {"accuracy": "acc"}
 
 
 class Reporter:
-  """Times the steps between sync points and prints progress.
-
-  The loop calls `on_step` after dispatching each step, `on_log` once the metrics of every step up
-  to `step` are on the host (a sync point, so the timing is exact), and `on_eval` after an eval.
-  Work between steps that is not training (eval, checkpoint saves) is not counted as training time:
-  `untimed_seconds()` says how much of it there was so far (the loop's goodput clock, `between_steps`).
-  """
+  """Times the steps between sync points (less `untimed_seconds()`: eval, checkpoints) and prints progress."""
 
   def __init__(self, total_steps: int, start_step: int, global_batch: int, num_devices: int, *,
                flops_per_step: float | None = None, peak_flops: float | None = None,
@@ -41,15 +33,15 @@ class Reporter:
     self.start_step = start_step
     self.global_batch = global_batch
     self.num_devices = num_devices
-    self.headline = tuple(headline)  # The task's metrics the train and eval lines show after the loss.
+    self.headline = tuple(headline)
     self.flops_per_step = flops_per_step
     self.peak_flops = peak_flops
     self.stream = stream if stream is not None else sys.stdout
     self.interactive = is_terminal(self.stream) if interactive is None else interactive
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self._clock = clock
-    self._untimed = untimed_seconds  # Seconds so far of work that is not training; only its growth is used.
-    # (step, time, untimed seconds) where the current timing began: the step time leaves out what untimed grew.
+    self._untimed = untimed_seconds
+    # (step, time, untimed seconds) where the current timing began.
     self._window: tuple[int, float, float] | None = None
     self._timed_steps = 0
     self._timed_seconds = 0.0
@@ -70,7 +62,7 @@ class Reporter:
       bar.update(step - bar.n)  # tqdm redraws at most every `mininterval`.
 
   def on_log(self, step: int, scalars: Mapping[str, float]) -> dict[str, float]:
-    """At a sync point after `step`: prints the train line; returns the `perf/...` scalars to write."""
+    """Once every step up to `step` is on the host: prints the train line; returns the `perf/...` scalars."""
     perf = self._close_window(step)
     self._loss = scalars.get("train/loss", self._loss)
     self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step), self.headline))
@@ -228,10 +220,7 @@ def eval_line(step: int, total: int, scalars: Mapping[str, float],
 
 
 def _console_logs_through_tqdm() -> contextlib.AbstractContextManager:
-  """Log records for the console printed through `tqdm.write`, so they don't break the bar.
-
-  Only when the root logger has a console handler (the CLI's): tqdm would otherwise add one.
-  """
+  """Console log records through `tqdm.write`, not breaking the bar; only for a console handler (else tqdm adds one)."""
   consoles = (sys.stdout, sys.stderr)
   if any(isinstance(h, logging.StreamHandler) and h.stream in consoles for h in logging.root.handlers):
     return tqdm_logging.logging_redirect_tqdm()

@@ -12,10 +12,9 @@ RUN_ID_FILE = "wandb_run_id"  # In the workdir: a restarted run logs on to the s
 
 
 class WandbTracker(Hook):
-  """Logs train/*, eval/*, time/*, ... with their step to one W&B run, on process 0 only.
+  """Logs every scalar record to one W&B run (process 0), resumed on a restart from WORKDIR/wandb_run_id.
 
-  `project` and `init_kwargs` go to `wandb.init`; its files go to the workdir unless `dir=` or WANDB_DIR says
-  otherwise. The run's id is kept in WORKDIR/wandb_run_id, and a restart resumes that run (`resume="allow"`).
+  `project` and `init_kwargs` go to `wandb.init`; its files go to the workdir unless `dir=` or WANDB_DIR says.
   """
 
   def __init__(self, project: str | None = None, **init_kwargs: Any):

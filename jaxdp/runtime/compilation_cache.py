@@ -1,6 +1,4 @@
-"""JAX's persistent compilation cache, turned on by every entry point (the CLI and the Python API alike), so that
-a restart compiles nothing. JAX's own settings rule: JAX_COMPILATION_CACHE_DIR (or `jax.config`'s
-`jax_compilation_cache_dir`) picks another directory, JAX_ENABLE_COMPILATION_CACHE=false turns it off."""
+"""JAX's persistent compilation cache, on for every entry point unless JAX's own settings say otherwise."""
 
 import os
 
@@ -8,10 +6,7 @@ DEFAULT_CACHE_DIR = "~/.cache/jaxdp/xla"  # Where the cache is when JAX has none
 
 
 def use() -> None:
-  """Points JAX's persistent compilation cache at DEFAULT_CACHE_DIR, unless JAX has a directory or has it off.
-
-  There every program is cached, however quickly it compiled: a restart then compiles nothing.
-  """
+  """Points JAX's compilation cache at DEFAULT_CACHE_DIR for every program, unless JAX has a directory or has it off."""
   import jax
   if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
     return  # The user's (JAX_COMPILATION_CACHE_DIR, or set in Python), or off.

@@ -1,10 +1,6 @@
-"""CPU devices: simulated ones (`--cpu_devices N` or JAXDP_CPU_DEVICES=N), else `config.cpu_devices` ("auto":
-one per core on a single process), set through JAX's own config option before JAX starts its backends.
+"""CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends.
 
-One CPU device runs each op of a step on XLA's intra-op threads, and many ops of a small model's step are too
-small to split, so cores idle; one device per core runs the batch's slices side by side and averages the
-gradients in memory: faster for a small model's ops, slower for a dense MLP, whose config (configs/mlp_digits.py)
-keeps one device. Why: docs/design-notes.md#cpu-devices.
+Why one device per core on a single process ("auto"): docs/design-notes.md#cpu-devices.
 """
 
 import dataclasses
@@ -25,9 +21,8 @@ AUTO = "auto"
 MEASURED = "docs/design-notes.md#cpu-devices"
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"  # XLA's own way to ask (in XLA_FLAGS).
 MOST_AUTO = 8  # "auto" makes at most this many: each device holds a replica of the state.
-# XLA's CPU client runs every device's ops on one intra-op thread pool of max(PJRT_NPROC (else NPROC, else the
-# cores), device count) threads, and Eigen's convolutions and contractions split a sum into a number of parts that
-# depends on the pool's size: the same op on the same rows can round differently in processes of 2 and 4 devices.
+# XLA:CPU's one thread pool has max(PJRT_NPROC (else NPROC, else the cores), devices) threads, and Eigen splits a
+# sum by the pool's size: the same op can round differently on 2 and 4 devices (parallel.invariant fixes the pool).
 THREADS_ENV, THREADS_ENV_OLD = "PJRT_NPROC", "NPROC"
 THREADS_ADDED = "JAXDP_PJRT_NPROC"  # The PJRT_NPROC jaxdp set (inherited by child processes), not the user's.
 
@@ -57,18 +52,14 @@ def simulate(count: int) -> None:
 
 
 def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[str, str]) -> int | None:
-  """The XLA:CPU thread pool `config` asks for: in invariant mode, the pool XLA gives a process of `invariant_shards`
-  devices (the most the mode allows), which no smaller count changes; else None (XLA's own, by the device count).
-
-  `environ` without jaxdp's own PJRT_NPROC: XLA's pool is max(PJRT_NPROC (else NPROC, else `cores`), devices).
-  """
+  """XLA:CPU's pool for invariant mode: as on `invariant_shards` devices (`environ` without ours); else None."""
   if not config.parallel.invariant:
     return None
   return max(_base_pool(environ, cores), config.parallel.invariant_shards)
 
 
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
-  """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where nothing was set."""
+  """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where none was set."""
   global _threads
   if backends_started():
     _warn_if_started_unlike(config, cores)
@@ -84,7 +75,7 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
 
 
 def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
-  """Logs a warning when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
+  """Warns when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
   import jax
   if (wanted := pool_size(config, cores, os.environ)) is None or jax.default_backend() != "cpu":
     return
@@ -142,8 +133,7 @@ def choose(setting: object, cores: int, fits: Callable[[int], bool]) -> Choice:
 
 
 def use(config: ml_collections.ConfigDict) -> Choice | None:
-  """Sets `config.cpu_devices` CPU devices in a single process, unless a count was asked for elsewhere or JAX's
-  backends already started; the choice, or None where it set nothing."""
+  """Sets `config.cpu_devices` CPU devices in one process unless asked elsewhere or too late; the choice, or None."""
   global _choice, _left
   import jax
   if (jax.config.jax_num_cpu_devices != -1 or requested([]) is not None
@@ -164,8 +154,7 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
 
 
 def _check_started(setting: object, count: int, platform: str) -> None:
-  """A ConfigError when `config.cpu_devices` asks for a count JAX, started on its CPU, does not have ("auto" asks
-  none; an accelerator's run takes none)."""
+  """A ConfigError when `config.cpu_devices` names a count other than the one JAX's started CPU backend has."""
   asked = None if setting == AUTO else choose(setting, 1, lambda n: True).count
   if platform == "cpu" and asked not in (None, count):
     raise ConfigError(f"config.{KEY}={setting!r} comes too late: JAX already runs on {count} {platform} device(s); "

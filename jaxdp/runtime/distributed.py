@@ -1,5 +1,4 @@
-"""Joining a multi-process run through `jax.distributed`, from the environment: jaxdp's variables (set by
-`python -m jaxdp.launch`), JAX's, or JAX's cluster detection."""
+"""Joining a multi-process run through `jax.distributed`: from jaxdp's variables, JAX's, or JAX's cluster detection."""
 
 import ctypes
 import os
@@ -12,40 +11,31 @@ import jax
 
 from jaxdp.config import ConfigError
 
-# Environment variables the local launcher (and any scheduler script) sets: the run a process joins.
+# The run a process joins, as jaxdp.launch (or a scheduler script) sets it.
 ENV_COORDINATOR = "JAXDP_COORDINATOR_ADDRESS"
 ENV_NUM_PROCESSES = "JAXDP_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXDP_PROCESS_ID"
-# Set by the launcher: Python's prints go to stderr, so native code's stdout (gloo's lines) stays apart.
-ENV_PRINT_TO_STDERR = "JAXDP_PRINT_TO_STDERR"
-# Set by the launcher: its pid, so that this process dies with it (die_with_launcher).
-ENV_LAUNCHER_PID = "JAXDP_LAUNCHER_PID"
-# Set by the launcher: a file this process creates once it has joined the run (all processes connected).
-# A rank that fails again without creating it cannot be restarted (jaxdp.launch --min_processes).
+ENV_PRINT_TO_STDERR = "JAXDP_PRINT_TO_STDERR"  # Python's prints to stderr, apart from gloo's native stdout lines.
+ENV_LAUNCHER_PID = "JAXDP_LAUNCHER_PID"  # This process dies with that pid (die_with_launcher).
+# Created once joined: a rank that fails again without it cannot be restarted (jaxdp.launch --min_processes).
 ENV_JOINED_FILE = "JAXDP_JOINED_FILE"
 _PR_SET_PDEATHSIG = 1  # From <linux/prctl.h>.
-# JAX's defaults, as constants so that a hung join or a lost process ends in jaxdp's one error line.
 INIT_TIMEOUT_S = 300  # Give up joining after this long, with an error naming the coordinator.
 HEARTBEAT_TIMEOUT_S = 100  # A process silent this long is declared lost, and the others exit.
-_joined = False  # This process joined its run (`initialize`): a second call (the CLI, then the loop) is a no-op.
+_joined = False  # A second `initialize` (the CLI's, then the loop's) is a no-op.
 
 # JAX's names for the same three facts (Kubeflow Trainer's JAX runtime sets them; JAX reads only the address).
 JAX_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
-# A local device list set by the user: JAX reads it itself, and jaxdp's choice (local_device_ids) steps aside.
-ENV_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"
-# The GPUs a process sees, as the scheduler bound them (Slurm sets one of these per task).
+ENV_LOCAL_DEVICE_IDS = "JAX_LOCAL_DEVICE_IDS"  # The user's: JAX reads it, and `local_device_ids` steps aside.
 _VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 _restricted_to: list[int] = []  # The local_device_ids passed to JAX when this process took a share of what it sees.
 
 
 def _cluster() -> type | None:
-  """The cluster JAX's own detection finds, as `jax.distributed.initialize()` would, without reaching the network.
-
-  A Kubernetes pod counts only in an indexed Job (JOB_COMPLETION_INDEX): every pod has KUBERNETES_SERVICE_HOST,
-  and JAX's detection of the rest asks the Kubernetes API, which it does itself while joining.
-  """
+  """The cluster JAX's own detection finds, as `jax.distributed.initialize()` would, without reaching the network."""
   from jax._src import clusters  # JAX's registry of cluster kinds, in the order its own detection tries them.
   for env in clusters.ClusterEnv._cluster_types:
+    # Every pod has KUBERNETES_SERVICE_HOST; only an indexed Job is a run, and JAX asks the API for the rest.
     if env.opt_in_only_method or (env is clusters.K8sCluster and "JOB_COMPLETION_INDEX" not in os.environ):
       continue
     if env.is_env_present():
@@ -92,12 +82,8 @@ _NODES = {"slurm": _slurm_node, "ompi": _ompi_node}  # Clusters that start sever
 
 
 def local_device_ids(cluster: type) -> list[int] | None:
-  """The GPUs this process takes under `cluster`, for `jax.distributed.initialize`: [] for all it sees.
-
-  JAX's default is one GPU per process (its local rank), so one process per node took one of the node's GPUs.
-  Here a process takes all it sees, unless the node's processes all see the same GPUs: then its share, by local
-  rank. None (JAX decides): the user set JAX_LOCAL_DEVICE_IDS, or the cluster has no local ranks.
-  """
+  """The GPUs this process takes (`local_device_ids`): [] for all it sees, its local rank's share of GPUs the node's
+  processes all see, or None (JAX's one per process) where the user set JAX_LOCAL_DEVICE_IDS or no local ranks exist."""
   if os.environ.get(ENV_LOCAL_DEVICE_IDS) or getattr(cluster, "name", "") not in _NODES:
     return None
   here, per_task = _NODES[cluster.name]()
@@ -128,11 +114,8 @@ class DistributedInitError(RuntimeError):
 
 
 def wait_for_coordinator(address: str, timeout_s: float) -> None:
-  """Returns once the coordinator accepts TCP connections; a ConfigError after `timeout_s` seconds.
-
-  jax.distributed.initialize itself aborts the process (SIGABRT, a C++ trace) when the coordinator stays
-  unreachable; probing first turns a wrong address or a coordinator that never started into one line.
-  """
+  """Returns once the coordinator accepts TCP connections; a ConfigError after `timeout_s` seconds."""
+  # Else jax.distributed.initialize aborts the process (SIGABRT, a C++ trace) on an unreachable coordinator.
   host, _, port = address.rpartition(":")
   if not host or not port.isdigit():
     raise ConfigError(f"the coordinator address must be host:port, got {address!r} ({ENV_COORDINATOR} or "
@@ -150,26 +133,14 @@ def wait_for_coordinator(address: str, timeout_s: float) -> None:
 
 
 def die_with_launcher() -> None:
-  """Under jaxdp.launch (Linux), has the kernel SIGKILL this process when the launcher dies.
-
-  A SIGTERM from the launcher is not enough: jax.distributed's preemption service installs a C-level SIGTERM
-  handler, so a trainer whose launcher was killed hard lived on for minutes. The variable is removed from the
-  environment, so that no process this one starts takes the launcher for its parent.
-  """
+  """Under jaxdp.launch (Linux), has the kernel SIGKILL this process when the launcher dies."""
+  # Not SIGTERM: jax.distributed's preemption service handles it in C. Popped: a child must not take it as its own.
   launcher = os.environ.pop(ENV_LAUNCHER_PID, "")
   if not launcher.isdigit() or not sys.platform.startswith("linux"):
     return
   ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
   if os.getppid() != int(launcher):  # The launcher died before prctl: no signal will come.
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _report_joined() -> None:
-  """Creates the launcher's ENV_JOINED_FILE (when set): this process reached every other one."""
-  path = os.environ.pop(ENV_JOINED_FILE, "")
-  if path:
-    with open(path, "w"):
-      pass
 
 
 def _from_environment() -> tuple[str, str, str]:
@@ -202,46 +173,35 @@ def settings() -> dict:
 
 
 def initialize() -> bool:
-  """Joins the run when it is multi-process (the environment names one, or a cluster is detected); returns
-  whether it did.
-
-  Must run before any JAX computation. Fails after INIT_TIMEOUT_S instead of waiting forever.
-  Called again in a process that already joined (the CLI joins, then `train_and_evaluate` asks), it returns True.
-  """
+  """Joins the run (before any JAX computation) that the environment names or a cluster detected; whether it did."""
   global _joined, _restricted_to
   if _joined:
     return True
   die_with_launcher()
   explicit = settings()
   cluster = _cluster()
-  if not explicit["coordinator_address"] and not (cluster is not None and _several(cluster)):
+  if not explicit["coordinator_address"] and not _cluster_detected():
     return False
   kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
-  # Under a cluster JAX picks one GPU per process unless told otherwise, explicit settings or not.
   if cluster is not None and (ids := local_device_ids(cluster)) is not None:
     kwargs["local_device_ids"] = ids
-  timeout = INIT_TIMEOUT_S
   if explicit["coordinator_address"] and explicit["process_id"] != 0:
-    wait_for_coordinator(explicit["coordinator_address"], timeout)
+    wait_for_coordinator(explicit["coordinator_address"], INIT_TIMEOUT_S)
   try:
-    jax.distributed.initialize(**kwargs, initialization_timeout=timeout,
+    jax.distributed.initialize(**kwargs, initialization_timeout=INIT_TIMEOUT_S,
                                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   except Exception as e:  # JAX raises several types (XlaRuntimeError, ValueError, ...) for the same failure.
     where = explicit["coordinator_address"] or "the auto-detected cluster"
     raise DistributedInitError(f"could not join the distributed run at {where} as process "
-                               f"{explicit['process_id']} of {explicit['num_processes']} within {timeout} s: "
+                               f"{explicit['process_id']} of {explicit['num_processes']} within {INIT_TIMEOUT_S} s: "
                                f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
   _joined = True
   _restricted_to = kwargs.get("local_device_ids") or []
-  _report_joined()
+  if path := os.environ.pop(ENV_JOINED_FILE, ""):  # Tells the launcher this process reached every other one.
+    open(path, "w").close()
   return True
 
 
 def joined() -> bool:
   """Whether this process already joined its run (`initialize` returned True)."""
   return _joined
-
-
-def launched() -> bool:
-  """Whether this process was started to join a run (jaxdp.launch or a scheduler set JAXDP_* or JAX_*)."""
-  return bool(_from_environment()[0])

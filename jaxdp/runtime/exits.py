@@ -1,13 +1,4 @@
-"""How a command ends: each exception reported once, with its exit status, and nothing left to hold the process.
-
-A Python exception inside a tf.data worker (e.g. a `numpy_function` read) reaches the loop as a
-`tf.errors.OpError` at the next batch, with the worker's traceback as text. The iterator that raised it
-still has calls in flight, and the exception's traceback keeps it alive. Deleted during interpreter
-shutdown, it waits forever for those calls, which can no longer take the GIL: the process printed its
-error and then sat at 0% CPU. `release` drops what a traceback's finished frames hold, so such an iterator
-is deleted while Python still runs; `exit` ends a command's process after its cleanup (non-daemon
-threads, atexit handlers) without the interpreter's teardown, where a native destructor can wait forever.
-"""
+"""How a command ends: each exception reported once, with its exit status, and nothing left to hold the process."""
 
 import atexit
 import logging
@@ -25,20 +16,16 @@ THREAD_GRACE_S = 5.0  # How long non-daemon threads may still run once a command
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The last frame of a worker's Python traceback in TensorFlow's message: '  File "PATH", line N, in NAME'.
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
-# What TensorFlow puts around the cause of a failed op: its `{{function_node ...}}` and `[Op:...]` tags, a trailing
-# `name:`, and tf.data's "Error in user-defined function ..." prefix; and, around a failed assertion's message (a
-# source's `UnreadableExample` read through tf.data), "assertion failed: [...]".
+# What TensorFlow puts around a failed op's cause (its tags, a trailing `name:`, tf.data's prefix), and around a
+# failed assertion's message (a source's `UnreadableExample` read through tf.data).
 _TF_WRAPPING = re.compile(r"\{\{[^}]*\}\}|\[Op:\w+\]|\s*name: '?$|Error in user-defined function passed to \S+ "
                           r"transformation with iterator: \S+: ")
 _TF_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]$")
 
 
 def release(error: BaseException) -> None:
-  """Clears the locals of the finished frames that `error`, and every error chained to it, passed through.
-
-  The traceback still prints (file, line, code); what those frames referenced (an input iterator with
-  calls in flight, batches, device buffers) is freed now rather than when the error is dropped.
-  """
+  """Clears the locals of the finished frames that `error`, and every error chained to it, passed through."""
+  # A tf.data iterator with calls in flight, kept by a traceback until interpreter shutdown, waits there forever.
   pending, seen = [error], set()
   while pending:
     e = pending.pop()
@@ -54,13 +41,8 @@ class InputFailure(Exception):
 
 
 def input_failure(error: BaseException) -> tuple[str, str] | None:
-  """(one-line summary, traceback or "") for a failure of the tf.data input pipeline; None for anything else.
-
-  An input failure is an `InputFailure` or a `tf.errors.OpError`, or an error raised while handling one (e.g. a dataset's read
-  failing again when the failed step is re-read). The traceback is kept only when the failing code is
-  jaxdp's own (a bug to report); a failure in the user's dataset code, or of a TensorFlow op on the data,
-  is the one line.
-  """
+  """(one line, traceback kept only for jaxdp's own code, else "") for an input failure, or an error raised while
+  handling one; None for anything else."""
   read = _in_chain(error, (InputFailure,))
   if read is not None:  # A read on the host: its cause is the source's own error, with its frames.
     cause = read.__cause__ or read
@@ -123,8 +105,8 @@ def report(error: Exception) -> None:
 
 
 def exit(status: int) -> NoReturn:  # noqa: A001  (the process's exit, as sys.exit)
-  """Ends the process with `status`: waits THREAD_GRACE_S at most for non-daemon threads, runs the atexit
-  handlers (JAX's shutdown), flushes, and skips the interpreter's teardown (see the module doc)."""
+  """Ends the process with `status` after its non-daemon threads (THREAD_GRACE_S at most) and atexit handlers."""
+  # The interpreter's teardown is skipped: a native destructor there can wait forever.
   _join_threads(THREAD_GRACE_S)
   try:
     atexit._run_exitfuncs()  # What a normal exit runs after joining threads; os._exit would skip it.
@@ -148,4 +130,5 @@ def _join_threads(grace_s: float) -> None:
 
 
 def _non_daemon() -> list[threading.Thread]:
+  """The threads other than the main one that a normal exit would wait for."""
   return [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]

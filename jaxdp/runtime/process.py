@@ -1,5 +1,4 @@
-"""What every command sets up in its process before it runs: jaxdp's log lines, the compilation cache,
-joining a multi-process run. Light to import: JAX loads only when a function here needs it."""
+"""What every command sets up in its process: jaxdp's log lines, the compilation cache, a multi-process run."""
 
 import logging
 import os
@@ -22,8 +21,7 @@ def setup_logging() -> None:
 
 
 class _Stdout(logging.StreamHandler):
-  """Writes to `sys.stdout` as it is at each line: a command run after stdout was replaced (a test's capture, a
-  redirect) logs there, not to the stream of the command that set logging up, which may be closed."""
+  """Writes to `sys.stdout` as it is at each line (a capture or redirect since setup), never to a stale stream."""
 
   @property
   def stream(self) -> object:
@@ -35,8 +33,7 @@ class _Stdout(logging.StreamHandler):
 
 
 def init(config: ml_collections.ConfigDict) -> None:
-  """Joins a multi-process run when the environment names one, else sets the process's CPU devices; only process 0
-  logs progress; turns the compile cache on."""
+  """Turns the compile cache on; joins the run the environment names, else sets the CPU devices; quiets process > 0."""
   import jax
   compilation_cache.use()
   from jaxdp.runtime import cpu_devices, distributed
@@ -48,12 +45,7 @@ def init(config: ml_collections.ConfigDict) -> None:
 
 
 def join(config: ml_collections.ConfigDict) -> None:
-  """For the Python API (`train_and_evaluate` in a user's script): `init`, as the CLI does before its command.
-
-  A run launched (`python -m jaxdp.launch -- my_train.py`), named by JAX's variables or on a detected cluster
-  is joined (once: after the CLI's own `init` nothing happens); in a notebook nothing is. The process's CPU
-  devices (JAXDP_CPU_DEVICES, which the launcher sets) are set first, as the CLI sets them from the same variable.
-  """
+  """`init` for the Python API, as the CLI does before its command (nothing once joined), JAXDP_CPU_DEVICES first."""
   from jaxdp.runtime import cpu_devices, distributed
   if distributed.joined():  # The CLI joined before its command: its devices are the run's (global count now).
     return

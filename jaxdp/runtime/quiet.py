@@ -1,13 +1,5 @@
-"""Other libraries' noise off: TFDS's two prints around preparing (`tfds_prints`, wherever jaxdp prepares), and,
-for a command only (`command`: it owns its process), TensorFlow's start-up lines (`TF_ENV`, which
-`data.reader` also sets when it imports TensorFlow), libtpu's start-up warnings, TFDS's bars and its warnings.
-
-libtpu (the `tpu` extra, installed for ahead-of-time TPU compiles) is tried by JAX on every run and, on a machine
-without TPU chips, prints host-bounds and worker-hostname warnings: there, a one-host topology (TPU_HOST_BOUNDS,
-TPU_WORKER_HOSTNAMES) is set, which only that failed TPU start reads. TFDS warns on every run of a user's dataset
-("Variant folder ... has no dataset_info.json", "Using custom data configuration") and draws progress bars while
-preparing: its absl warnings below ERROR and its bars are dropped.
-"""
+"""Other libraries' noise off: TFDS's prints around preparing (`tfds_prints`), and for a command (`command`: it owns
+its process) TensorFlow's start-up lines, libtpu's start-up warnings, TFDS's bars and its warnings."""
 
 import contextlib
 import glob
@@ -27,9 +19,11 @@ TF_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 def command() -> None:
   """Quiets the libraries a command loads: called by the CLI before JAX or TFDS loads, never at import."""
+  # TF_ENV is also set by `data.reader` where it imports TensorFlow.
   for name, value in TF_ENV.items():  # Before JAX, whose import sets TF_CPP_MIN_LOG_LEVEL=1. A user's value wins.
     os.environ.setdefault(name, value)
   if importlib.util.find_spec("libtpu") is not None and not _tpu_chips_attached():
+    # JAX tries libtpu on every run; a one-host topology, read only by that failed start, silences its warnings.
     os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   from absl import logging as absl_logging
@@ -49,7 +43,7 @@ def _tpu_chips_attached() -> bool:
 
 
 def _not_tfds_chatter(record: logging.LogRecord) -> bool:
-  """False for TFDS's own absl lines below ERROR (a logging filter)."""
+  """False for TFDS's own absl lines below ERROR (its per-run warnings on a user's dataset)."""
   return record.levelno >= logging.ERROR or f"{os.sep}tensorflow_datasets{os.sep}" not in record.pathname
 
 

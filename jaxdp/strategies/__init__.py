@@ -1,8 +1,4 @@
-"""Gradient strategies: how one replica's gradient is reduced across devices and applied.
-
-`DataParallel` (plain DDP), `Invariant` (bitwise the same for any device count) and `ZeRO1` (sharded
-optimizer state) implement one small interface, `Strategy`; `select` picks one per run from the config.
-"""
+"""Gradient strategies behind one `Strategy` seam: plain DDP, Invariant (bitwise for any device count), ZeRO-1."""
 
 import ml_collections
 
@@ -11,8 +7,7 @@ from jaxdp.strategies.invariant import Invariant
 from jaxdp.strategies.plain import DataParallel
 from jaxdp.strategies.zero1 import ZeRO1
 
-# The one registry: the first strategy whose `config.parallel.<flag>` is set, else plain data parallelism.
-# A new strategy is one module here and one entry in this tuple.
+# The first strategy whose `config.parallel.<flag>` is set, else plain data parallelism.
 REGISTRY: tuple[type[Strategy], ...] = (Invariant, ZeRO1)
 DEFAULT: type[Strategy] = DataParallel
 

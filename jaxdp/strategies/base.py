@@ -1,8 +1,4 @@
-"""The seam between the train step and how gradients cross devices: `Strategy`, and what strategies share.
-
-A strategy turns one replica's slice of the global batch into the reduced gradient (`gradients`) and
-applies it (`apply`); the train step around it is the same for all of them (see `jaxdp.step`).
-"""
+"""`Strategy`, the seam between the train step and how gradients cross devices, and what strategies share."""
 
 import abc
 import dataclasses
@@ -20,16 +16,13 @@ from jaxdp.config import Layout
 from jaxdp.tasks.base import reduce_rows
 
 PyTree = Any
-# Task metrics as mergeable scalars grouped by how they combine (`jaxdp.tasks.base.by_kind`): {"mean": {name: Σ w·v},
-# "weight": {name: Σ w}, "sum": {name: Σ w·v}, "max": {name: max}}. Every group but "max" is summed over
-# micro-batches and devices, maxima maxed; a mean is divided once, over the global batch (`tasks.base.means`).
+# Task metrics as mergeable scalars by group (`tasks.base.by_kind`): summed over micro-batches and devices, "max" maxed.
 Scalars = dict[str, dict[str, jax.Array]]
 # (params, model_state, micro-batch, rng) -> ((Σ w·loss, (Scalars, model_state)), grads of Σ w·loss), no communication.
 GradFn = Callable[[PyTree, PyTree, dict, jax.Array], tuple]
 # (rows) -> per-row eval values by kind (`jaxdp.tasks.base.per_row`): the "max" group maxed over rows, the rest summed.
 EvalFn = Callable[[dict], dict[str, Any]]
-# (metrics, model_state, grads): the global batch's metric sums (Scalars) and the gradient of its Σ w·loss, reduced
-# over every replica; the step divides both by the total weight once.
+# (metric sums, model_state, gradient of Σ w·loss) over the global batch; the step divides by the total weight once.
 Gradients = tuple[Scalars, PyTree, PyTree]
 
 
@@ -37,9 +30,8 @@ Gradients = tuple[Scalars, PyTree, PyTree]
 class DataAxis:
   """The device axis a per-replica step reduces over."""
   name: str = "data"
-  # Under shard_map, `jax.grad` with respect to parameters replicated with P() ("invariant") already sums over the
-  # devices, and the strategy's own reduction would then give N times the gradient. Marked varying, `grad` stays
-  # local and the strategy's reduction is the only one. pmap tracks no such thing: off there.
+  # Under shard_map, `grad` of P()-replicated parameters already sums over devices: marked varying, it stays local
+  # and the strategy's reduction is the only one. pmap tracks no such thing: off there.
   mark_varying: bool = False
 
   def vary(self, tree: PyTree) -> PyTree:
@@ -128,8 +120,7 @@ class Strategy(abc.ABC):
 
 def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
   """[rows] on each replica -> the [N * rows] of the global batch on every replica, bit for bit."""
-  # A psum of zeros and one replica's values is exact, so a sum over the result does not depend on the device
-  # count, as a psum of per-device sums would (by its rounding). A padded row's -inf maximum plus zeros stays -inf.
+  # A psum of zeros and one replica's values is exact: the rows' sum does not round by the device count.
   n, i = lax.axis_size(axis_name), lax.axis_index(axis_name)
   placed = lax.dynamic_update_slice(jnp.zeros((n * rows.shape[0],), rows.dtype), rows, (i * rows.shape[0],))
   return lax.psum(placed, axis_name)
@@ -138,7 +129,6 @@ def _global_rows(rows: jax.Array, axis_name: str) -> jax.Array:
 def all_finite(tree: PyTree) -> jax.Array:
   """True when every element of every leaf is finite (False also if their float32 sum overflows)."""
   # One fused sum per leaf, not an `isfinite` per element and its boolean copy (docs/design-notes.md#finite-check).
-  # The sum overflows only for elements around 1e38 / size, which no update should apply either.
   return jnp.isfinite(sum(jnp.sum(x, dtype=jnp.float32) for x in jax.tree.leaves(tree)))
 
 

@@ -1,12 +1,7 @@
-"""The device-count-invariant strategy: bitwise the same training for any power-of-two device count.
+"""The invariant strategy: fixed micro-shards summed along one fixed binary tree, bitwise alike on 1, 2, 4, ... devices.
 
-The global batch is cut into M fixed micro-shards (`invariant_shards`, a power of two), each cut into
-`accum_steps` pieces; device d runs its M/N micro-shards' pieces one after another (the same
-computation whatever N is). The pieces of a micro-shard are summed in order, and the M micro-shard
-sums along one fixed balanced binary tree: each device sums its subtree, an all-gather brings the N
-subtree sums to every device, and each finishes the tree in the same order. Randomness is keyed by
-the global piece index, never by the device. Costs an all-gather of N gradient copies instead of an
-all-reduce, and the pieces run sequentially. Eval sums per-example values in one fixed tree too.
+Each device sums its subtree, an all-gather brings the N subtree sums to every device, and each finishes the tree
+in the same order; randomness is keyed by the global piece index, never by the device.
 """
 
 import functools
@@ -62,18 +57,15 @@ class Invariant(Strategy):
       (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, jax.random.fold_in(rng, first + p))
       return metrics, model_state, grads
 
-    # Unrolled, not a loop: XLA:CPU compiles a convolution differently (and slowly) inside a loop, and
-    # how much it unrolls depends on the trip count, i.e. on N.
+    # Unrolled, not a loop: XLA:CPU compiles a convolution in a loop differently, by a trip count that depends on N.
     outputs = []
     for p in range(m_local * k):
-      # Every piece starts from the step's float state (its statistics are averaged below); integer state
-      # (a counter) runs on through a micro-shard's k pieces, as through plain DDP's k micro-batches.
+      # Every piece starts from the step's float state; integer state (a counter) runs on through a micro-shard.
       start = state.model_state if p % k == 0 else _integers_from(outputs[-1][1], state.model_state)
       outputs.append(one(p, start))
     per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
     metrics, rest = per_piece[0], per_piece[1:]
-    # Maxima combine by max (exact in any order); everything else is summed in the fixed order. Float model
-    # state is then averaged over the pieces; the metric and gradient sums are divided by the step, once.
+    # Maxima combine by max (exact in any order); everything else is summed in the fixed order.
     maxima = {name: jnp.max(v) for name, v in metrics["max"].items()}
     summed = ({kind: metrics[kind] for kind in metrics if kind != "max"}, *rest)
     per_shard = jax.tree.map(lambda x: _shard_total(x.reshape(m_local, k, *x.shape[1:])), summed)
@@ -103,8 +95,7 @@ def _integers_from(source: PyTree, floats: PyTree) -> PyTree:
 
 
 def _shard_total(x: jax.Array) -> jax.Array:
-  """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer's value after the last piece."""
-  # An integer (a step counter) is state, not a statistic: summed, it would grow with the piece count.
+  """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer (state) as after the last piece."""
   return _sequential_sum(x) if is_float(x) else x[:, -1]
 
 

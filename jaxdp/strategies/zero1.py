@@ -1,11 +1,4 @@
-"""ZeRO-1 (mesh backend): data parallelism with the optimizer state sharded over the data axis.
-
-Each parameter leaf is flattened and padded to a multiple of N (devices, `zero1_layout`); device i owns
-slice i of every leaf's optimizer state. A step reduce-scatters the gradients (each device receives
-the sum of its slice only), updates its slice of the parameters with its slice of the optimizer
-state, and all-gathers the new parameters. Elementwise optimizers (SGD, momentum, Adam, AdamW) give
-the same result as unsharded training; per-device optimizer memory drops from 2P to 2P/N for Adam.
-"""
+"""ZeRO-1 (mesh backend): device i owns slice i of every raveled, padded leaf's optimizer state (`zero1_layout`)."""
 
 import jax
 import jax.numpy as jnp

@@ -1,11 +1,4 @@
-"""Whether an optax optimizer may run under ZeRO-1, which updates each device's slice of every raveled leaf alone.
-
-That equals unsharded training only when the update of an element depends on that element alone (SGD, momentum,
-Adam, AdamW, Lion). Two probes, both cheap: the optimizer state laid out for raveled leaves must be the raveled
-state of the true shapes (adafactor's factored moments are not), and on a small random tree of the parameters'
-structure, slices updated apart must equal the whole updated at once (a global-norm clip, a per-leaf RMS are not).
-Why: docs/design-notes.md#zero-1-needs-an-elementwise-optimizer
-"""
+"""Whether ZeRO-1 can run an optimizer: docs/design-notes.md#zero-1-needs-an-elementwise-optimizer"""
 
 import math
 

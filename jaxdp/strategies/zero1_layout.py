@@ -1,9 +1,4 @@
-"""ZeRO-1's layout: each parameter leaf raveled and zero-padded to a multiple of N, sharded P('data').
-
-A checkpoint holds the optimizer state in its writer's layout: `stored_layout` and `relayout` read one written
-with ZeRO-1 on N devices or without it into this run's (padded for M devices, or in the parameters' shapes), so
-elementwise optimizers resume exactly; plain data parallelism and ZeRO-1 call them (`DataParallel.stored_opt_layout`).
-"""
+"""ZeRO-1's layout (leaves raveled, zero-padded to a multiple of N, P('data')), and a checkpoint's re-laid into it."""
 
 from collections.abc import Callable
 from typing import Any

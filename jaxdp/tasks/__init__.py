@@ -1,9 +1,4 @@
-"""Tasks: what the model is fed, the loss and the metrics (`task(model, batch) -> (loss, metrics)`).
-
-Built-ins (`classification`, `next_token`, `regression`) use the same seam as a user's task, named by
-`config.task.name = "package.module:function_or_Class"` or passed as an object (`build.build(task=)`).
-Either way the other `config.task.*` fields are the task's keyword arguments, checked against its signature.
-"""
+"""Tasks, `task(model, batch) -> (loss, metrics)`: built-in or a user's, by name or object; `config.task.*`: its kwargs."""
 
 import dataclasses
 import functools
@@ -50,14 +45,6 @@ def get(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets
 
 def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, targets: Targets | None = None) -> Resolved:
   """`get`, with the task's name and why it runs; ConfigError (one line) for an unknown name or field."""
-  resolved = _resolve(config, facts, task)
-  if isinstance(resolved.task, Regression) and resolved.task.center is None and targets is not None:
-    resolved = dataclasses.replace(resolved, task=resolved.task.centered(targets()))
-  return resolved
-
-
-def _resolve(config: ml_collections.ConfigDict, facts: Any, task: Any) -> Resolved:
-  """`resolve` before any field is taken from the data."""
   kwargs = {k: v for k, v in config.task.to_dict().items() if k != "name"}
   if task is not None:  # Its fields are bound and checked as a named task's are.
     if not callable(task):
@@ -69,7 +56,10 @@ def _resolve(config: ml_collections.ConfigDict, facts: Any, task: Any) -> Resolv
       name = "regression" if getattr(facts, "float_labels", False) else "classification"
       origin = f"inferred from {'float' if name == 'regression' else 'integer'} labels"
     target = BUILTIN.get(name) or _import(name)
-  return Resolved((_build if inspect.isclass(target) else _bind)(target, kwargs, name), name, origin)
+  built = (_build if inspect.isclass(target) else _bind)(target, kwargs, name)
+  if isinstance(built, Regression) and built.center is None and targets is not None:
+    built = built.centered(targets())
+  return Resolved(built, name, origin)
 
 
 def headline(task: Any) -> tuple[str, ...]:
@@ -78,6 +68,7 @@ def headline(task: Any) -> tuple[str, ...]:
 
 
 def _import(name: str) -> Any:
+  """The callable a "package.module:function_or_Class" task name names."""
   if ":" not in name:
     raise ConfigError(f"unknown task {name!r} (built-in: {', '.join(BUILTIN)}; or 'package.module:function_or_Class')")
   target = config_lib.import_named(name, "task")
@@ -87,6 +78,7 @@ def _import(name: str) -> Any:
 
 
 def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) -> None:
+  """A ConfigError naming the `config.task.*` fields a task's `parameters` do not take."""
   if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
     return
   unknown = sorted(set(kwargs) - set(parameters))
@@ -108,5 +100,3 @@ def _bind(fn: Any, kwargs: dict, name: str) -> Task:
     return fn
   _check(dict(list(inspect.signature(fn).parameters.items())[2:]), kwargs, name)
   return functools.update_wrapper(functools.partial(fn, **kwargs), fn)
-
-

@@ -1,9 +1,4 @@
-"""The task seam: what a task returns (`Metric`), the model it is handed (`BoundModel`), and how jaxdp reduces.
-
-A task is `task(model, batch) -> (loss, metrics)` on one replica's rows; loss and metrics are per-example
-(or per-element) values. Reducing them (over a micro-batch, real eval rows, devices, batches) is jaxdp's
-job, by each metric's kind, so every strategy keeps its guarantees for any task.
-"""
+"""The task seam: what a task returns (`Metric`, per example), the model it is handed, and how jaxdp reduces it."""
 
 import collections
 import dataclasses

@@ -16,14 +16,6 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
 
 
-def smoothed_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
-  """Per-example cross-entropy against labels smoothed by `smoothing` (Szegedy et al., 2016); 0: `cross_entropy`."""
-  if not smoothing:
-    return cross_entropy(logits, labels)
-  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
-
-
 @dataclasses.dataclass(frozen=True)
 class Classification:
   """`model(batch["inputs"])` -> logits vs `batch["labels"]` ([B], or [B, T]: one target per token)."""
@@ -40,8 +32,11 @@ class Classification:
     return self.loss(logits, labels, model.train), self.metrics(logits, labels)
 
   def loss(self, logits: jax.Array, labels: jax.Array, train: bool) -> jax.Array:
-    """Per-target cross-entropy, smoothed in training only."""
-    return smoothed_cross_entropy(logits, labels, self.label_smoothing if train else 0.0)
+    """Per-target cross-entropy, against labels smoothed (Szegedy et al., 2016) in training only."""
+    if not (train and self.label_smoothing):
+      return cross_entropy(logits, labels)
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), self.label_smoothing)
+    return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
   def metrics(self, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
     """Per-target metrics of the logits."""

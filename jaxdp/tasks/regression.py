@@ -14,9 +14,8 @@ from jaxdp.tasks.base import BoundModel
 @dataclasses.dataclass(frozen=True)
 class Regression:
   """`model(batch["inputs"])`, reshaped to `batch["labels"]`' shape, against those float targets, per element."""
-  # R²'s variance is taken about this point, the same for every row, batch and device (a mergeable sum): near the
-  # targets' mean, E[(y-c)²] - E[y-c]² keeps float32's digits, where E[y²] - E[y]² cancels them for a large mean.
-  # None: 0, unless the build sets it from the data's first targets (`centered`).
+  # R²'s variance is taken about this point: near the targets' mean, E[(y-c)²] - E[y-c]² keeps float32's digits
+  # where E[y²] - E[y]² cancels them. None: 0, unless the build sets it from the data's targets (`centered`).
   center: float | None = None
   headline = ("mse",)
 
