@@ -1,5 +1,4 @@
-"""`python -m jaxdp.train ...` (the command: `jaxdp.tools.train`) and `train_and_evaluate` (the loop:
-`jaxdp.loop.train`), under the names users' scripts and notebooks import."""
+"""`python -m jaxdp.train` (the command `jaxdp.tools.train`) and `train_and_evaluate`, as users import them."""
 
 import runpy
 

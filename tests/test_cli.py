@@ -252,7 +252,7 @@ def test_the_small_tools_print_help_and_one_error_line(module, capsys):
 def test_a_trained_workdirs_command_line_names_its_mistake(tmp_path, argv, error):
   argv = [str(tmp_path) if a == "EMPTY" else a for a in argv]
   with pytest.raises(ConfigError, match=re.escape(error)):
-    cli.parse_workdir(["jaxdp.evaluate", *argv, "--config.seed=1"], usage="u")
+    cli.parse_workdir(["jaxdp.evaluate", *argv, "--config.seed=1"])
 
 
 @pytest.fixture
@@ -267,7 +267,7 @@ def stored_token_file_run(monkeypatch):
 
 def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):
   config, _ = cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", "--config.dataset.builder_kwargs.eval_path=val.bin",
-                                 "--config.dataset.builder_kwargs.vocab_size=300", "--config.seed=3"], usage="u")
+                                 "--config.dataset.builder_kwargs.vocab_size=300", "--config.seed=3"])
   kwargs = config.dataset.builder_kwargs
   assert (kwargs.eval_path, kwargs.vocab_size, kwargs.path, config.seed) == ("val.bin", 300, "train.bin", 3)
 
@@ -276,7 +276,7 @@ def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):
                                       "--config.dataset.builder_kwargs.nokey=3"])
 def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override):
   with pytest.raises(ConfigError, match="bad config override .* for the config stored in 'w'"):
-    cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", override], usage="u")
+    cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", override])
 
 
 def test_own_flags_leave_the_shared_ones():

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from jaxdp.loop import goodput
-from jaxdp.tools import launch, launch_state
+from jaxdp.tools import cli, launch, launch_state
 
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -70,9 +70,14 @@ def _launcher(*flags: str) -> launch.Launcher:
   return launch.Launcher(launch.parse([*flags, "--", "--config", "x.py", "--workdir", "/nonexistent"]))
 
 
+def _restarted(launcher: launch.Launcher, failure: launch.Failure) -> int:
+  """The size of the group `launcher` restarts after `failure` (it must restart)."""
+  assert launcher.after(failure) is None
+  return launcher.size
+
+
 def test_a_config_mistake_is_never_restarted(capsys):
-  plan = _launcher("--num_processes", "2", "--max_restarts", "3").after(launch.Failure(1, 2, joined=True))
-  assert plan.status == 2
+  assert _launcher("--num_processes", "2", "--max_restarts", "3").after(launch.Failure(1, 2, joined=True)) == 2
   assert capsys.readouterr().err == ("error: process 1 of 2 exited with status 2 (a config or command-line mistake: "
                                      "not restarted); stopped the others\n")
 
@@ -82,9 +87,9 @@ def test_each_restart_is_one_line_naming_rank_death_and_step_until_the_restarts_
     (tmp_path / "checkpoints" / name).mkdir(parents=True)
   launcher = launch.Launcher(launch.parse(["--num_processes", "2", "--max_restarts", "2", "--", "--workdir",
                                            str(tmp_path)]))
-  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 2
-  assert launcher.after(launch.Failure(0, 1, joined=True)).size == 2
-  assert launcher.after(launch.Failure(1, -9, joined=True)).status == 128 + 9
+  assert _restarted(launcher, launch.Failure(1, -9, joined=True)) == 2
+  assert _restarted(launcher, launch.Failure(0, 1, joined=True)) == 2
+  assert launcher.after(launch.Failure(1, -9, joined=True)) == 128 + 9
   assert capsys.readouterr().err.splitlines() == [
       "launch: process 1 of 2 was lost (killed by SIGKILL); restart 1 of 2 from step 20",
       "launch: process 0 of 2 exited with status 1; restart 2 of 2 from step 20",
@@ -93,12 +98,12 @@ def test_each_restart_is_one_line_naming_rank_death_and_step_until_the_restarts_
 
 def test_a_rank_that_fails_again_before_joining_is_left_out_down_to_min_processes(capsys):
   launcher = _launcher("--num_processes", "3", "--max_restarts", "9", "--min_processes", "2")
-  assert launcher.after(launch.Failure(2, 3, joined=False)).size == 3  # A first failure at start: restarted.
-  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 3  # Another rank than the one that failed.
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # Rank 0 again, before joining: gone.
-  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 2
-  assert launcher.after(launch.Failure(1, 3, joined=False)).status == 3  # Not below --min_processes.
+  assert _restarted(launcher, launch.Failure(2, 3, joined=False)) == 3  # A first failure at start: restarted.
+  assert _restarted(launcher, launch.Failure(1, -9, joined=True)) == 3
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 3  # Another rank than the one that failed.
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 2  # Rank 0 again, before joining: gone.
+  assert _restarted(launcher, launch.Failure(1, -9, joined=True)) == 2
+  assert launcher.after(launch.Failure(1, 3, joined=False)) == 3  # Not below --min_processes.
   err = capsys.readouterr().err.splitlines()
   assert err[3] == ("launch: process 0 of 3 exited with status 3 again before joining the run: it cannot be restarted; "
                     "going on with 2 of 3; restart 4 of 9 from the start (no checkpoint yet)")
@@ -221,11 +226,11 @@ def test_a_launcher_removes_its_own_state_dir_when_it_ends(tmp_path, monkeypatch
 
 def test_a_rank_is_left_out_only_when_the_same_process_fails_again_before_joining(capsys):
   launcher = _launcher("--num_processes", "3", "--max_restarts", "9", "--min_processes", "1")
-  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3
-  assert launcher.after(launch.Failure(1, -9, joined=True)).size == 3  # It had joined: restarted, not left out.
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 3
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # Left out; the ranks are numbered anew, ...
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2  # ... so the new rank 0 fails a first time.
+  assert _restarted(launcher, launch.Failure(1, -9, joined=True)) == 3
+  assert _restarted(launcher, launch.Failure(1, -9, joined=True)) == 3  # It had joined: restarted, not left out.
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 3
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 2  # Left out; the ranks are numbered anew, ...
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 2  # ... so the new rank 0 fails a first time.
 
 
 def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thread_count(monkeypatch):
@@ -238,9 +243,9 @@ def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thr
 
 
 def test_the_workdir_is_found_in_either_spelling():
-  assert launch.workdir_of(["--config", "c.py", "--workdir=/w"]) == "/w"
-  assert launch.workdir_of(["--workdir", "/v", "--config", "c.py"]) == "/v"
-  assert launch.workdir_of(["--config", "c.py", "--workdir"]) is None
+  assert cli.workdir_of(["--config", "c.py", "--workdir=/w"]) == "/w"
+  assert cli.workdir_of(["--workdir", "/v", "--config", "c.py"]) == "/v"
+  assert cli.workdir_of(["--config", "c.py", "--workdir"]) is None
 
 
 class _Exited:
@@ -276,8 +281,8 @@ def test_an_interrupted_group_exits_1_if_any_process_failed(tmp_path):
 
 def test_by_default_no_rank_is_left_out(capsys):
   launcher = _launcher("--num_processes", "2", "--max_restarts", "9")
-  assert launcher.after(launch.Failure(0, 3, joined=False)).size == 2
-  assert launcher.after(launch.Failure(0, 3, joined=False)).status == 3
+  assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 2
+  assert launcher.after(launch.Failure(0, 3, joined=False)) == 3
   assert "--min_processes=2 allows no fewer than 2" in capsys.readouterr().err
 
 

@@ -1,5 +1,4 @@
-"""The command-line tools behind `python -m jaxdp.<tool>`: each imports the library and the loop, never the other way
-round."""
+"""The command-line tools behind `python -m jaxdp.<tool>` (the library and the loop never import them)."""
 
 import importlib
 import runpy

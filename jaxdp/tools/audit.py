@@ -11,7 +11,6 @@ import glob
 import json
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -176,32 +175,18 @@ def _not_in_order(entries: list[Entry], i: int) -> None:
 
 
 def _check_order(entries: list[Entry]) -> None:
-  """Every recorded global batch is the one its order names, where the stream's ids were read."""
-  orders: dict[tuple, Callable[[int], np.ndarray] | None] = {}
+  """Every recorded global batch is the one the global order names, where the header names that order."""
+  from jaxdp.data import order, stream
   for entry in entries:
-    h = entry.segment.header
-    key = (h.get("order"), h["num_examples"], h["global_batch"], h["seed"], h["split"], h["process_count"])
-    if key not in orders:
-      orders[key] = _expected_order(*key)
-    if orders[key] is None:
+    if (h := entry.segment.header).get("order") != stream.GLOBAL:
       continue
-    expected = orders[key](entry.step - 1)
+    whole = order.GlobalOrder(h["num_examples"], h["global_batch"], h["seed"], h["split"])  # Cheap: shared epochs.
+    expected = whole.rows(entry.step - 1, 0, h["global_batch"])
     if not np.array_equal(entry.ids, expected):
       row = _first_difference(entry.ids, expected)
-      raise AuditError(f"step {entry.step}: row {row} read example {_at(entry.ids, row)}, but the {h['order']} order "
+      raise AuditError(f"step {entry.step}: row {row} read example {_at(entry.ids, row)}, but the global order "
                        f"of seed {h['seed']} puts example {_at(expected, row)} there: the reader read other rows "
                        f"than its order names (as a bad example replaced under dataset.skip_bad_examples does)")
-
-
-def _expected_order(order: str | None, n: int, batch: int, seed: int, split: str,
-                    process_count: int) -> Callable[[int], np.ndarray] | None:
-  """Stream step -> the global batch the order names; None where none is known (ids not read)."""
-  from jaxdp.data import stream
-  from jaxdp.data.order import GlobalOrder
-  if order == stream.GLOBAL:
-    whole = GlobalOrder(n, batch, seed, split)
-    return lambda step: whole.rows(step, 0, batch)
-  return None
 
 
 def _check_epoch(epoch_entries: list[Entry], epoch: int, n: int) -> None:

@@ -1,5 +1,4 @@
-"""The command line the tools share: `--config FILE [--config.key=value ...] [--workdir DIR] [--cpu_devices N]` ->
-(config, workdir), parsed without importing the training loop, and the one error path (`guarded`)."""
+"""The command line the tools share (`--config FILE [--workdir DIR] ...` -> config, workdir) and their error path."""
 
 import argparse
 import ast
@@ -69,29 +68,32 @@ def _simulate_devices(argv: list[str]) -> None:
     cpu_devices.simulate(count)
 
 
-def parse_workdir(argv: list[str], *, usage: str, extra_help: str = "",
-                  step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
+def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
   """A trained workdir's command line -> (config, workdir): `--config FILE`, else checkpoint `step`'s stored config."""
-  if any(a in HELP_FLAGS for a in argv[1:]) or any(a == "--config" or a.startswith("--config=") for a in argv):
-    return parse(argv, require_workdir=True, usage=usage, extra_help=extra_help)
+  if any(a == "--config" or a.startswith("--config=") for a in argv):
+    return parse(argv)
   _simulate_devices(argv)
-  workdir_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-  workdir_flag.add_argument("--workdir", default=None)
-  if not (workdir := own_flags(argv, workdir_flag)[0].workdir):
+  if not (workdir := workdir_of(argv)):
     raise config_lib.ConfigError("--workdir is required")
   stored = restore.stored_config(workdir, step)
   argv = _set_unset_fields(stored, argv)
-  fv = flags.FlagValues()
-  flags.DEFINE_string("workdir", None, "", flag_values=fv)
-  flags.DEFINE_integer("cpu_devices", None, "", flag_values=fv)
   try:  # The overrides are applied as the flag is defined (`sys_argv`), and again when parsed.
-    config_flags.DEFINE_config_dict("config", stored, flag_values=fv, sys_argv=argv)
-    fv(argv)
+    (fv := _define(argv, stored))(argv)
   except flags.Error as e:
     raise config_lib.ConfigError(str(e)) from None
   except (AttributeError, KeyError, TypeError) as e:  # An override names a key the stored config lacks.
     raise config_lib.ConfigError(f"bad config override ({e}) for the config stored in {workdir!r}") from None
   return config_lib.with_defaults(fv.config), workdir
+
+
+def workdir_of(argv: list[str]) -> str | None:
+  """The `--workdir` among `argv` (`--workdir DIR` or `--workdir=DIR`), else None."""
+  for i, arg in enumerate(argv):
+    if arg in ("--workdir", "-workdir") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+      return argv[i + 1]
+    if arg.startswith(("--workdir=", "-workdir=")):
+      return arg.split("=", 1)[1]
+  return None
 
 
 def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> list[str]:
@@ -122,7 +124,7 @@ def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
     parser.add_argument("--step", type=int, default=None)
     flags(parser)
     ours, rest = own_flags(argv, parser)
-    command(ours, *parse_workdir(rest, usage=usage, extra_help=extra_help, step=ours.step))
+    command(ours, *parse_workdir(rest, ours.step))
 
   return _command(argv, usage, extra_help, run)
 
@@ -157,8 +159,7 @@ def _command(argv: list[str], usage: str, extra_help: str, run: Callable[[], Non
 
 
 def guarded(run: Callable[[], int | None], failures: tuple[type[Exception], ...] = ()) -> int:
-  """`run()`'s status (None: 0); a ConfigError is one `error:` line and 2, `failures` (and a failed join) one line
-  and 1, any other exception 1 with `exits.report`; `exits.release` frees what the error held: no process hangs."""
+  """`run()`'s status (None: 0): ConfigError one `error:` line and 2, `failures` one line and 1, others reported, 1."""
   try:
     return run() or 0
   except config_lib.ConfigError as e:
@@ -171,16 +172,20 @@ def guarded(run: Callable[[], int | None], failures: tuple[type[Exception], ...]
     exits.report(error)
   else:
     print(f"error: {line}", file=sys.stderr)
-  exits.release(error)
+  exits.release(error)  # Frees what the error held (its frames): no process hangs on them.
   del error
   gc.collect()  # Reference cycles through the released frames: collected now, not at interpreter exit.
   return status
 
 
-def _define(argv: list[str]) -> flags.FlagValues:
+def _define(argv: list[str], stored: ml_collections.ConfigDict | None = None) -> flags.FlagValues:
+  """The flags: `--config` a config file's, or (`stored`) a checkpoint's config; `--workdir`; `--cpu_devices`."""
   fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", None, "Path to a config .py file with get_config().",
-                                  flag_values=fv, sys_argv=argv)
+  if stored is None:
+    config_flags.DEFINE_config_file("config", None, "Path to a config .py file with get_config().",
+                                    flag_values=fv, sys_argv=argv)
+  else:
+    config_flags.DEFINE_config_dict("config", stored, flag_values=fv, sys_argv=argv)
   flags.DEFINE_string("workdir", None, "Directory for metrics.jsonl and checkpoints.", flag_values=fv)
   flags.DEFINE_integer("cpu_devices", None, f"Simulate this many CPU devices (or {cpu_devices.ENV_VAR}).",
                        flag_values=fv)

@@ -1,5 +1,4 @@
-"""`python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT]`: a checkpoint's `eval/*` metrics on any
-device count, every example of the split once, with the config the checkpoint stores; from Python, `evaluate`."""
+"""`python -m jaxdp.evaluate --workdir DIR [--step N] [--split SPLIT]`, or `evaluate`: a checkpoint's `eval/*`."""
 
 import argparse
 import json

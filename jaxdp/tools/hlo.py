@@ -1,5 +1,4 @@
-"""The train step read without running it, for `inspect` and `topology`: its abstract inputs, its collectives
-(from the compiled HLO and the lowered StableHLO text), XLA's memory analysis, the run's options."""
+"""The train step read without running it (`inspect`, `topology`): abstract inputs, collectives, memory, options."""
 
 import math
 import re
@@ -89,11 +88,11 @@ def dtype_name(name: str) -> str:
   return f"{'u' if m.group(1).startswith('u') else ''}int{m.group(2)}" if m else name
 
 
-def _itemsize(dtype: str) -> int:
+def _nbytes(dtype: str, dims: tuple[int, ...]) -> int:
   try:
-    return jnp.dtype(dtype).itemsize
+    return math.prod(dims) * jnp.dtype(dtype).itemsize
   except TypeError:  # An element type numpy does not know: count a byte.
-    return 1
+    return math.prod(dims)
 
 
 def parse_compiled(text: str, num_devices: int) -> tuple[list[dict], int]:
@@ -176,7 +175,7 @@ def parse_lowered(text: str) -> list[dict]:
 
 
 def _shapes_bytes(shapes: list[Shape]) -> int:
-  return sum(math.prod(dims) * _itemsize(t) for t, dims in shapes)
+  return sum(_nbytes(*shape) for shape in shapes)
 
 
 def tally(ops: list[dict]) -> dict[str, dict[str, Any]]:
@@ -187,7 +186,7 @@ def tally(ops: list[dict]) -> dict[str, dict[str, Any]]:
     entry["count"] += 1
     entry["in_loop"] += op["in_loop"]
     for t, dims in op["shapes"]:
-      nbytes = math.prod(dims) * _itemsize(t)
+      nbytes = _nbytes(t, dims)
       entry["bytes"] += nbytes
       entry["tensor_bytes" if dims else "scalar_bytes"] += nbytes
       entry["dtypes"][t] = entry["dtypes"].get(t, 0) + nbytes

@@ -1,5 +1,4 @@
-"""`python -m jaxdp.inspect --config CONFIG.py [--json]`: the train step compiled for this machine's devices, not run:
-what one optimizer step holds, sends (collectives) and costs; `--topology` is another report."""
+"""`python -m jaxdp.inspect --config CONFIG.py`: what one train step holds, sends and costs, compiled but never run."""
 
 import argparse
 import contextlib

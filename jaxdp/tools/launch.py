@@ -1,9 +1,4 @@
-"""`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments | SCRIPT.py ARGS>`.
-
-P local processes that join one run through `jax.distributed` on 127.0.0.1, their output prefixed with the rank;
-restarts after a lost process (`--max_restarts`), leaving out a rank that cannot rejoin (`--min_processes`).
-What it promises: docs/multihost.md.
-"""
+"""`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments | SCRIPT.py ARGS>`."""
 
 import argparse
 import dataclasses
@@ -20,7 +15,7 @@ import typing
 
 from jaxdp.loop import goodput
 from jaxdp.runtime import cpu_devices, distributed
-from jaxdp.tools import launch_state
+from jaxdp.tools import cli, launch_state
 
 GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint and exit before they are killed.
 # After a process failed the others cannot finish (their collectives wait for the lost one): waiting only delays.
@@ -91,14 +86,6 @@ def _relay(rank: int, stream: typing.TextIO, native: bool = False) -> None:
     sys.stdout.flush()
 
 
-class _Interrupted(Exception):
-  """The launcher was asked to stop (SIGTERM)."""
-
-
-def _interrupt(signum: int, frame: object) -> None:
-  raise _Interrupted
-
-
 class Group:
   """One start of the processes, their output relayed; `wait()` for the outcome."""
 
@@ -159,23 +146,6 @@ def stop(procs: list[subprocess.Popen], sig: int, grace_s: float) -> None:
       p.wait()
 
 
-def workdir_of(train_args: list[str]) -> str | None:
-  """The `--workdir` among jaxdp.train's arguments (`--workdir DIR` or `--workdir=DIR`), else None."""
-  for i, arg in enumerate(train_args):
-    if arg in ("--workdir", "-workdir") and i + 1 < len(train_args):
-      return train_args[i + 1]
-    if arg.startswith(("--workdir=", "-workdir=")):
-      return arg.split("=", 1)[1]
-  return None
-
-
-@dataclasses.dataclass
-class _Plan:
-  """What the launcher does after a failure: the next group's size, or an exit status."""
-  size: int = 0
-  status: int | None = None
-
-
 class Launcher:
   """Starts groups until one succeeds, restarting after failures within --max_restarts / --min_processes."""
 
@@ -184,23 +154,23 @@ class Launcher:
     self.failed_rank: int | None = None  # The rank that failed the previous group, if any.
 
   def run(self, state_dir: str) -> int:
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # Ours: stop the processes the way Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # Stop the processes as Ctrl-C does.
     try:
       while True:
         group = Group(self.args, self.size, state_dir, self.restarts)
         try:
           failure = group.wait()
-        except (KeyboardInterrupt, _Interrupted):
+        except KeyboardInterrupt:
           return group.interrupt()
         if failure is None:
           return 0
-        if (plan := self.after(failure)).status is not None:
-          return plan.status
+        if (status := self.after(failure)) is not None:
+          return status
     finally:
       signal.signal(signal.SIGTERM, previous)
 
-  def after(self, failure: Failure) -> _Plan:
-    """Prints what happened and decides: restart (at which size), or exit (with which status)."""
+  def after(self, failure: Failure) -> int | None:
+    """Prints what happened and decides: restart (None; `self.size` processes next), or exit with the status."""
     how = (f"was lost (killed by {signal.Signals(-failure.status).name})" if failure.status < 0
            else f"exited with status {failure.status}")
     who, min_processes = f"process {failure.rank} of {self.size} {how}", self.args.min_processes
@@ -212,25 +182,24 @@ class Launcher:
     if self.restarts >= self.args.max_restarts:
       spent = f" after {self.restarts} restart{'s' * (self.restarts != 1)}" if self.args.max_restarts else ""
       return _error(f"{who}{spent}; stopped the others", status)
-    size = self.size
     if gone:
-      if size - 1 < min_processes:
+      if self.size - 1 < min_processes:
         return _error(f"{who} again before joining the run: it cannot be restarted, and "
-                      f"--min_processes={min_processes} allows no fewer than {size}", status)
-      size, self.failed_rank = size - 1, None  # The ranks are numbered anew.
-      who += f" again before joining the run: it cannot be restarted; going on with {size} of {self.size}"
+                      f"--min_processes={min_processes} allows no fewer than {self.size}", status)
+      who += (f" again before joining the run: it cannot be restarted; going on with {self.size - 1} of "
+              f"{self.size}")
+      self.size, self.failed_rank = self.size - 1, None  # The ranks are numbered anew.
     self.restarts += 1
     from jaxdp import checkpoint  # Imports orbax: here, so only a restart pays for it.
-    steps = checkpoint.steps(workdir_of(self.args.train_args) or "")
+    steps = checkpoint.steps(cli.workdir_of(self.args.train_args) or "")
     where = f"from step {steps[-1]}" if steps else "from the start (no checkpoint yet)"
     print(f"launch: {who}; restart {self.restarts} of {self.args.max_restarts} {where}", file=sys.stderr, flush=True)
-    self.size = size
-    return _Plan(size=size)
+    return None
 
 
-def _error(message: str, status: int) -> _Plan:
+def _error(message: str, status: int) -> int:
   print(f"error: {message}", file=sys.stderr, flush=True)
-  return _Plan(status=status)
+  return status
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

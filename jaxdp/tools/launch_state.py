@@ -1,8 +1,4 @@
-"""The launcher's state dir (the files its processes create once they joined the run), and its clean-up.
-
-A launcher killed hard cannot remove its dir, so each dir holds an `owner` file its launcher keeps locked while it
-lives (the kernel drops the lock however it dies); each launcher first removes the dirs whose owner is free.
-"""
+"""The launcher's state dir (the files its processes create once they joined the run), and its clean-up."""
 
 import contextlib
 import fcntl
@@ -13,7 +9,9 @@ import tempfile
 from collections.abc import Iterator
 
 PREFIX = "jaxdp-launch-"
-OWNER = "owner"  # Locked by the launcher that made the dir, while it lives.
+# Locked by the launcher that made the dir while it lives: the kernel drops the lock however it dies, so a later
+# launcher removes the dirs of killed ones.
+OWNER = "owner"
 
 
 @contextlib.contextmanager

@@ -1,7 +1,4 @@
-"""`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: the curves of every metric runs wrote, as one PNG.
-
-One panel per metric of the runs' `metrics.jsonl` (the loss first), train solid and eval dashed, a color per run.
-"""
+"""`python -m jaxdp.plot WORKDIR [WORKDIR ...] [--out PNG]`: the curves of every metric runs wrote, as one PNG."""
 
 import argparse
 import math

@@ -33,8 +33,7 @@ def config_from(stored: dict[str, Any]) -> ml_collections.ConfigDict:
 
 def restore(config: ml_collections.ConfigDict, workdir: str, step: int | None, call: str,
             **passed: Any) -> tuple[Any, Any, int]:
-  """(build.Parts, state, step): checkpoint `step`'s parameters and model state (no optimizer) on `config`'s devices;
-  `passed`: the model, task, eval_data the run got from Python (one missing: a ConfigError naming `call`'s argument)."""
+  """(build.Parts, state, step): checkpoint `step`'s params and model state on `config`'s devices; `passed`: objects."""
   from jaxdp import build, checkpoint, optim  # JAX: only once the devices are set up.
   from jaxdp import objects as objects_lib
   objects = objects_lib.Objects(**passed)

@@ -1,5 +1,4 @@
-"""`python -m jaxdp.sample --workdir DIR`: text from a trained byte-level language model (the `gpt` workload);
-`generate` samples token ids from any model's pure `apply`, `sample_text` strings (UTF-8 bytes in and out)."""
+"""`python -m jaxdp.sample --workdir DIR`: text from a byte-level language model (`generate`, `sample_text`)."""
 
 import argparse
 import functools
@@ -69,8 +68,7 @@ def sample_text(model: Model, params: PyTree, model_state: PyTree, prompt: str, 
 
 def load_model(config: Any, workdir: str, step: int | None = None, *, language_model: bool = False,
                model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[Model, PyTree, PyTree, int]:
-  """(model, params, model state, seq_len) of WORKDIR's checkpoint `step` (default: newest), as `restore.restore`
-  lays it out; `model`, `task`, `eval_data`: the objects the run was trained with in place of names."""
+  """(model, params, model state, seq_len) of WORKDIR's checkpoint `step` (default: newest), as `restore.restore`."""
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
   parts, state, step = restore.restore(config, workdir, step, "jaxdp.sample.load_model", model=model, task=task,
                                        eval_data=eval_data)

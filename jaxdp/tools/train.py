@@ -6,13 +6,12 @@ from jaxdp.runtime import exits
 from jaxdp.tools import cli
 
 USAGE = "python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]"
-if __name__ == "__main__":
-  cli.start(sys.argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
 
 
 def main(argv: list[str]) -> int:
   """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
-  from jaxdp.loop import replicas, train  # Here, not above: `--help` must not load the loop.
+  cli.start(argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
+  from jaxdp.loop import replicas, train
   return cli.main(argv, train.train_and_evaluate,
                   failures=(train.NonFiniteError, replicas.ReplicaMismatchError), usage=USAGE)
 
