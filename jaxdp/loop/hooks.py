@@ -1,9 +1,6 @@
-"""Hooks: code of the user's that `train_and_evaluate(..., hooks=[...])` calls after log steps, evals,
-checkpoints and every N steps, on every process with the same information (docs/hooks.md).
+"""The user's code the loop calls after log steps, evals, checkpoints and every N steps, alike on every process.
 
-A tracker is a hook that takes every record the loop writes (`on_write`): metrics.jsonl and TensorBoard are
-the default ones, Weights & Biases (`jaxdp.WandbTracker`) another. A hook asks the run to stop by returning
-`jaxdp.STOP`; every process then stops at the same step, with a checkpoint there.
+docs/hooks.md documents them: the calls, the trackers (`on_write`), stopping with `jaxdp.STOP`.
 """
 
 import dataclasses
@@ -34,11 +31,7 @@ class HookError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
-  """What a hook is called with: `metrics` are host floats, the same on every process.
-
-  `metrics`: the train metrics (`on_log`), the eval metrics (`on_eval`; `on_checkpoint` at an eval step), else {}.
-  `state`: the TrainState on the devices; `params` one host copy of its parameters.
-  """
+  """What a hook is called with: `metrics` as host floats, the same on every process (docs/hooks.md)."""
   step: int
   metrics: Mapping[str, float]
   state: Any

@@ -1,9 +1,4 @@
-"""One run per workdir: process 0 of a run holds an OS lock (flock) on WORKDIR/jaxdp.lock while it runs.
-
-A second run on a live workdir stops before it writes anything there, naming the holder; processes that joined
-the run do not take the lock. The kernel drops the lock when its holder dies, so a killed run never blocks its
-restart, whatever the file still says.
-"""
+"""One run per workdir: process 0 holds a flock on WORKDIR/jaxdp.lock while it runs (the kernel drops it at death)."""
 
 import contextlib
 import fcntl
