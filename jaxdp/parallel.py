@@ -190,8 +190,7 @@ class MeshBackend(Backend):
     return jax.jit(fn, out_shardings=jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs))()
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
-    # The whole batch in one call: with one process one device_put of the dict, cheaper than one per array
-    # (docs/design-notes.md#loop-host-costs); with several, JAX places each array as before.
+    # One process: one device_put of the whole dict, cheaper than one per array (docs/design-notes.md#loop-host-costs).
     return jax.make_array_from_process_local_data(self.sharded, batch)
 
   def put_block(self, block: dict[str, np.ndarray]) -> PyTree:

@@ -25,8 +25,6 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or 
 _MAKING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   _COMPILE_EVENT)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-# Work between steps that is not training: the progress line's step time leaves its wall time out.
-BETWEEN_STEPS = ("eval", "checkpoint")
 
 
 @dataclasses.dataclass
@@ -91,7 +89,7 @@ class Clock:
     self._clock, self._now = clock, now
     self.began = clock()
     self.seconds = dict.fromkeys(CATEGORIES, 0.0)
-    self._between_steps = 0.0  # Wall seconds of this run's BETWEEN_STEPS spans, compilation inside included.
+    self._between_steps = 0.0  # Wall seconds of this run's eval and checkpoint spans, compilation included.
     self.previous, self.runs, saved_at = _load(self.path)
     if os.environ.get(ENV_RESTARTED) and saved_at is not None:  # Lost: on no clock since the last save.
       self.seconds["restart"] = max(0.0, now() - saved_at)
@@ -107,7 +105,7 @@ class Clock:
       compile_seconds = self.compiles.busy - compiled
       self.seconds["compile"] += compile_seconds
       self.seconds[category] += span.seconds - compile_seconds
-      if category in BETWEEN_STEPS:
+      if category in ("eval", "checkpoint"):  # Not training: the progress line's step time leaves it out.
         self._between_steps += span.seconds
 
   def add(self, category: str, seconds: float) -> None:

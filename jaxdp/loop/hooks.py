@@ -153,7 +153,7 @@ class Hooks:
     if not self.ran:
       return False
     self.ran = False
-    return _any_process(self.stopped_by is not None)
+    return any_process(self.stopped_by is not None)
 
   def close(self) -> None:
     """Closes every hook, then raises the first failure."""
@@ -177,7 +177,7 @@ def _call(h: Hook, event: str, step: int, fn: Callable, *args: Any) -> Any:
     raise HookError(f"hook {name(h)} failed in {event}{where}: {type(e).__name__}: {first}") from e
 
 
-def _any_process(flag: bool) -> bool:
+def any_process(flag: bool) -> bool:
   """Whether `flag` is set on any process (an all-gather with several; every process calls it at once)."""
   import jax
   if jax.process_count() == 1:

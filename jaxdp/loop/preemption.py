@@ -6,8 +6,9 @@ import types
 from typing import Any
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
+
+from jaxdp.loop import hooks
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -44,4 +45,4 @@ class Watcher:
       return self.requested
     if self.service:  # The service's sync point: the largest step any process reached, plus one.
       return multihost_utils.reached_preemption_sync_point(step)
-    return bool(np.any(multihost_utils.process_allgather(np.array([self.requested]))))
+    return hooks.any_process(self.requested)
