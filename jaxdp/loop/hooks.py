@@ -1,7 +1,4 @@
-"""The user's code the loop calls after log steps, evals, checkpoints and every N steps, alike on every process.
-
-docs/hooks.md documents them: the calls, the trackers (`on_write`), stopping with `jaxdp.STOP`.
-"""
+"""Hooks: user code the loop calls at log, eval, checkpoint and every N steps, alike everywhere (docs/hooks.md)."""
 
 import dataclasses
 import math
