@@ -32,10 +32,6 @@ class Layout:
   def process_batch(self) -> int:
     return self.global_batch // self.num_processes
 
-  @property
-  def eval_process_batch(self) -> int:
-    return self.eval_global_batch // self.num_processes
-
 
 # Sub-configs that are someone else's keyword arguments (the model's, the builder's): a default there
 # would be an argument the user never gave.
@@ -79,11 +75,7 @@ REMOVED = {
 
 
 def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """A copy of `config` with every key it lacks from `configs/default.py`, where each default is declared.
-
-  The rest of jaxdp reads `config.key`, never `config.get(key, fallback)`: a fallback re-typed in code
-  is a second home for the default. Idempotent; the model's fields and the builder's kwargs are left alone.
-  """
+  """A copy of `config` with every key it lacks from `configs/default.py` (the one home of defaults; idempotent)."""
   full = ml_collections.ConfigDict(config.to_dict(preserve_field_references=False))
   for key in REMOVED:
     if _sets(full, key):
@@ -101,19 +93,20 @@ def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
   """A config as a checkpoint stores it (JSON), without the keys jaxdp has since removed."""
   out = dict(stored)
   for key in REMOVED:
-    *parents, name = key.split(".")
-    nodes = [out]
-    for part in parents:
-      if not isinstance(nodes[-1].get(part), dict):
-        break
-      nodes[-1][part] = node = dict(nodes[-1][part])
-      nodes.append(node)
-    else:
-      nodes[-1].pop(name, None)
-      for parent, part in reversed(list(zip(nodes, parents))):  # A section left empty was removed whole.
-        if not parent[part]:
-          del parent[part]
+    _drop(out, key.split("."))
   return out
+
+
+def _drop(node: dict[str, Any], path: list[str]) -> None:
+  """Deletes the dotted `path` from `node`, copying each section it enters; a section left empty goes too."""
+  first, *rest = path
+  if not rest:
+    node.pop(first, None)
+  elif isinstance(node.get(first), dict):
+    node[first] = section = dict(node[first])
+    _drop(section, rest)
+    if not section:  # A section left empty was removed whole.
+      del node[first]
 
 
 def _sets(config: ml_collections.ConfigDict | dict[str, Any], key: str) -> bool:
@@ -149,21 +142,14 @@ def import_named(name: str, what: str) -> Any:
     raise ConfigError(f"unknown {what} {name!r}: module {module_name!r} has no {attr!r}") from None
 
 
-def eval_batch_size(config: ml_collections.ConfigDict) -> int:
-  """The global eval batch: `eval_batch_size`, or `batch_size` when that is 0."""
-  return config.eval_batch_size or config.batch_size
-
-
 def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes: int) -> Layout:
-  """Checks the fields every run needs (a strategy checks its own: `Strategy.validate`); returns the batch layout.
-
-  `config` has its defaults filled (`with_defaults`).
-  """
+  """Checks the fields every run needs in a defaults-filled `config` (a strategy checks its own); the batch layout."""
   for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps", "parallel.prefetch"):
     _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
-  layout = Layout(num_devices, num_processes, config.batch_size, eval_batch_size(config))
+  # eval_batch_size 0: the train batch size.
+  layout = Layout(num_devices, num_processes, config.batch_size, config.eval_batch_size or config.batch_size)
   for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):
     if size % num_devices:
       raise ConfigError(f"{key} ({size}) must be divisible by the number of devices ({num_devices})")

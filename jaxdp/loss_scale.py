@@ -1,10 +1,4 @@
-"""Dynamic loss scaling for float16 compute, as PyTorch's `GradScaler` and `jmp.DynamicLossScale` do it.
-
-float16 flushes gradients under about 6e-8 to zero. The step multiplies the loss by the scale before the
-backward pass and divides the reduced gradient by it; a non-finite gradient skips the step and halves the
-scale, and `GROWTH_INTERVAL` finite steps in a row double it. bfloat16 and float32 keep float32's exponent
-range and run unscaled. The scale is part of the train state: checkpointed and resumed with it.
-"""
+"""Dynamic loss scaling for float16 compute (docs/parallelism.md), as PyTorch's `GradScaler` and jmp do it."""
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,4 @@
-"""The optax optimizer (any: named by the config, or an object in the config or passed from Python), and the
-learning-rate schedule and weight-decay mask named by the config (defaults filled)."""
+"""The optax optimizer (named by the config, or an object), with the config's schedule and weight-decay mask."""
 
 import inspect
 import re
@@ -40,11 +39,7 @@ def parameter_path(path: tuple) -> str:
 
 
 def decay_mask(spec: str, params: PyTree) -> PyTree | None:
-  """Which parameters decay, as bools shaped like `params` (None: all of them).
-
-  `params` must have the ORIGINAL shapes (arrays or `jax.ShapeDtypeStruct`s): ZeRO-1 ravels every leaf of
-  the optimizer's view to rank 1, so a mask computed from what the optimizer sees would decay nothing.
-  """
+  """Which parameters decay, as bools shaped like `params` (None: all); ZeRO-1 needs the original shapes here."""
   if spec == "all":
     return None
   if spec == "rank>=2":  # Matrices, convolution kernels, embeddings; not biases or norm scales (GPT-2, ResNet).
@@ -61,7 +56,7 @@ def decay_mask(spec: str, params: PyTree) -> PyTree | None:
 
 
 def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | Callable | None:
-  """The mask for optax: a pytree from the original shapes when known, else computed from what optax sees."""
+  """The mask for optax: from the original shapes when known, else from what optax sees (raveled under ZeRO-1)."""
   spec = config.weight_decay_mask
   if params is not None:
     return decay_mask(spec, params)
@@ -70,12 +65,9 @@ def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | 
 
 def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
          optimizer: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
-  """The optimizer: `optimizer` when given, or `config.optimizer` when it is an optax GradientTransformation (whole:
-  its own schedule, decay, clipping), else the optax function `config.optimizer` names, with the config's
-  schedule, masked weight decay and `optimizer_kwargs`.
+  """`optimizer`, or config.optimizer's GradientTransformation, or the optax function it names configured by the config.
 
-  `params`: the parameters or their shapes (`jax.eval_shape`), from which the decay mask is computed; required
-  for a correct mask under ZeRO-1, whose optimizer sees every leaf raveled.
+  `params` (or their shapes): the decay mask's source, needed under ZeRO-1, whose optimizer sees raveled leaves.
   """
   if optimizer is None and isinstance(config.optimizer, optax.GradientTransformation):  # As if passed.
     optimizer = config.optimizer
@@ -84,22 +76,22 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
       raise ConfigError(f"optimizer must be an optax GradientTransformation (e.g. optax.adamw(1e-3)), got "
                         f"{type(optimizer).__name__}")
     return optimizer
-  name, lr, wd = config.optimizer, schedule(config), config.weight_decay
-  mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on.
-  mask = mask if wd else None    # (No mask wrapper at all: the optimizer state keeps its old structure.)
+  name, wd = config.optimizer, config.weight_decay
+  mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on, so that
+  mask = mask if wd else None    # the optimizer state then has no mask wrapper.
   fn, takes = _optax_function(name)
   kwargs = dict(config.optimizer_kwargs)
-  given = {"learning_rate": lr, "weight_decay": wd, "mask": mask}
-  if "weight_decay" not in takes:
-    given.pop("mask")
-  clash = sorted(kwargs.keys() & {k for k in given if k in takes})
+  given = {"learning_rate": schedule(config)}
+  decoupled = "weight_decay" in takes  # Otherwise L2: the decay added to the gradient, as for adam and sgd.
+  if decoupled:
+    given.update({k: v for k, v in (("weight_decay", wd), ("mask", mask)) if k in takes})
+  clash = sorted(kwargs.keys() & given.keys())
   if clash:
     raise ConfigError(f"optimizer_kwargs sets {', '.join(clash)}: set the config's own key instead")
   try:
-    tx = fn(**{k: v for k, v in given.items() if k in takes}, **kwargs)
+    tx = fn(**given, **kwargs)
   except TypeError as e:
     raise ConfigError(f"optimizer_kwargs {kwargs!r} do not fit optax.{name}: {e}") from None
-  decoupled = "weight_decay" in takes  # Otherwise L2: the decay added to the gradient, as for adam and sgd.
   return optax.chain(optax.add_decayed_weights(wd, mask), tx) if wd and not decoupled else tx
 
 

@@ -1,11 +1,4 @@
-"""The device backends: which devices a run uses, how state is laid out on them, how a host batch becomes
-a device batch, and how the per-replica step is mapped over them, for the `pmap` and `mesh` backends.
-
-Devices are chosen and laid out here; elsewhere they are only read: the step and the strategies see the
-`DataAxis` a backend gives them,
-the loop asks a `Backend` for replicas and copies (and the platform, e.g. to bound steps in flight), and
-`report/` names the device kind.
-"""
+"""The pmap and mesh backends: the run's devices, the state's layout, device batches, the mapped per-replica step."""
 
 import abc
 import functools
@@ -61,8 +54,7 @@ class Backend(abc.ABC):
 
   @abc.abstractmethod
   def abstract_item(self, spec: dict[str, jax.ShapeDtypeStruct], rows: int, steps: int) -> PyTree:
-    """The shapes of what a train step takes, for blocks of `steps` steps of `rows` rows a process, each row
-    as `spec` (shape and dtype of one example): to compile or count the step before any batch exists."""
+    """A train step's input shapes, for blocks of `steps` steps of `rows` rows a process, each row as `spec`."""
 
   def put_step(self, batch: dict[str, np.ndarray]) -> tuple[PyTree, jax.Array]:
     """One host batch as a train step takes it: a block of one step, and index 0."""
@@ -70,16 +62,11 @@ class Backend(abc.ABC):
 
   @abc.abstractmethod
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    """The compiled, device-mapped `step(state, batch) -> (state, metrics)` as `(state, (block, index))`, its
-    batch taken out of the device block on the devices (`select`: `jaxdp.feed`); the state is donated."""
+    """The compiled, device-mapped `step(state, batch)` as `(state, (block, index))` (`select`); the state donated."""
 
   @abc.abstractmethod
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     """The compiled, device-mapped `step(state, batch) -> metrics`."""
-
-  @abc.abstractmethod
-  def replicas(self, tree: PyTree) -> PyTree:
-    """Every local replica of a replicated tree, stacked on a leading axis (numpy)."""
 
   @abc.abstractmethod
   def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
@@ -87,17 +74,18 @@ class Backend(abc.ABC):
 
   def get(self, tree: PyTree) -> PyTree:
     """One host copy (numpy) of a replicated tree, e.g. metrics or parameters (read from one device only)."""
-    return jax.tree.map(lambda x: np.asarray(self._first_replica(x)), tree)
+    return jax.tree.map(lambda x: self._host(x.addressable_data(0)), tree)
 
-  def _first_replica(self, x: jax.Array) -> jax.Array:
-    return x.addressable_data(0)
+  def replicas(self, tree: PyTree) -> PyTree:
+    """Every local replica of a replicated tree, stacked on a leading axis (numpy)."""
+    return jax.tree.map(lambda x: np.stack([self._host(s.data) for s in x.addressable_shards]), tree)
+
+  def _host(self, shard: jax.Array) -> np.ndarray:
+    """One device's copy of a replicated leaf, on the host."""
+    return np.asarray(shard)
 
   def bind_state(self, abstract_state: PyTree, specs: PyTree = None) -> None:
-    """Fixes how each leaf of the training state is laid out (before `init` and `map_train`).
-
-    `specs`: PartitionSpecs over the data axis, as the gradient strategy lays the state out (default:
-    everything replicated).
-    """
+    """Lays the state's leaves out by the strategy's PartitionSpecs `specs` (default: replicated), before `init`."""
     self.state_specs = specs if specs is not None else jax.tree.map(lambda _: P(), abstract_state)
 
   def abstract_global(self, abstract: PyTree) -> PyTree:
@@ -122,6 +110,7 @@ class PmapBackend(Backend):
   def __init__(self, devices: list[jax.Device]):
     super().__init__(devices)
     self._local_mesh = Mesh(np.array(self.local_devices), (AXIS,))
+    self._stacked = NamedSharding(self._local_mesh, P(AXIS))  # Leaves [local_devices, ...], one row per device.
     self._pmap = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devices)
 
   def init(self, fn: Callable[[], PyTree]) -> PyTree:
@@ -129,10 +118,9 @@ class PmapBackend(Backend):
     return self._pmap(lambda _: fn())(np.zeros(len(self.local_devices)))
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
-    sharding = NamedSharding(self._local_mesh, P(AXIS))
     n = len(self.local_devices)
     # One call for the whole batch: cheaper than one per array (docs/design-notes.md#loop-host-costs).
-    return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, sharding)
+    return jax.device_put({k: v.reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}, self._stacked)
 
   def put_block(self, block: dict[str, np.ndarray]) -> PyTree:
     n = len(self.local_devices)
@@ -140,11 +128,10 @@ class PmapBackend(Backend):
     def per_device(v: np.ndarray) -> np.ndarray:  # [steps, rows, ...] -> [devices, steps, rows / devices, ...]
       return np.ascontiguousarray(np.swapaxes(v.reshape(v.shape[0], n, v.shape[1] // n, *v.shape[2:]), 0, 1))
 
-    return jax.device_put({k: per_device(v) for k, v in block.items()}, NamedSharding(self._local_mesh, P(AXIS)))
+    return jax.device_put({k: per_device(v) for k, v in block.items()}, self._stacked)
 
   def put_index(self, index: int) -> jax.Array:
-    n = len(self.local_devices)
-    return jax.device_put(np.full(n, index, np.int32), NamedSharding(self._local_mesh, P(AXIS)))
+    return jax.device_put(np.full(len(self.local_devices), index, np.int32), self._stacked)
 
   def abstract_item(self, spec: dict[str, jax.ShapeDtypeStruct], rows: int, steps: int) -> PyTree:
     n = len(self.local_devices)
@@ -158,11 +145,8 @@ class PmapBackend(Backend):
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return self._pmap(functools.partial(step, axis=self.axis))
 
-  def _first_replica(self, x: jax.Array) -> jax.Array:
-    return x.addressable_data(0)[0]  # A pmap shard keeps its leading [1] device axis.
-
-  def replicas(self, tree: PyTree) -> PyTree:
-    return jax.tree.map(lambda x: np.stack([np.asarray(s.data)[0] for s in x.addressable_shards]), tree)
+  def _host(self, shard: jax.Array) -> np.ndarray:
+    return np.asarray(shard)[0]  # A pmap shard keeps its leading [1] device axis.
 
   def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
     return self._pmap(fn)
@@ -173,50 +157,40 @@ class PmapBackend(Backend):
 
     def one(x: jax.Array) -> jax.Array:
       by_device = {s.device: s.data.reshape(x.shape[1:]) for s in x.addressable_shards}
-      return jax.make_array_from_single_device_arrays(x.shape[1:], replicated, [by_device[d] for d in self.local_devices])
+      shards = [by_device[d] for d in self.local_devices]
+      return jax.make_array_from_single_device_arrays(x.shape[1:], replicated, shards)
 
     return jax.tree.map(one, tree)
 
   def from_global(self, tree: PyTree) -> PyTree:
-    stacked = NamedSharding(self._local_mesh, P(AXIS))
     n = len(self.local_devices)
 
     def one(x: jax.Array) -> jax.Array:
       by_device = {s.device: s.data for s in x.addressable_shards}
       shards = [by_device[d].reshape(1, *x.shape) for d in self.local_devices]
-      return jax.make_array_from_single_device_arrays((n, *x.shape), stacked, shards)
+      return jax.make_array_from_single_device_arrays((n, *x.shape), self._stacked, shards)
 
     return jax.tree.map(one, tree)
 
 
 class MeshBackend(Backend):
-  """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P(), batch sharded P('data').
-
-  A gradient strategy may lay parts of the state out differently (ZeRO-1 shards the optimizer state
-  P('data'): `bind_state`). Strategies that gather values across devices themselves (ZeRO-1's
-  all-gather of new parameters, the invariant mode's ordered sum) leave replication to the step, so
-  they run shard_map `unchecked` (`checked=False`): then `grad` adds no implicit psum and the
-  parameters need no marking.
-  """
+  """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P() (or as `bind_state` says), batch P('data')."""
 
   def __init__(self, devices: list[jax.Device], checked: bool = True):
     super().__init__(devices)
-    # One device: unchecked, so the strategy can skip the all-reduce (a replica's values are the means).
+    # Unchecked (no implicit psum in `grad`) where the strategy gathers across devices itself, and on one device,
+    # where the strategy can skip the all-reduce (a replica's values are the means).
     self.checked = checked and len(devices) > 1
     self.axis = DataAxis(AXIS, mark_varying=self.checked)
     self.sharded = NamedSharding(self.mesh, P(AXIS))
     self.state_specs: PyTree = P()  # A prefix: the whole state replicated, until bind_state.
 
-  def _shardings(self, specs: PyTree) -> PyTree:
-    return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs)
-
   def init(self, fn: Callable[[], PyTree]) -> PyTree:
     # Created already in place on every device (replicated, or sharded for ZeRO), never first on one.
-    return jax.jit(fn, out_shardings=self._shardings(self.state_specs))()
+    return jax.jit(fn, out_shardings=jax.tree.map(lambda s: NamedSharding(self.mesh, s), self.state_specs))()
 
   def put_batch(self, batch: dict[str, np.ndarray]) -> PyTree:
-    # The whole batch in one call: with one process one device_put of the dict, cheaper than one per array
-    # (docs/design-notes.md#loop-host-costs); with several, JAX places each array as before.
+    # One process: one device_put of the whole dict, cheaper than one per array (docs/design-notes.md#loop-host-costs).
     return jax.make_array_from_process_local_data(self.sharded, batch)
 
   def put_block(self, block: dict[str, np.ndarray]) -> PyTree:
@@ -242,9 +216,6 @@ class MeshBackend(Backend):
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(self._shard_map(step, P()))
 
-  def replicas(self, tree: PyTree) -> PyTree:
-    return jax.tree.map(lambda x: np.stack([np.asarray(s.data) for s in x.addressable_shards]), tree)
-
   def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
     # Unchecked: each device must see its own buffer, not what replication says it should hold.
     return jax.jit(jax.shard_map(lambda t: fn(t)[None], mesh=self.mesh, in_specs=P(), out_specs=P(AXIS),
@@ -255,14 +226,8 @@ BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
 
 
 def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = DataParallel,
-                 devices: list[jax.Device] | None = None, checked: bool = True) -> Backend:
-  """The backend `name` over all devices, or over the first `num_devices` (single process only), for `strategy`.
-
-  `strategy`: the gradient strategy's class; one that shards the state (ZeRO-1: `shards_state`) needs the
-  mesh backend, and one that gathers across devices itself (not `checked`) runs shard_map unchecked.
-  `devices`: these instead of `jax.devices()` (e.g. a TPU topology's, for ahead-of-time compilation).
-  `checked=False`: unchecked whatever the strategy (a hand-written step that reduces by itself).
-  """
+                 devices: list[jax.Device] | None = None) -> Backend:
+  """Backend `name` for the class `strategy`, over `devices` (default: all), or their first `num_devices`."""
   if name not in BACKENDS:
     raise ConfigError(f"unknown parallel.backend {name!r} (choose from {', '.join(BACKENDS)})")
   devices = list(devices) if devices else jax.devices()
@@ -273,7 +238,7 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
   if name == "mesh":  # A sharded state is gathered by the step.
-    return MeshBackend(devices, checked and strategy.checked and not strategy.shards_state)
+    return MeshBackend(devices, strategy.checked and not strategy.shards_state)
   if strategy.shards_state:
     raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
   return PmapBackend(devices)

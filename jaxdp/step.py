@@ -1,11 +1,4 @@
-"""The training state and the pure per-replica train and eval steps.
-
-Both steps run on ONE replica's slice of the batch; how gradients cross devices is the `Strategy`'s
-job (`jaxdp.strategies`: plain data parallelism, the invariant mode, ZeRO-1, with its `StrategyOptions`),
-and what is learned is the task's (`jaxdp.tasks`: the loss and metrics of a batch's rows, which jaxdp
-reduces by their kinds), so the step itself is the textbook one. `jaxdp.parallel` maps the steps over
-devices (pmap or shard_map). Nothing here is jitted.
-"""
+"""The training state and the pure per-replica train and eval steps (the `Strategy` crosses devices; unjitted)."""
 
 from typing import Any
 
@@ -54,24 +47,19 @@ def init_state(rng: jax.Array, *, model: Model, tx: optax.GradientTransformation
 def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
                tx: optax.GradientTransformation, axis: DataAxis, strategy: Strategy = PLAIN,
                task: tasks.Task = CLASSIFICATION, cast_inputs: bool = True) -> tuple[TrainState, Metrics]:
-  """One optimizer step on this replica's slice: reduced gradient, optional clipping, update (or skip).
+  """One optimizer step on this replica's slice: reduced gradient, optional clipping, update (or skip); metrics.
 
-  The loss, its gradient and every mean metric are Σ w·v / Σ w over the whole global batch: each replica
-  sums its micro-batches, the strategy sums over replicas, and one division follows here. Under float16 the
-  loss is scaled before the backward pass and the gradient unscaled by the same division (`jaxdp.loss_scale`).
   `cast_inputs`: float features reach the model in the compute dtype (False: token ids carried as floats).
-  Returns {"loss", <the task's metrics, "_" helpers left out>, "nonfinite", "zero_weight",
-  "weight": {<mean metric>: its total weight}}, and under float16 "overflow" and "loss_scale".
   """
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
   scale = None if state.loss_scale is None else state.loss_scale.scale
   grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale)
+  # Σ w·v over the global batch (each replica's micro-batches, then the replicas); one division here makes means.
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
-  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently from program to
-  # program (device count), which broke the invariant mode's bitwise guarantee; a product rounds the same.
-  # Dividing it by the scale, a power of two, is exact.
+  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently with the device
+  # count, breaking the invariant mode's bitwise guarantee. Dividing by the scale, a power of two, is exact.
   inverse = 1 / jnp.where(weight > 0, weight, 1) / (1 if scale is None else scale)
   grads = jax.tree.map(lambda g: g * inverse, grads)
   means = task_lib.means(sums)
@@ -83,11 +71,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
     params, opt_state = strategy.apply(state, grads, tx, axis)
     return state.replace(params=params, model_state=model_state, opt_state=opt_state)
 
-  # A NaN/Inf on any replica reaches every replica through the reductions, so all of them take the
-  # same decision: skip this update (the batch is still consumed), as for a batch that weighs nothing. The
-  # update is computed inside the cond, so the old and new states are never both alive (no copy of the state
-  # each step), and no select is fused into it (a fused select rounded the update differently from program
-  # to program).
+  # A NaN/Inf reaches every replica through the reductions: all skip this update alike (the batch is consumed).
+  # Inside the cond, the old and new states are never both alive, and no select is fused into the update
+  # (a fused select rounded it differently from program to program).
   new_state = lax.cond(finite & (weight > 0), apply, lambda: state).replace(step=state.step + 1)
   reported = {k: v for k, v in task_lib.flatten({**sums, "mean": means}).items() if not k.startswith("_")}
   out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),
@@ -110,7 +96,7 @@ def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
 
 def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool,
              scale: jax.Array | None = None) -> GradFn:
-  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (metric sums, model_state)), grads), in `compute_dtype`."""
+  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (sums, model_state)), grads) in `compute_dtype`."""
   dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
@@ -135,10 +121,7 @@ def _task_batch(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, axis: DataAxis,
               strategy: Strategy = PLAIN, task: tasks.Task = CLASSIFICATION,
               cast_inputs: bool = True) -> Metrics:
-  """The task's metrics summed by kind over the real rows of all replicas (`tasks.base.per_row`; padding masked out).
-
-  Each metric counts per element: a [B, T] per-token value is T targets of its example.
-  """
+  """The task's metrics summed by kind over the real rows of all replicas, per element (`tasks.base.per_row`)."""
   dtype = jnp.dtype(strategy.options.compute_dtype)
 
   def per_example(rows: dict[str, jax.Array]) -> dict[str, Any]:

@@ -1,10 +1,4 @@
-"""Python's garbage collector during the loop: at fixed steps, not wherever an allocation happens to trigger it.
-
-Left automatic, a collection runs in whichever thread allocates: in the loop's step dispatch or in its wait for
-a batch (booked as input), or in the prefetch thread while it holds the GIL, and the first full collection after
-compiling walks every object tracing made (docs/design-notes.md#garbage-collection). In a multi-process
-run a pause on one process stalls every other at the next all-reduce; at fixed steps all processes pause at once.
-"""
+"""Python's garbage collector in the loop: at fixed steps (docs/design-notes.md#garbage-collection)."""
 
 import gc
 import types
@@ -14,16 +8,10 @@ EVERY_STEPS = 50
 
 
 class Collector:
-  """A context for the loop: automatic collection off inside; `after(step)` collects every `every_steps` steps.
-
-  `every_steps` 0: Python's automatic collection stays as it is. On entry the objects alive so far (the model,
-  the compiled programs, the libraries) are frozen out of later collections, which then walk only what the
-  loop made; on exit they are unfrozen (unless the caller had frozen objects of its own: gc unfreezes all or
-  nothing) and automatic collection is switched back on if it was on.
-  """
+  """Inside: automatic collection off, the objects alive on entry frozen; `after(step)` collects every N steps."""
 
   def __init__(self, every_steps: int):
-    self.every_steps = every_steps
+    self.every_steps = every_steps  # 0: Python's automatic collection stays as it is.
     self._was_enabled = self._was_frozen = False  # As found on entry.
 
   def __enter__(self) -> "Collector":

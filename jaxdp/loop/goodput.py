@@ -1,10 +1,4 @@
-"""Where a run's wall time goes (goodput): steps, compilation, input, eval, checkpoints, restore, setup.
-
-Totals are kept in WORKDIR/goodput.json and summed over every run of the same workdir, so time lost
-to preemptions and restarts (setup, restore, compilation again) shows in the shares. A run that
-jaxdp.launch started again after a failure also counts, as `restart`, the wall time between the failed
-run's last saved totals and its own start: the work since then, the stop, the new processes' start.
-"""
+"""Where a workdir's wall time goes (goodput), per category, summed over its runs in WORKDIR/goodput.json."""
 
 import contextlib
 import dataclasses
@@ -23,15 +17,14 @@ FILE = "goodput.json"
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup", "restart")
 LABELS = {"train": "training", "compile": "compilation", "input": "input", "eval": "eval",
           "checkpoint": "checkpoint saves", "restore": "restore", "setup": "setup", "restart": "restarts"}
-# Set by jaxdp.launch on the processes it starts again after a failure: count the time lost (`restart`).
+# Set by jaxdp.launch on the processes it restarts after a failure: the time since the failed run's last saved
+# totals (its lost work, the stop, the new start) counts as `restart`.
 ENV_RESTARTED = "JAXDP_RESTARTED"
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # XLA compile or persistent-cache read.
 # Making a program: tracing (nested for a jit called inside a traced function), lowering, XLA compile.
 _MAKING_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   _COMPILE_EVENT)
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
-# Work between steps that is not training: the progress line's step time leaves its wall time out.
-BETWEEN_STEPS = ("eval", "checkpoint")
 
 
 @dataclasses.dataclass
@@ -96,18 +89,14 @@ class Clock:
     self._clock, self._now = clock, now
     self.began = clock()
     self.seconds = dict.fromkeys(CATEGORIES, 0.0)
-    self._between_steps = 0.0  # Wall seconds of this run's BETWEEN_STEPS spans, compilation inside included.
+    self._between_steps = 0.0  # Wall seconds of this run's eval and checkpoint spans, compilation included.
     self.previous, self.runs, saved_at = _load(self.path)
     if os.environ.get(ENV_RESTARTED) and saved_at is not None:  # Lost: on no clock since the last save.
       self.seconds["restart"] = max(0.0, now() - saved_at)
 
   @contextlib.contextmanager
   def span(self, category: str) -> Iterator[Span]:
-    """Counts the time inside as `category`, except JAX making programs inside it, which counts as `compile`.
-
-    Yields a Span holding, once the block ends, its whole wall time (as `time/eval`, `time/checkpoint`).
-    """
-    # Tracing, lowering and XLA compilation, wherever they happen: the first step, eval, replica check.
+    """Counts the time inside as `category`, JAX making programs inside it as `compile`; yields its whole Span."""
     span, began, compiled = Span(), self._clock(), self.compiles.busy
     try:
       yield span
@@ -116,7 +105,7 @@ class Clock:
       compile_seconds = self.compiles.busy - compiled
       self.seconds["compile"] += compile_seconds
       self.seconds[category] += span.seconds - compile_seconds
-      if category in BETWEEN_STEPS:
+      if category in ("eval", "checkpoint"):  # Not training: the progress line's step time leaves it out.
         self._between_steps += span.seconds
 
   def add(self, category: str, seconds: float) -> None:

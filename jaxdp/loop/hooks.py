@@ -1,10 +1,4 @@
-"""Hooks: code of the user's that `train_and_evaluate(..., hooks=[...])` calls after log steps, evals,
-checkpoints and every N steps, on every process with the same information (docs/hooks.md).
-
-A tracker is a hook that takes every record the loop writes (`on_write`): metrics.jsonl and TensorBoard are
-the default ones, Weights & Biases (`jaxdp.WandbTracker`) another. A hook asks the run to stop by returning
-`jaxdp.STOP`; every process then stops at the same step, with a checkpoint there.
-"""
+"""Hooks: user code the loop calls at log, eval, checkpoint and every N steps, alike everywhere (docs/hooks.md)."""
 
 import dataclasses
 import math
@@ -34,11 +28,7 @@ class HookError(ConfigError):
 
 @dataclasses.dataclass(frozen=True)
 class StepInfo:
-  """What a hook is called with: `metrics` are host floats, the same on every process.
-
-  `metrics`: the train metrics (`on_log`), the eval metrics (`on_eval`; `on_checkpoint` at an eval step), else {}.
-  `state`: the TrainState on the devices; `params` one host copy of its parameters.
-  """
+  """What a hook is called with: `metrics` as host floats, the same on every process (docs/hooks.md)."""
   step: int
   metrics: Mapping[str, float]
   state: Any
@@ -160,7 +150,7 @@ class Hooks:
     if not self.ran:
       return False
     self.ran = False
-    return _any_process(self.stopped_by is not None)
+    return any_process(self.stopped_by is not None)
 
   def close(self) -> None:
     """Closes every hook, then raises the first failure."""
@@ -184,7 +174,7 @@ def _call(h: Hook, event: str, step: int, fn: Callable, *args: Any) -> Any:
     raise HookError(f"hook {name(h)} failed in {event}{where}: {type(e).__name__}: {first}") from e
 
 
-def _any_process(flag: bool) -> bool:
+def any_process(flag: bool) -> bool:
   """Whether `flag` is set on any process (an all-gather with several; every process calls it at once)."""
   import jax
   if jax.process_count() == 1:

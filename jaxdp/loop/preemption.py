@@ -1,9 +1,4 @@
-"""Preemption: on SIGTERM or SIGINT, finish the step, checkpoint it, and exit cleanly (status 0).
-
-Multi-process runs agree on the step to stop at through JAX's preemption service (the coordination
-service's sync point: the largest step any process had reached, plus one), not a device collective
-per step: the steps queued on the devices keep running while the hosts agree.
-"""
+"""Preemption: on SIGTERM or SIGINT, every process finishes the same step, checkpoints it and exits with status 0."""
 
 import os
 import signal
@@ -11,23 +6,20 @@ import types
 from typing import Any
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
+
+from jaxdp.loop import hooks
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Watcher:
-  """Records a stop signal; `should_stop(step)` is the same decision on every process.
-
-  With several processes and JAX's preemption service on (`jax_enable_preemption_service`, the default),
-  the service owns SIGTERM (it installs its own handler at `jax.distributed.initialize`); SIGINT is
-  forwarded to it as a SIGTERM. A second SIGINT then interrupts as it would without us; a second SIGTERM
-  is absorbed by the service. Otherwise the processes all-gather their flags every step.
-  """
+  """Records a stop signal; `should_stop(step)` is the same decision on every process."""
 
   def __init__(self) -> None:
     self.requested = False
+    # JAX's preemption service (several processes; docs/design-notes.md#preemption-agreement) owns SIGTERM: it
+    # installs its handler at `jax.distributed.initialize`, and we forward SIGINT to it as a SIGTERM.
     self.service = jax.process_count() > 1 and bool(jax.config.jax_enable_preemption_service)
     self._previous: dict[int, Any] = {}
 
@@ -51,6 +43,6 @@ class Watcher:
     """Whether any process was signalled; all processes must stop at the same step. Call it every step."""
     if jax.process_count() == 1:
       return self.requested
-    if self.service:
+    if self.service:  # The service's sync point: the largest step any process reached, plus one.
       return multihost_utils.reached_preemption_sync_point(step)
-    return bool(np.any(multihost_utils.process_allgather(np.array([self.requested]))))
+    return hooks.any_process(self.requested)

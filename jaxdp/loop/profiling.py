@@ -1,7 +1,4 @@
-"""`config.profile_steps=(first, last)`: a `jax.profiler` trace of those steps in WORKDIR/plugins/profile/.
-
-TensorBoard's profile plugin (`tensorboard --logdir WORKDIR`) and Perfetto read it. Process 0 only.
-"""
+"""`config.profile_steps=(first, last)`: process 0's `jax.profiler` trace of those steps (TensorBoard, Perfetto)."""
 
 from typing import Any
 

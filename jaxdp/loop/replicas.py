@@ -34,18 +34,13 @@ class Sentinel:
   def __init__(self, backend: Backend):
     self.per_device = backend.map_per_device(_fingerprint)
 
-  def fingerprints(self, tree: PyTree) -> dict[int, int]:
-    """Device id -> fingerprint of that device's copy, over all processes."""
-    out = self.per_device(tree)
-    pairs = np.array([[s.device.id, int(np.asarray(s.data).reshape(-1)[0])] for s in out.addressable_shards],
-                     dtype=np.int64)
-    if jax.process_count() > 1:
-      pairs = np.asarray(multihost_utils.process_allgather(pairs)).reshape(-1, 2)
-    return {int(i): int(f) for i, f in pairs}
-
   def check(self, tree: PyTree) -> None:
     """Raises ReplicaMismatchError naming the replicas (devices) whose copy differs from the majority."""
-    prints = self.fingerprints(tree)
+    shards = self.per_device(tree).addressable_shards
+    pairs = np.array([[s.device.id, int(np.asarray(s.data).reshape(-1)[0])] for s in shards], dtype=np.int64)
+    if jax.process_count() > 1:
+      pairs = np.asarray(multihost_utils.process_allgather(pairs)).reshape(-1, 2)
+    prints = {int(i): int(f) for i, f in pairs}  # Device id -> its copy's fingerprint, over all processes.
     majority = collections.Counter(prints.values()).most_common(1)[0][0]
     bad = sorted(d for d, f in prints.items() if f != majority)
     if bad:

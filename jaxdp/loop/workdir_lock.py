@@ -1,9 +1,4 @@
-"""One run per workdir: process 0 of a run holds an OS lock (flock) on WORKDIR/jaxdp.lock while it runs.
-
-A second run on a live workdir stops before it writes anything there, naming the holder; processes that joined
-the run do not take the lock. The kernel drops the lock when its holder dies, so a killed run never blocks its
-restart, whatever the file still says.
-"""
+"""One run per workdir: process 0 holds a flock on WORKDIR/jaxdp.lock while it runs (the kernel drops it at death)."""
 
 import contextlib
 import fcntl
@@ -13,9 +8,9 @@ import socket
 from collections.abc import Iterator
 
 import jax
-import numpy as np
 
 from jaxdp.config import ConfigError
+from jaxdp.loop import hooks
 
 FILE = "jaxdp.lock"
 log = logging.getLogger("jaxdp")
@@ -39,19 +34,11 @@ def _take(path: str) -> tuple[int | None, str]:
   return fd, ""
 
 
-def _agreed(refused: bool) -> bool:
-  """Process 0's verdict, on every process: none writes into a workdir that its process 0 was refused."""
-  if jax.process_count() == 1:
-    return refused
-  from jax.experimental import multihost_utils
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(refused)))
-
-
 @contextlib.contextmanager
 def hold(workdir: str) -> Iterator[None]:
   """Holds `workdir` for this run; a ConfigError naming the holder where a live run already holds it."""
   fd, holder = _take(os.path.join(workdir, FILE)) if jax.process_index() == 0 else (None, "")
-  if _agreed(bool(holder)):
+  if hooks.any_process(bool(holder)):  # Only process 0 can be refused: none writes into a workdir it was refused.
     raise ConfigError(f"workdir {workdir!r} is in use by a live run ({holder or 'seen by process 0'}): stop it "
                       f"or choose another --workdir; processes of one run join it (jax.distributed) first")
   try:
