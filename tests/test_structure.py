@@ -89,6 +89,30 @@ def test_the_library_the_loop_and_the_reports_never_import_a_tool():
   assert wrong == set()
 
 
+TRAINER = ("jaxdp.loop.train", "jaxdp.loop.periodic")  # `train_and_evaluate`: one loop on the public library.
+TRAINER_MAY_IMPORT = ("jaxdp.library", "jaxdp.build", "jaxdp.config", "jaxdp.loop", "jaxdp.report", "jaxdp.runtime")
+
+
+def trainer_reaches_past_the_library(edges: dict[str, set[str]]) -> set[str]:
+  """The trainer's imports of the library's insides (steps, backends, feed, checkpoints, data, strategies):
+  it reaches them only through `jaxdp.DataParallel`, and the config's objects through `build.resolve`."""
+  return {f"{m} -> {t}" for m in TRAINER for t in edges[m] if not _under(t, TRAINER_MAY_IMPORT)}
+
+
+def test_the_trainer_reaches_the_library_only_through_data_parallel():
+  assert trainer_reaches_past_the_library(graph()) == set()
+
+
+def test_the_trainer_check_catches_a_reach_past_the_library(tmp_path):
+  """Seen failing: the loop importing the checkpoints module itself."""
+  import shutil
+  copy = tmp_path / "jaxdp"
+  shutil.copytree(PACKAGE, copy)
+  with open(copy / "loop" / "train.py", "a") as f:
+    f.write("\n\ndef _late():\n  from jaxdp import checkpoint  # noqa\n")
+  assert trainer_reaches_past_the_library(graph(copy)) == {"jaxdp.loop.train -> jaxdp.checkpoint"}
+
+
 def test_data_never_imports_the_datasets_by_name():
   """It imports one by module path, when a config names it (`tfds_dataset.SHIPPED`)."""
   wrong = {f"{m} -> {t}" for m, targets in graph().items() if _under(m, ("jaxdp.data",))
