@@ -1,8 +1,6 @@
 """The one global order: which examples global batch `step` holds, a pure function of (seed, step).
 
-Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, e, k = divmod(step, steps_per_epoch),
-drawn by numpy's Philox keyed by (seed, epoch) (`rng`); the last n % B examples of an epoch sit it out. Process p of P
-reads rows [p * B / P, (p + 1) * B / P). Only the permutations of the epochs in use are held, never the examples.
+Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation (e, k = divmod(step, steps_per_epoch)).
 """
 
 import collections
