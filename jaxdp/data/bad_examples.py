@@ -22,7 +22,6 @@ log = logging.getLogger("jaxdp")
 Failure = Union["tf.errors.OpError", UnreadableExample, "ReadError"]  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
-SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
 
 
 class BadExampleError(ConfigError):
@@ -103,12 +102,12 @@ class Guarded(Iterator[Batch]):
     raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
 
 
-def named_error(split: str, indices: list[int], error: Failure, remedy: str = SKIP) -> BadExampleError:
+def named_error(split: str, indices: list[int], error: Failure) -> BadExampleError:
   """One line naming the split, the bad indices, and TensorFlow's reason."""
-  named = ", ".join(str(index) for index in indices[:MAX_NAMED]) + (f" (+{len(indices) - MAX_NAMED} more)"
-                                                                   if len(indices) > MAX_NAMED else "")
-  return BadExampleError(f"cannot decode example {named} of split {split!r} ({reason_of(error)}); fix or remove it, "
-                         f"or {remedy}")
+  more = f" (+{len(indices) - MAX_NAMED} more)" if len(indices) > MAX_NAMED else ""
+  return BadExampleError(f"cannot decode example {', '.join(map(str, indices[:MAX_NAMED]))}{more} of split {split!r} "
+                         f"({reason_of(error)}); fix or remove it, or set dataset.skip_bad_examples=True to replace "
+                         "bad examples and train on")
 
 
 def reason_of(error: Failure) -> str:

@@ -1,8 +1,4 @@
-"""The train and eval streams (this process's rows of each global batch, read by index) and the resume contract.
-
-A train stream is a pure function of the step: the position to checkpoint is the train state's step, never a count
-of batches pulled (reading runs ahead).
-"""
+"""The train and eval streams (this process's rows of each global batch, read by index) and the resume contract."""
 
 import itertools
 import math
@@ -37,6 +33,7 @@ def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, star
                   _tf_data: bool = False) -> Iterator[Batch]:
   """This process's rows of global batches start_step, ..., stop_step - 1 (None: forever, which can hold the exit:
   docs/design-notes.md#input-pipeline-choices); `with_ids` adds `INDEX`; `_tf_data`: through tf.data always."""
+  # A pure function of the step: the position to checkpoint is the train state's step (reading runs ahead).
   rows = global_batch // process_count
   first_row = process_index * rows
   source, pre = ds.source(split), ds.options.preprocess

@@ -99,9 +99,9 @@ def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.Da
   """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet."""
   with _no_temp_dirs_left():
     builder = make()
+  if mocked(builder):
+    builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
   if builder.is_prepared() or mocked(builder):
-    if mocked(builder):
-      builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
     return builder
   check_can_prepare(builder)  # Fails in seconds, not after minutes of download retries.
   _prepare(make, builder)

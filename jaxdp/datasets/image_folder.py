@@ -1,7 +1,4 @@
-"""A folder of class subfolders of images (`photos/cat/1.jpg` or `photos/train/cat/1.jpg`) as a TFDS dataset.
-
-Labels, splits, shapes and bad files: docs/data.md (image folders).
-"""
+"""A folder of class subfolders of images as a TFDS dataset (its labels, splits, shapes, bad files: docs/data.md)."""
 
 import hashlib
 import json

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.datasets import fingerprint
 
 VOCAB_SIZE = 256  # Byte-level tokens.
 
@@ -94,11 +95,8 @@ class TextFile(WindowedText):
                **kwargs):
     if not path:
       raise ConfigError("dataset 'text_file' needs a path: set config.dataset.builder_kwargs.path")
-    if not os.path.isfile(path):
-      raise ConfigError(f"text file {path!r} not found")
-    if not 0 < test_fraction < 1:
-      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
-    self.path, self.test_fraction = os.path.abspath(path), test_fraction
+    self.path = fingerprint.checked_source(path, test_fraction, "text file", os.path.isfile)
+    self.test_fraction = test_fraction
     with open(self.path, "rb") as f:
       digest = hashlib.sha256(f.read()).hexdigest()[:12]
     # The config name holds the text's and the options' digest: a prepared copy is for this text and windows only.
