@@ -77,6 +77,8 @@ def test_text_file_reports_a_bad_path_stride_or_encoding_as_a_config_error(tmp_p
   with pytest.raises(config_lib.ConfigError, match="not found"):
     tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "missing.txt"))
   (tmp_path / "t.txt").write_text("some text " * 20)
+  with pytest.raises(config_lib.ConfigError, match="test_fraction must be in \\(0, 1\\), got '0.1'"):
+    tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "t.txt"), test_fraction="0.1")
   with pytest.raises(config_lib.ConfigError, match="stride must be a non-negative integer, got -1"):
     tfds.builder("text_file", data_dir=str(tmp_path), path=str(tmp_path / "t.txt"), seq_len=8, stride=-1)
   (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 20)

@@ -1,14 +1,4 @@
-"""The input pipeline: a random-access source -> one seeded global order -> each process's rows of every global
-batch -> numpy host batches. Knows nothing of models or devices.
-
-The modules, in the order the data flows through them: `load` (here: the kind of dataset a name names) opens a
-`dataset.Dataset`, a `source.Corpus` of splits read by index (`tfds_dataset`: TFDS builders prepared once as
-ArrayRecord, `convert`: TFRecord -> ArrayRecord; `arrays`: in-memory arrays, any random-access source, token files),
-decoded once when small (`cache`); `order`: which examples global batch `step` holds; `stream`: `train_batches` and
-`eval_batches`, read by numpy on the host where nothing needs decoding, else by tf.data (`reader`, also the one way
-to TensorFlow); `preprocess`: crops, augmentation and normalization; `bad_examples`: the guard for examples that do
-not decode; `stream.stream_spec` and `check_resume`: the resume contract.
-"""
+"""The input pipeline: random-access splits -> one seeded global order -> this process's rows as numpy batches."""
 
 import dataclasses
 import importlib
@@ -49,14 +39,12 @@ def is_npz(name: str) -> bool:
 
 
 def is_folder(name: str) -> bool:
-  """Whether `name` means a folder's path rather than a TFDS name (which may contain "/": "name/config")."""
-  # Absolute, or `./`, `../`, `~`, or containing `/` and existing: a bare "mnist" stays the TFDS dataset even beside
-  # a folder of that name (write `./mnist` for the folder).
+  """Whether `name` is a folder's path, not a TFDS name: a bare "mnist" stays TFDS's even beside a folder "mnist"."""
   return not is_npz(name) and (name.startswith(("/", "./", "../", "~")) or ("/" in name and os.path.exists(name)))
 
 
 def _npz(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
-  """An .npz file's dataset, by `jaxdp.datasets.npz` (imported by module path: this package never imports it)."""
+  """An .npz file's dataset, by `jaxdp.datasets.npz` (imported by module path)."""
   return importlib.import_module(f"{tfds_dataset.SHIPPED}.npz").open_dataset(config, kwargs)
 
 
@@ -71,7 +59,7 @@ KINDS = (
 
 
 def find(name: str) -> Kind:
-  """The kind that claims `name`: the kind in the table that matches it, else a registered TFDS name."""
+  """The kind in `KINDS` that claims `name`, else a registered TFDS name."""
   claims = [kind for kind in KINDS if kind.matches(name)]
   if len(claims) > 1:
     raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
@@ -80,8 +68,7 @@ def find(name: str) -> Kind:
 
 
 def load(config: ml_collections.ConfigDict, *, train_data: Any = None, eval_data: Any = None) -> Dataset:
-  """Opens the dataset `config` (a `config.dataset`, completed from `configs/default.py`) names, prepared once if
-  needed; or `train_data`/`eval_data` (a dict of numpy arrays or a random-access source each; the name is unused)."""
+  """The dataset `config` (a `config.dataset`) names, prepared once; or `train_data`/`eval_data` (arrays or sources)."""
   config = config_lib.with_defaults(ml_collections.ConfigDict({"dataset": config})).dataset
   if train_data is not None or eval_data is not None:
     return arrays.open_data(config, train_data, eval_data)

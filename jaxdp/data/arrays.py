@@ -1,18 +1,4 @@
-"""Sources that read final arrays (nothing to decode), each split a `Source` of an `ArrayCorpus`.
-
-In memory (`data.load(config.dataset, train_data=..., eval_data=...)`, and `.npz` files): a dict of numpy arrays of
-one leading length, or any random-access source (`len()`, `__getitem__(i) -> dict`, optionally `__getitems__`: a
-`tfds.data_source`, a Hugging Face dataset, a Grain source). Nested dicts are flattened with "/"; "inputs"/"labels",
-when present, are the supervised pair; features that are not numeric are left out. Nothing is written. The name is
-"<in-memory>@DIGEST" (every byte of a dict of arrays; a source's own `identity`, else its length and a fixed
-sample of its rows), part of the stream spec, so a checkpoint of other data is refused on resume.
-
-A token file (`dataset.name = "token_file"`): one flat uint16/uint32 file of token ids (nanoGPT's `train.bin`),
-memory-mapped and read as windows of seq_len + 1 tokens (window i starts at token i * stride; labels are inputs
-shifted by one). A sidecar `PATH.json` ({"dtype", "vocab_size", "num_tokens"}, `jaxdp.datasets.token_file.Writer`)
-gives its dtype and vocabulary; a file without one needs `vocab_size`. Splits `train` and `test`: two files (`path`,
-`eval_path`) or one cut by `test_fraction`; eval windows start every seq_len tokens, so each target counts once.
-"""
+"""Splits that read final arrays (nothing to decode): in-memory arrays, random-access sources, token files."""
 
 import hashlib
 import json
@@ -27,7 +13,7 @@ from jaxdp.config import ConfigError
 from jaxdp.data.dataset import Dataset, Options
 from jaxdp.data.source import INPUTS, LABELS, TEXT, ArrayCorpus, Facts, Rows, flatten, identity
 
-NAME = "<in-memory>"  # The dataset's name before its digest.
+NAME = "<in-memory>"  # The dataset's name before its digest: a checkpoint of other data is refused on resume.
 KIND = "in-memory"     # Its source kind in the stream spec.
 SAMPLE_ROWS = 64       # Rows of a source without a fingerprint that its digest reads.
 _CHUNK = 1024          # Rows per read while counting a source's classes.
@@ -58,7 +44,7 @@ class ArraysSource:
 
 
 class RandomAccessSource:
-  """A split that is a random-access source of example dicts: rows read by `__getitems__`, else one by one."""
+  """A split that is a random-access source of example dicts (`len()`, `__getitem__`, optionally `__getitems__`)."""
 
   def __init__(self, source: Any, what: str):
     if not (hasattr(source, "__len__") and hasattr(source, "__getitem__")):
@@ -240,8 +226,8 @@ class TokenWindows:
 
 
 def _check_against_sidecar(path: str, meta: dict, dtype: str | None, vocab_size: int | None) -> None:
-  """A dtype or vocabulary given in the config must not contradict the file's sidecar: other bytes per token
-  read as garbage ids, and ids past the model's vocabulary embed as NaN (every such step skipped), not refused."""
+  """Raises if the config's dtype or vocabulary contradicts the file's sidecar."""
+  # Other bytes per token read as garbage ids; ids past the model's vocabulary embed as NaN (each step skipped).
   if dtype and meta.get("dtype") and dtype != meta["dtype"]:
     raise ConfigError(f"token file {path!r} holds {meta['dtype']} tokens (its sidecar {sidecar_path(path)!r}), "
                       f"not dataset dtype {dtype!r}")

@@ -1,11 +1,4 @@
-"""Examples that do not decode (a truncated image, bytes that are no image): named, or replaced and counted.
-
-A step that fails (a tf.data `OpError`, a split decoded in memory's `UnreadableExample`, a host `ReadError`) names no
-example: `Guarded` re-reads it one example at a time, then raises `BadExampleError` naming the split and the bad
-indices (exit status 2), or, with `dataset.skip_bad_examples`, replaces each bad row by the next example in index
-order that decodes there. Nothing is checked until a step fails; a replacement depends only on the step, the row and
-the data, so any run, resumed or on any process count, reads the same examples.
-"""
+"""Examples that do not decode: found one by one once a step fails, then named, or replaced and counted."""
 
 from __future__ import annotations
 
@@ -29,7 +22,6 @@ log = logging.getLogger("jaxdp")
 Failure = Union["tf.errors.OpError", UnreadableExample, "ReadError"]  # How a step whose examples do not all decode fails.
 Swaps = Mapping[int, Mapping[int, int]]  # step -> {row of this process's rows: replacement index in the split}.
 MAX_NAMED = 5  # Indices an error names; more are counted.
-SKIP = "set dataset.skip_bad_examples=True to replace bad examples and train on"  # An error's other remedy.
 
 
 class BadExampleError(ConfigError):
@@ -57,12 +49,10 @@ def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
 
 
 class Guarded(Iterator[Batch]):
-  """The batches of steps start, start + 1, ...; a step that fails to decode is named, or repaired and counted.
+  """The batches of steps start, start + 1, ...; a step that fails to decode is named, or repaired and counted."""
 
-  `open_from(step, swaps)`: the batches from `step` on, the rows `swaps` names read in place of the order's;
-  `indices(step)`: this process's rows' indices; `decodes(step, row, index)`: whether `index` decodes as that row.
-  """
-
+  # open_from(step, swaps): the batches from `step` on, with `swaps`; indices(step): this process's rows' indices;
+  # decodes(step, row, index): whether `index` decodes as that row.
   def __init__(self, open_from: Callable[[int, Swaps], Iterator[Batch]], indices: Callable[[int], np.ndarray],
                decodes: Callable[[int, int, int], bool], *, split: str, size: int, start: int, skip: bool):
     self._open_from, self._indices, self._decodes = open_from, indices, decodes
@@ -104,6 +94,7 @@ class Guarded(Iterator[Batch]):
 
   def _replacement(self, step: int, row: int, index: int) -> int:
     """The next index after `index` (wrapping around) whose example decodes at this position."""
+    # A function of the step, row and data only: any run, resumed or on any process count, reads the same examples.
     for k in range(1, self.size):
       candidate = (index + k) % self.size
       if self._decodes(step, row, candidate):
@@ -111,12 +102,12 @@ class Guarded(Iterator[Batch]):
     raise BadExampleError(f"no example of split {self.split!r} decodes (tried all {self.size})")
 
 
-def named_error(split: str, indices: list[int], error: Failure, remedy: str = SKIP) -> BadExampleError:
+def named_error(split: str, indices: list[int], error: Failure) -> BadExampleError:
   """One line naming the split, the bad indices, and TensorFlow's reason."""
-  named = ", ".join(str(index) for index in indices[:MAX_NAMED]) + (f" (+{len(indices) - MAX_NAMED} more)"
-                                                                   if len(indices) > MAX_NAMED else "")
-  return BadExampleError(f"cannot decode example {named} of split {split!r} ({reason_of(error)}); fix or remove it, "
-                         f"or {remedy}")
+  more = f" (+{len(indices) - MAX_NAMED} more)" if len(indices) > MAX_NAMED else ""
+  return BadExampleError(f"cannot decode example {', '.join(map(str, indices[:MAX_NAMED]))}{more} of split {split!r} "
+                         f"({reason_of(error)}); fix or remove it, or set dataset.skip_bad_examples=True to replace "
+                         "bad examples and train on")
 
 
 def reason_of(error: Failure) -> str:

@@ -1,15 +1,7 @@
-"""Datasets that fit in memory decoded once (`dataset.cache_mb`): every read is then a numpy gather, not a parse and a
-decode on the cores the step needs (docs/design-notes.md#input-pipeline-choices).
+"""Splits that fit `dataset.cache_mb` decoded once, kept in files beside the prepared dataset, read by numpy gathers.
 
-A split is decoded when first opened, by the corpus's own `decode`, in index order: the same rows and bytes as reading
-by index (tested), the same stream spec. Images of varying size (`dataset.image_size`) stay encoded for their crop.
-An example that does not decode is found then: reading it raises `UnreadableExample`, for the bad-example guard.
-
-The decoded split is kept beside the prepared dataset (`<its folder>/jaxdp_decoded/<split>/`: a `.npy` per feature
-and a `.json`) and mapped by every later open, in any process and run of the host: one copy in the page cache. One
-process writes at a time (a file lock); files are renamed into place, the `.json` last, so a killed writer leaves
-nothing that is read; their names carry a digest of the prepared files and the features. A folder that cannot be
-written leaves the split decoded in memory.
+Why: docs/design-notes.md#input-pipeline-choices. The files (`<dataset folder>/jaxdp_decoded/<split>/`: a `.npy` per
+feature, then the `.json`) are renamed into place under a file lock, so a killed writer leaves nothing that is read.
 """
 
 import contextlib
@@ -36,8 +28,7 @@ Decoded = tuple[Rows, dict[int, str]]  # The split's arrays, and its examples th
 
 
 class DecodedSource:
-  """A split held decoded (every feature); reads are numpy gathers. `bad`: {index: why} of the examples that did
-  not decode; reading one raises `UnreadableExample`."""
+  """A split held decoded; reading an example in `bad` ({index: why}: it did not decode) raises `UnreadableExample`."""
 
   def __init__(self, arrays: Rows, bad: dict[int, str] | None = None):
     self._arrays, self.bad = arrays, dict(bad or {})
@@ -52,8 +43,7 @@ class DecodedSource:
 
 
 class CachedCorpus:
-  """A `TfdsCorpus` whose splits are decoded once, when first opened, and kept in files beside the prepared dataset
-  that every later open maps (in memory where they cannot be written)."""
+  """A `TfdsCorpus` whose splits are decoded when first opened, and mapped from their files (else held in memory)."""
   decode = None
 
   def __init__(self, corpus: TfdsCorpus):
@@ -86,8 +76,7 @@ def maybe_cached(corpus: TfdsCorpus, max_mib: float) -> TfdsCorpus | CachedCorpu
 
 
 def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> Decoded:
-  """Every feature of every row of `split` (`source`), decoded in parallel, in index order; and the examples that do
-  not decode ({index: why}: their rows are zeros)."""
+  """Every row of `split`, decoded in index order; and the examples that do not decode ({index: why}: zero rows)."""
   tf = reader.tensorflow()
   try:
     return _decoded(source, decode), {}
@@ -96,8 +85,7 @@ def decode_all(source: Source, decode: Callable[[dict], dict], split: str) -> De
 
 
 def _decoded(source: Source, decode: Callable[[dict], dict]) -> Rows:
-  """Every row of the split, decoded in parallel a chunk at a time, in index order, each chunk copied into the
-  split's arrays as it arrives: never the chunks and the split together (docs/design-notes.md#input-pipeline-choices)."""
+  """Every row, decoded in parallel chunks copied into the split's arrays as they arrive (never both held)."""
   tf = reader.tensorflow()
   n = len(source)
   indices = np.arange(n)
@@ -156,15 +144,14 @@ def identity(split: str, files: list[str], features: dict[str, tuple[tuple[int, 
 
 
 def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], Decoded]) -> Decoded:
-  """The split mapped from its files under `folder`, else `decode()`d and written there first; decoded in memory only
-  when `folder` is not a local folder, or (one warning) cannot be written."""
+  """The split mapped from its files under `folder`, else `decode()`d and written there (or, if it cannot be, held)."""
   if not os.path.isdir(folder):  # Not local (gs://...), or not there: nothing to map.
     return decode()
   here = os.path.join(folder, FOLDER, split)
   stem = os.path.join(here, f"v{FORMAT}-{digest}")
   with contextlib.ExitStack() as stack:
     try:
-      stack.enter_context(_locked(here))
+      stack.enter_context(locked(here, ".lock"))
     except OSError as e:  # Files written by another (complete ones are only ever renamed into place) still map.
       if (found := read(stem)) is not None:
         return found
@@ -186,10 +173,10 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
 
 
 @contextlib.contextmanager
-def _locked(folder: str) -> Iterator[None]:
-  """Holds the folder's lock (one writer per host; released by the kernel if the process dies)."""
+def locked(folder: str, name: str) -> Iterator[None]:
+  """Holds the lock file `folder/name` (one holder per host; released by the kernel if the process dies)."""
   os.makedirs(folder, exist_ok=True)
-  with open(os.path.join(folder, ".lock"), "w") as lock:
+  with open(os.path.join(folder, name), "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
       yield
@@ -198,8 +185,7 @@ def _locked(folder: str) -> Iterator[None]:
 
 
 def read(stem: str) -> Decoded | None:
-  """The split's arrays mapped read-only from `stem`'s files, and its bad examples; None when any is missing,
-  incomplete or not as its `.json` says."""
+  """The split's arrays mapped read-only from `stem`'s files, and its bad examples; None unless all are complete."""
   try:
     with open(f"{stem}.json") as f:
       meta = json.load(f)
@@ -210,7 +196,7 @@ def read(stem: str) -> Decoded | None:
 
 
 def _mapped(path: str, rows: int, spec: dict) -> np.ndarray:
-  """The `.npy` file at `path` as a read-only array backed by the file (ValueError when not as `spec` says, or short)."""
+  """The `.npy` file at `path` mapped read-only (ValueError when not as `spec` says, or short)."""
   a = np.load(path, mmap_mode="r", allow_pickle=False)
   if a.shape != (rows, *spec["shape"]) or a.dtype != np.dtype(spec["dtype"]):
     raise ValueError(f"{path}: {a.shape} {a.dtype}, expected {rows} rows of {spec}")
@@ -218,8 +204,7 @@ def _mapped(path: str, rows: int, spec: dict) -> np.ndarray:
 
 
 def _write(stem: str, arrays: Rows, bad: dict[int, str]) -> None:
-  """Writes the arrays and then the `.json` under temporary names, each renamed when complete; then drops the
-  split's files of other digests (a dataset prepared again) and leftovers of killed writers."""
+  """Writes the arrays, then the `.json`, each renamed when complete; then drops other digests' files and leftovers."""
   tmp = f".tmp-{os.getpid()}"
   for i, a in enumerate(arrays.values()):
     with open(f"{stem}.{i}.npy{tmp}", "wb") as f:

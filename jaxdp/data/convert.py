@@ -2,11 +2,8 @@
 
     python -m jaxdp.data.convert DATA_DIR/NAME[/CONFIG]/VERSION
 
-Each `*.tfrecord-XXXXX-of-YYYYY` shard is copied record by record (the serialized examples are the same
-bytes in both formats) to the matching `*.array_record-...` shard, written as TFDS writes ArrayRecord
-(`group_size:1`, for random access); `dataset_info.json` then names ArrayRecord as the file format (tfds
-4.9 ignores an alternative format read back from disk). The TFRecord shards stay, unused. Needs no Apache
-Beam (`tfds convert_format` imports it at start).
+Each TFRecord shard is copied record by record to an ArrayRecord shard beside it (`group_size:1`, as TFDS writes
+it); `dataset_info.json` then names ArrayRecord as the file format. The TFRecord shards stay, unused. No Apache Beam.
 """
 
 import glob

@@ -1,5 +1,4 @@
-"""What the trainer opens (`jaxdp.data.load`): a `Dataset`, that is a `Corpus` of random-access splits, the
-facts the trainer needs, and `Options`: how its batches are read and prepared."""
+"""What `jaxdp.data.load` opens: a `Dataset` (a `Corpus` of random-access splits), and `Options` for its batches."""
 
 import dataclasses
 import os
@@ -17,9 +16,7 @@ from jaxdp.data.source import INPUTS, Corpus, Source
 
 Batch = dict[str, np.ndarray]
 CACHE_AUTO = "auto"  # dataset.cache_mb's default: a budget from the machine's memory (`cache_budget_mib`).
-# "auto" holds at most this much, and at most 1/CACHE_AUTO_SHARE of the machine's memory (a process decoding a split
-# holds its own copy where its files cannot be written). A split over the budget is parsed by tf.data
-# every step, on the cores the step needs. Why: docs/design-notes.md#input-pipeline-choices
+# "auto": at most CACHE_AUTO_MAX_MIB and 1/CACHE_AUTO_SHARE of memory (docs/design-notes.md#input-pipeline-choices).
 CACHE_AUTO_MAX_MIB = 1024
 CACHE_AUTO_SHARE = 16
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -46,8 +43,7 @@ class Options:
 
 
 def cache_budget_mib(setting: Any) -> float:
-  """`dataset.cache_mb` in MiB: a number >= 0 (or its text, as a stored config's override gives it) as it is;
-  "auto": the smaller of CACHE_AUTO_MAX_MIB and 1/CACHE_AUTO_SHARE of the machine's memory."""
+  """`dataset.cache_mb` in MiB: a number >= 0 (or its text, from a stored config) as it is; "auto" for this machine."""
   if setting == CACHE_AUTO:
     return min(CACHE_AUTO_MAX_MIB, memory_bytes() / CACHE_AUTO_SHARE / 2**20)
   mib = config_lib.mib(setting)

@@ -1,9 +1,4 @@
-"""The one global order: which examples global batch `step` holds, a pure function of (seed, step).
-
-Global batch `step` is positions [k * B, (k + 1) * B) of epoch e's permutation, e, k = divmod(step, steps_per_epoch),
-drawn by numpy's Philox keyed by (seed, epoch) (`rng`); the last n % B examples of an epoch sit it out. Process p of P
-reads rows [p * B / P, (p + 1) * B / P). Only the permutations of the epochs in use are held, never the examples.
-"""
+"""The one global order: which examples global batch `step` holds, a pure function of (seed, step)."""
 
 import collections
 import threading
@@ -27,7 +22,7 @@ def rng(seed: int, stream: int, counter: int) -> np.random.Generator:
 
 
 def steps_per_epoch(n: int, batch: int, split: str) -> int:
-  """Whole global batches in one epoch of `n` examples."""
+  """Whole global batches in one epoch of `n` examples (the last n % batch sit the epoch out)."""
   if n < batch:
     raise ConfigError(f"batch ({batch}) exceeds the {n} examples of split {split!r}: lower --config.batch_size, "
                       "or train on more examples (for an image folder or a text file: a smaller "

@@ -1,10 +1,6 @@
-"""Preprocessing: per batch in numpy, augmentation (random crop with padding, flip) then float32 inputs normalized
-per channel; per example in tf.data, images of varying size cropped to `image_size` squares (the ImageNet recipe).
+"""Preprocessing: per batch in numpy (augmentation, normalization); per example in TF (crops of varying-size images).
 
-Augmentation is stateless: the draws of global batch `step` come from one generator keyed by (seed, step)
-(`order.rng`), and the example at row `row` of the global batch takes row `row` of them; a crop of an image of varying
-size is keyed by (seed, step, row) in TF. Either depends on the seed and the example's position only, never on which
-process or device reads it.
+Every random draw is keyed by (seed, step, row in the global batch), never by which process or device reads it.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ def draws(seed: int, global_batch: int, step: int) -> np.ndarray:
 
 
 def batch_dtype(name: str, dtype: np.dtype) -> np.dtype:
-  """A decoded feature's dtype in a host batch: inputs float32; integer labels int32 (float ones float32); any
-  other 64-bit feature narrowed to 32 bits (as a device holds it), anything else as decoded."""
+  """A decoded feature's dtype in a host batch: inputs float32, integer labels int32, 64-bit features 32-bit."""
   dtype = np.dtype(dtype)
   if name == INPUTS:
     return np.dtype(np.float32)
@@ -87,8 +82,7 @@ class Preprocess:
     return bool(self.crop_padding or self.flip) and not self.image_size
 
   def affine(self, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
-    """(scale, offset), float32 per channel, of the one multiply-add x * scale - offset that is (x / 255 - mean) / std
-    (uint8; else (x - mean) / std): scale = 1 / (255 std), offset = mean / std; None: inputs stay as they are."""
+    """(scale, offset) per channel: x * scale - offset is (x [/ 255 for uint8] - mean) / std; None: nothing to do."""
     scale = 1 / 255 if np.dtype(dtype) == np.uint8 else 1.0
     if not (self.mean or self.std or scale != 1.0):
       return None
@@ -107,8 +101,7 @@ class Preprocess:
     return self.finish({**batch, INPUTS: x})
 
   def augment(self, images: np.ndarray, draws: np.ndarray) -> np.ndarray:
-    """Random crop after zero padding, then random flip (draws [rows, 3] in [0, 1)), in one gather: pixel (i, j) of a
-    row reads padded pixel (top + i, left + j), or (top + i, left + width - 1 - j) when it is flipped."""
+    """Random crop after zero padding, then random flip (draws [rows, 3] in [0, 1)), in one gather."""
     rows, height, width, channels = images.shape
     pad = self.crop_padding
     top = (draws[:, 0] * np.float32(2 * pad + 1)).astype(np.int32)
@@ -120,8 +113,7 @@ class Preprocess:
     return padded[np.arange(rows)[:, None, None], ys[:, :, None], cols[:, None, :]]
 
   def finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inputs to float32 (uint8 scaled to [0, 1]) and normalized (`affine`, in float32); every other feature to its
-    `batch_dtype`; every array contiguous. jaxdp's own keys ("_index", "_real") stay as they are."""
+    """Inputs to float32, normalized (`affine`); other features to their `batch_dtype` (jaxdp's "_" keys kept)."""
     out = {k: v if k == INPUTS or k.startswith("_") or v.dtype == object else
            np.ascontiguousarray(v, batch_dtype(k, v.dtype)) for k, v in batch.items()}
     if INPUTS not in batch:
@@ -135,9 +127,7 @@ class Preprocess:
     return {**out, INPUTS: x}
 
 
-# Train: a random-resized ("Inception") crop of 8% to 100% of the area, aspect ratio 3/4 to 4/3 (as the Flax ImageNet
-# example and torchvision), resized, then a random flip. Eval: the central CROP_RATIO square, resized. JPEGs decode
-# only the crop window; images already decoded (arrays given from Python) are cropped as they are.
+# The random-resized ("Inception") crop of the Flax ImageNet example and torchvision.
 AREA = (0.08, 1.0)
 ASPECT = (3 / 4, 4 / 3)
 ATTEMPTS = 10
@@ -154,8 +144,7 @@ def example_seed(seed: int, step: tf.Tensor, row: tf.Tensor) -> tf.Tensor:
 
 
 def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int, flip: bool) -> tf.Tensor:
-  """Random-resized crop (and random flip) of one image, encoded (-> uint8) or decoded (its dtype), to
-  [image_size, image_size, channels]."""
+  """Random-resized crop (and random flip) of one image, encoded or decoded, to [image_size, image_size, channels]."""
   tf = tensorflow()
   crop_key, flip_key = tf.unstack(tf.random.experimental.stateless_split(key, 2))
   shape = _shape(image, channels)
@@ -169,8 +158,7 @@ def train_crop(image: tf.Tensor, key: tf.Tensor, image_size: int, channels: int,
 
 
 def eval_crop(image: tf.Tensor, image_size: int, channels: int) -> tf.Tensor:
-  """Central square of side CROP_RATIO * min(height, width), resized to [image_size, image_size, channels] (dtype as
-  in `train_crop`)."""
+  """Central square of side CROP_RATIO * min(height, width), resized to [image_size, image_size, channels]."""
   tf = tensorflow()
   shape = _shape(image, channels)
   side = tf.cast(CROP_RATIO * tf.cast(tf.minimum(shape[0], shape[1]), tf.float32), tf.int32)
@@ -205,8 +193,7 @@ def _window(image: tf.Tensor, top: tf.Tensor, left: tf.Tensor, height: tf.Tensor
 
 
 def _resize(image: tf.Tensor, image_size: int) -> tf.Tensor:
-  """Bicubic resize to a square, back to the image's dtype (uint8: a quarter of float32's bytes on the way to the
-  device)."""
+  """Bicubic resize to a square, back to the image's dtype (uint8: a quarter of float32's bytes to the device)."""
   tf = tensorflow()
   resized = tf.image.resize(image, [image_size, image_size], method=tf.image.ResizeMethod.BICUBIC)
   if image.dtype == tf.uint8:

@@ -1,9 +1,4 @@
-"""TensorFlow as jaxdp loads it (`tensorflow()`), and tf.data's part of the pipeline: a step's rows read by index
-and decoded in parallel workers, in order, then prefetched and turned into numpy.
-
-TensorFlow only feeds the input pipeline, so it never takes accelerator memory; it is imported where it is first
-needed (its import takes seconds), and before any TFDS call that loads it itself (preparing, `as_dataset`).
-"""
+"""TensorFlow as jaxdp loads it (`tensorflow()`: at first use, never on an accelerator), and tf.data's reads."""
 
 from __future__ import annotations
 
@@ -25,9 +20,7 @@ from jaxdp.runtime import quiet
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
 
-# Batches tf.data decodes ahead: enough to keep its workers busy while parallel.prefetch's thread, the one setting
-# of how far input runs ahead, takes a batch.
-PREFETCH = 2
+PREFETCH = 2  # Batches tf.data decodes ahead, to keep its workers busy (feed.Feeder sets how far input runs ahead).
 Decode = Callable[[dict], dict]
 
 
@@ -50,8 +43,7 @@ def tensorflow() -> types.ModuleType:
 
 
 def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
-  """`read` (numpy indices -> rows) as a tf.data function typed after `probe`; an `UnreadableExample` fails as a TF
-  op (its message, no Python traceback logged by the worker)."""
+  """`read` (indices -> rows) as a TF function typed after `probe`; an `UnreadableExample` fails as a TF op."""
   tf = tensorflow()
   keys = sorted(probe)
   dtypes = [tf.string if probe[k].dtype == object else tf.as_dtype(probe[k].dtype) for k in keys]
@@ -73,8 +65,7 @@ def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Ten
 
 def read_steps(decode: Decode | None, probe: Rows, steps: tf.data.Dataset, read: Callable[[np.ndarray], dict],
                rows: int, first_row: int, per_example: Decode | None) -> tf.data.Dataset:
-  """step -> this process's `rows` examples, read by index (`probe`: one row as `read` returns it), decoded by the
-  corpus's `decode` (and `per_example`'d) in parallel workers; each carries "step" and "row" for keyed crops."""
+  """step -> this process's `rows` examples, read by index, decoded (and `per_example`'d), with "step" and "row"."""
   tf = tensorflow()
   read_tf = tf_read(probe, read)
 
@@ -105,19 +96,17 @@ def _decoder(decode: Decode | None, per_example: Decode | None) -> Decode:
 
 
 def probe_row(read: Callable[[np.ndarray], Rows], n: int) -> Rows:
-  """One row as `read` (indices -> rows) returns it, for its keys, dtypes and shapes: the first one it can read."""
-  for index in range(max(n, 1)):
+  """The first row `read` (indices -> rows) can read, for its keys, dtypes and shapes."""
+  for index in range(n - 1):
     try:
       return read(np.array([index], np.int64))
     except UnreadableExample:  # A bad example of a split decoded in memory: any other row has the same type.
-      if index == n - 1:
-        raise
-  raise AssertionError("unreachable")
+      pass
+  return read(np.array([max(n - 1, 0)], np.int64))
 
 
 def example_check(decode: Decode | None, per_example: Decode | None) -> Callable[[Callable[[], Rows], int, int], bool]:
-  """check(read, step, row): whether one example (`read()`: its row) decodes alone as row `row` of step `step`; used
-  after a step failed, traced once per stream (a split decoded in memory raises `UnreadableExample` itself)."""
+  """check(read, step, row): whether one example (`read()`: its row) decodes alone as row `row` of step `step`."""
   @functools.cache
   def traced() -> Decode:  # At the first check: a stream that never fails never loads TensorFlow.
     return tensorflow().function(_decoder(decode, per_example), autograph=False, reduce_retracing=True)
@@ -139,8 +128,7 @@ def example_check(decode: Decode | None, per_example: Decode | None) -> Callable
 
 
 def decode_rows(batches: tf.data.Dataset, decode: Decode, spec: dict[str, tf.TensorSpec]) -> tf.data.Dataset:
-  """Each element's rows (of fixed decoded shapes `spec`) decoded by one map_fn, elements in parallel, in order:
-  faster than a tf.data map per row (docs/design-notes.md#input-pipeline-choices)."""
+  """Each element's rows decoded (to `spec`) by one map_fn, elements in parallel, in order: faster than per row."""
   tf = tensorflow()
   return batches.map(no_autograph(lambda b: tf.map_fn(decode, b, fn_output_signature=spec)),
                      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -156,10 +144,9 @@ def decoded_spec(probe: Rows, decode: Decode, position: bool = True) -> dict[str
   return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
 
 
-def drop_row(batch: Rows, *keys: str) -> Rows:
-  """A decoded batch without the positions `read_steps` gave its rows for keyed crops ("row", and `keys`)."""
-  for key in ("row", *keys):
-    del batch[key]
+def drop_row(batch: Rows) -> Rows:
+  """A decoded batch without the "row" `read_steps` gave its rows for keyed crops."""
+  del batch["row"]
   return batch
 
 
@@ -171,8 +158,7 @@ def to_numpy(batches: tf.data.Dataset) -> Iterator[Rows]:
 def prefetched(batches: tf.data.Dataset) -> tf.data.Dataset:
   """`batches`, PREFETCH deep, not autotuned."""
   tf = tensorflow()
-  # Not tf.data.AUTOTUNE: deleting an autotuned iterator at a stream's end waits seconds for tf.data's autotuning
-  # thread, and decoding is as fast with the fixed parallelism (docs/design-notes.md#input-pipeline-choices).
+  # Deleting an autotuned iterator waits for its thread: docs/design-notes.md#input-pipeline-choices.
   options = tf.data.Options()
   options.autotune.enabled = False
   return batches.prefetch(PREFETCH).with_options(options)

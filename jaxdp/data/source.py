@@ -1,11 +1,4 @@
-"""The random-access interface every input source implements, and its TFDS (ArrayRecord) implementation.
-
-A `Corpus` gives the facts the trainer needs (`Facts`) and one `Source` per split: `len(source)` examples, and
-`source.read(indices)` -> a dict of numpy arrays whose leading axis follows `indices` (any order, repeats allowed),
-safe from several threads and holding nothing proportional to the split. What `read` returns goes through
-`corpus.decode` (a TF function of one example: every feature under its batch name, `FeatureNames`; with
-`dataset.image_size`, inputs stay encoded for their crop); a corpus whose reads are final arrays has `decode = None`.
-"""
+"""The random-access interface every input source implements (`Corpus`, `Source`), and its TFDS implementation."""
 
 from __future__ import annotations
 
@@ -58,7 +51,7 @@ class UnreadableExample(Exception):
 
 
 class Source(Protocol):
-  """One split, read by global index."""
+  """One split: `read(indices)` -> rows in the order of `indices` (repeats allowed), from any thread."""
 
   def __len__(self) -> int: ...
 
@@ -66,7 +59,7 @@ class Source(Protocol):
 
 
 class Corpus(Protocol):
-  """A dataset: its facts, one source per split, and how one read example becomes inputs and labels."""
+  """A dataset: its facts, one source per split, and `decode` (TF: one read example -> its features; None: none)."""
   facts: Facts
   decode: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]] | None
 
@@ -111,9 +104,7 @@ TEXT = "text or bytes: no array type on a device"  # Why a batch leaves such a f
 
 
 class FeatureNames:
-  """A TFDS dataset's features as batches hold them: flattened with "/", the supervised keys renamed to
-  "inputs"/"labels". Features a batch cannot hold are left out: text and bytes (no array type on a device),
-  and features of varying shape other than the input (rows of different shapes do not stack)."""
+  """A TFDS dataset's features under their batch names (flattened; "inputs"/"labels"), less text and varying shapes."""
 
   def __init__(self, info: tfds.core.DatasetInfo):
     keys = info.supervised_keys or ()
@@ -126,12 +117,10 @@ class FeatureNames:
     self.features: dict[str, Feature] = {}
     self._keys: dict[str, str] = {}  # Flattened feature name -> batch name.
     self.left_out: dict[str, str] = {}  # Flattened feature name -> why no batch holds it.
-    left_out = []
     for key, tensor in infos.items():
       name = rename.get(key, key)
       dtype = np.dtype(tensor.np_dtype)  # Not `.dtype`: TFDS's TF dtype, which loads TensorFlow.
-      if dtype == object and key != self.input_key or (None in tensor.shape and key != self.input_key):
-        left_out.append(key)
+      if key != self.input_key and (dtype == object or None in tensor.shape):
         self.left_out[key] = (TEXT if dtype == object else f"its shape {tuple(tensor.shape)} varies: rows of "
                               f"different shapes do not stack")
         continue
@@ -140,8 +129,9 @@ class FeatureNames:
                           f"a batch")
       self.features[name] = (tuple(tensor.shape), dtype)
       self._keys[key] = name
-    if any(None in tensor.shape for key, tensor in infos.items() if key in left_out):
-      log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name, ", ".join(left_out))
+    if any(None in infos[key].shape for key in self.left_out):
+      log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name,
+               ", ".join(self.left_out))
 
   def __call__(self, example: Mapping[str, Any]) -> dict[str, Any]:
     """One decoded example (nested as its FeaturesDict) -> its features under their batch names."""
@@ -150,10 +140,9 @@ class FeatureNames:
 
 
 class TfdsCorpus:
-  """A TFDS builder read through random-access data sources: every feature, the supervised keys as inputs/labels."""
+  """A TFDS builder read by index; `keep_encoded`: `decode` leaves images encoded (decoded with their crop)."""
 
   def __init__(self, builder: tfds.core.DatasetBuilder, keep_encoded: bool = False):
-    """`keep_encoded`: `decode` leaves images encoded (the pipeline decodes them with their crop)."""
     self.builder, self.keep_encoded = builder, keep_encoded
     self.names = FeatureNames(builder.info)
     self.input_key, self.label_key = self.names.input_key, self.names.label_key
@@ -214,8 +203,7 @@ def mocked(builder: tfds.core.DatasetBuilder) -> bool:
 
 
 def identity(source: Any) -> str | None:
-  """A source's own identity as text, which its digest takes instead of a sample of rows (None: it has none): a
-  Hugging Face `_fingerprint`, or the paths, sizes and modification times of the files it names."""
+  """A source's own identity (a Hugging Face fingerprint, or its files' paths, sizes and times), else None."""
   own = getattr(source, "_fingerprint", None) or getattr(source, "fingerprint", None)
   if isinstance(own, str):
     return own

@@ -1,16 +1,4 @@
-"""The train and eval streams: this process's rows of each global batch, read by index, and the resume contract.
-
-Train: global batch `step` is the one global order's (`order.GlobalOrder`); every process reads and decodes only its
-rows [p * B / P, (p + 1) * B / P). The stream is a pure function of the step, whatever the process or device count:
-**the position to checkpoint is the train state's step** (never a count of batches pulled: prefetching reads ahead),
-and `train_batches(start_step=step)` continues exactly there; `stream_spec`, saved with every checkpoint, is what it
-depends on besides the step, and `check_resume` refuses a restore that would not continue it. Eval: every example of
-a split once, in index order, padded to whole global batches with `REAL` False on the padding.
-
-A split with nothing to decode (cached, token file, in memory) and no crop per example is read by numpy in the
-caller's thread (`on_host`), any other through tf.data's workers (`reader`): bitwise the same batches. A read that
-fails on the host raises `ReadError`, caused by the source's error.
-"""
+"""The train and eval streams (this process's rows of each global batch, read by index) and the resume contract."""
 
 import itertools
 import math
@@ -43,9 +31,9 @@ def train_order(ds: Dataset, split: str, seed: int, global_batch: int) -> order.
 def train_batches(ds: Dataset, split: str, *, seed: int, global_batch: int, start_step: int, process_index: int,
                   process_count: int, stop_step: int | None = None, with_ids: bool = False,
                   _tf_data: bool = False) -> Iterator[Batch]:
-  """This process's rows of global batches start_step, ..., stop_step - 1 (None: forever, whose tf.data workers are
-  cancelled on release, which can hold the exit: docs/design-notes.md#input-pipeline-choices); `with_ids` adds `INDEX`,
-  each row's position in the split (for the audit); `_tf_data`: through tf.data always."""
+  """This process's rows of global batches start_step, ..., stop_step - 1 (None: forever, which can hold the exit:
+  docs/design-notes.md#input-pipeline-choices); `with_ids` adds `INDEX`; `_tf_data`: through tf.data always."""
+  # A pure function of the step: the position to checkpoint is the train state's step (reading runs ahead).
   rows = global_batch // process_count
   first_row = process_index * rows
   source, pre = ds.source(split), ds.options.preprocess
@@ -97,8 +85,7 @@ def _guarded(ds: Dataset, split: str, ids: Callable[[int], np.ndarray], rows_of:
              read: Callable[[int, Swaps], Batch], finish: Callable[[Batch, int], Batch],
              per_example: Callable[[dict], dict] | None, rows: int, first_row: int, start: int, stop: int | None,
              tf_data: bool) -> Iterator[Batch]:
-  """Both streams' skeleton: the steps' batches (`read` then `finish`), on the host or through tf.data, with the
-  bad-example guard. `ids(step)`: the rows' indices; `rows_of(indices)`: those rows as `read` gives them."""
+  """The steps' batches (`read` then `finish`), on the host or through tf.data (bitwise the same), guarded."""
   decode, n = ds.corpus.decode, ds.num_examples(split)
 
   def open_on_host(first: int, swaps: Swaps) -> Iterator[Batch]:
@@ -132,8 +119,7 @@ def num_eval_steps(ds: Dataset, split: str, global_batch: int) -> int:
 
 
 def stream_spec(ds: Dataset, split: str, *, seed: int, global_batch: int) -> dict[str, Any]:
-  """What the train batches depend on besides the step (never the process count): the order's version, the data
-  (name and version, or digest; source kind), split, seed, global batch, the features and their augmentation."""
+  """What the train batches depend on besides the step (never the process count), saved with every checkpoint."""
   pre = ds.options.preprocess
   spec = {"version": VERSION, "dataset": ds.corpus.facts.name, "source": ds.kind, "order": GLOBAL, "split": split,
           "seed": seed, "global_batch": global_batch, "features": sorted(ds.element_spec()),

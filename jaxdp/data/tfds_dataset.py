@@ -1,11 +1,6 @@
-"""A TFDS builder as a `Dataset`: prepared once as ArrayRecord (one process prepares, the others wait; not prepared
-and its download unreachable: one error in seconds, naming how to prepare it offline), read by index through a
-`TfdsCorpus`, decoded once when small (`cache`). The builder comes from a kind's maker (`jaxdp.data.load`): a
-registered TFDS name, a builder class "package.module:Class", or a user's folder (`jaxdp.datasets.image_folder`).
-"""
+"""A TFDS builder (a kind's maker's: `jaxdp.data.load`) as a `Dataset`, prepared once as ArrayRecord, read by index."""
 
 import contextlib
-import fcntl
 import glob
 import importlib
 import importlib.util
@@ -81,18 +76,14 @@ def by_class(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = Fal
              **extra) -> tfds.core.DatasetBuilder:
   """The TFDS builder class named by "package.module:ClassName", imported and instantiated."""
   del skip_bad  # Only an image folder leaves bad files out when preparing.
-  return _instantiate(name, _builder_class(name), user_kwargs(data_dir, kwargs, extra))
-
-
-def _builder_class(name: str) -> type[tfds.core.DatasetBuilder]:
-  """The TFDS builder class named by "package.module:ClassName"."""
   cls = config_lib.import_named(name, "dataset")
   if not (inspect.isclass(cls) and issubclass(cls, tfds.core.DatasetBuilder)):
     raise ConfigError(f"dataset {name!r} is not a TFDS builder class (tfds.core.DatasetBuilder), got {cls!r}")
-  return cls
+  return _instantiate(name, cls, user_kwargs(data_dir, kwargs, extra))
 
 
 def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -> tfds.core.DatasetBuilder:
+  """`cls(**kwargs)`, a ConfigError where the class is abstract or refuses the kwargs."""
   if missing := sorted(getattr(cls, "__abstractmethods__", ())):  # Else Python's TypeError reads as bad kwargs.
     raise ConfigError(f"dataset {name!r} does not define {', '.join(missing)} (a TFDS builder must: see "
                       f"tfds.core.GeneratorBasedBuilder)")
@@ -105,24 +96,22 @@ def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -
 
 
 def open_prepared(make: Callable[..., tfds.core.DatasetBuilder]) -> tfds.core.DatasetBuilder:
-  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet, and then made again: a builder made before
-  the dataset was prepared (by this process or another) keeps empty splits."""
+  """`make()`'s builder, prepared once (as ArrayRecord) if it is not yet."""
   with _no_temp_dirs_left():
     builder = make()
+  if mocked(builder):
+    builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
   if builder.is_prepared() or mocked(builder):
-    if mocked(builder):
-      builder.download_and_prepare()  # A no-op under tfds.testing.mock_data.
     return builder
   check_can_prepare(builder)  # Fails in seconds, not after minutes of download retries.
   _prepare(make, builder)
-  return make()
+  return make()  # Made again: a builder made before the dataset was prepared keeps empty splits.
 
 
 @contextlib.contextmanager
 def _no_temp_dirs_left() -> Iterator[None]:
   """Removes, on the way out, the empty temp dirs TFDS's builders made inside."""
-  # Every builder of a dataset not yet prepared makes one ("tmp*tfds", in `DatasetInfo.initialize_from_bucket`,
-  # before it asks GCS for the dataset's info) and keeps it, also when the answer is nothing (GCS off, the default).
+  # A builder of a dataset not yet prepared makes one ("tmp*tfds", `DatasetInfo.initialize_from_bucket`) and keeps it.
   pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
   before = set(glob.glob(pattern))
   try:
@@ -136,17 +125,12 @@ def _no_temp_dirs_left() -> Iterator[None]:
 def _prepare(make: Callable[..., tfds.core.DatasetBuilder], builder: tfds.core.DatasetBuilder) -> None:
   """Prepares the dataset as ArrayRecord under a file lock: one process prepares, the others wait."""
   root = os.fspath(builder.data_dir_root)
-  os.makedirs(root, exist_ok=True)
-  lock_path = os.path.join(root, f".{builder.name}.prepare.lock")
-  with open(lock_path, "w") as lock, contextlib.ExitStack() as stack:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    stack.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+  with cache.locked(root, f".{builder.name}.prepare.lock"):
     with _no_temp_dirs_left():
       fresh = make(file_format=FILE_FORMAT)  # Another process may have prepared it meanwhile.
     if not fresh.is_prepared():
       reader.tensorflow()  # TFDS encodes the examples with TensorFlow.
-      # jaxdp's one line in place of TFDS's prints (quiet.tfds_prints drops them), from whichever process holds the
-      # lock: a run that has to prepare says so, once, even when process 0 only waits.
+      # In place of TFDS's prints (dropped), from whichever process holds the lock, even when process 0 only waits.
       print(f"preparing dataset {fresh.info.full_name} in {root} (once; other processes wait)", file=sys.stderr,
             flush=True)
       fresh.download_and_prepare()

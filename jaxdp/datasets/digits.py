@@ -1,7 +1,4 @@
-"""`digits`: scikit-learn's bundled handwritten digits (1797 real 8x8 images) as a TFDS dataset.
-
-It needs no network, so tests and the default run work offline. `jaxdp.data.load` prepares it as ArrayRecord.
-"""
+"""`digits`: scikit-learn's bundled handwritten digits (1797 real 8x8 images) as a TFDS dataset, offline."""
 
 from collections.abc import Iterator
 

@@ -1,21 +1,4 @@
-"""A folder of class subfolders of images as a TFDS dataset, prepared once into ArrayRecord (offline).
-
-    photos/cat/1.jpg, photos/dog/7.png, ...           or  photos/train/cat/1.jpg, photos/test/cat/9.jpg, ...
-
-Labels are the class subfolder names, sorted (label i = the i-th name). Splits: the subfolders `train`,
-`test` (and `validation`) when present; otherwise a fixed deterministic split: a file goes to `test`
-when the first 8 bytes of the SHA-256 of its path relative to the folder, read as a fraction of 2**64,
-are below `test_fraction` (default 0.1), else to `train`. Only its own path decides, so a file keeps
-its split when others are added (a small class may have no test file). Images: .jpg/.jpeg/.png/.bmp/.gif/.webp/.tif/.tiff; JPEG and PNG files in
-the stored color mode keep their bytes, others are converted. Color mode: 1 channel if every image is
-grayscale, else RGB. Shape: fixed (H, W, C) when every image has the same size, else (None, None, C).
-Every image header is read once to decide; the result is cached next to the prepared copy.
-Bad files: preparing decodes every image; a file that does not open or decode (truncated, not an image) is
-a ConfigError naming it, or, with `skip_bad` (`dataset.skip_bad_examples`), left out and counted in one
-warning line.
-
-    config.dataset.name = "/data/photos"   # builder_kwargs: test_fraction
-"""
+"""A folder of class subfolders of images as a TFDS dataset (its labels, splits, shapes, bad files: docs/data.md)."""
 
 import hashlib
 import json
@@ -73,7 +56,7 @@ def _class_files(folder: str) -> dict[str, list[str]]:
 
 
 def _split(root: str, files: dict[str, list[str]], classes: list[str], test_fraction: float) -> dict[str, list]:
-  """The deterministic split by each file's own path digest (see the module docstring)."""
+  """The deterministic split by each file's own path digest (`in_test`)."""
   splits: dict[str, list] = {"train": [], "test": []}
   for label, c in enumerate(classes):
     for p in files[c]:
@@ -82,17 +65,14 @@ def _split(root: str, files: dict[str, list[str]], classes: list[str], test_frac
 
 
 def in_test(relpath: str, test_fraction: float) -> bool:
-  """Whether a file goes to `test`: its path's digest, read as a fraction of 2**64, is below test_fraction.
-
-  Only the file's own path decides (never its rank among others), so adding files moves none.
-  """
+  """Whether a file goes to `test`: its path's digest, read as a fraction of 2**64, is below test_fraction."""
+  # Only the file's own path decides (never its rank among others), so adding files moves none.
   digest = int.from_bytes(hashlib.sha256(relpath.encode()).digest()[:8], "big")
   return digest / 2**64 < test_fraction
 
 
 def image_shape(paths: list[str]) -> tuple[tuple[int | None, int | None, int], list[str]]:
-  """((H, W, C) shared by the images that open, None where sizes differ; C = 1 if all are grayscale, else 3),
-  and the paths that do not open as images."""
+  """((H, W, C) of the images that open: None where sizes differ, C 1 if all are gray, else 3), and the others."""
   from PIL import Image  # Reads headers only (lazy decoding).
   sizes, gray, unreadable = set(), True, []
   for path in paths:
@@ -112,8 +92,8 @@ def bad_file_error(root: str, path: str, why: str) -> ConfigError:
                      f"remove or replace it, or set dataset.skip_bad_examples=True to leave bad files out")
 
 
-class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
-  """The images of one folder; its prepared copy is named by the folder's identity (see fingerprint)."""
+class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """The images of one folder; its prepared copy is named by the folder's identity (`fingerprint.config_name`)."""
 
   name = "image_folder"
   KIND = "image folder"
@@ -121,21 +101,20 @@ class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
   VERSION = tfds.core.Version("1.1.0")
   RELEASE_NOTES = {"1.0.0": "Labels = sorted subfolders; train/test subfolders or a per-class path-digest split.",
                    "1.1.0": "The split by each file's own digest: a file keeps its split when others are added."}
-  _exists = staticmethod(os.path.isdir)
 
-  def __init__(self, *, path: str, skip_bad: bool = False, **kwargs):
+  def __init__(self, *, path: str, test_fraction: float = 0.1, skip_bad: bool = False, **kwargs):
     """`skip_bad`: leave out files that do not decode (counted in a warning) instead of failing on the first."""
+    path = fingerprint.checked_source(path, test_fraction, self.KIND, os.path.isdir)
     self._skip_bad = skip_bad
     self._left_out: set[str] = set()  # Files that do not open (known once `info` is built), with skip_bad.
-    super().__init__(path=path, **kwargs)
-
-  def _options(self) -> dict:
-    # Only when on: the prepared copies made before the option existed keep their names.
-    return {**super()._options(), **({"skip_bad": True} if self._skip_bad else {})}
-
-  def _open(self, path: str, test_fraction: float) -> list[str]:
     self._classes, self._splits = list_files(path, test_fraction)
-    return sorted(p for files in self._splits.values() for p, _ in files)
+    paths = sorted(p for split in self._splits.values() for p, _ in split)
+    # skip_bad only when on: the prepared copies made before the option existed keep their names.
+    options = {"test_fraction": test_fraction, **({"skip_bad": True} if skip_bad else {})}
+    name = fingerprint.config_name(path, fingerprint.file_stats(paths), options)
+    kwargs["config"] = fingerprint.SourceConfig(name=name, path=path, test_fraction=test_fraction,
+                                                description=f"{self.KIND} {path}")
+    super().__init__(**kwargs)
 
   def _shape(self) -> tuple[int | None, int | None, int]:
     """The images' shape (`image_shape`), cached beside the prepared copy; files that do not open fail here."""
@@ -199,10 +178,8 @@ class ImageFolder(fingerprint.SourceBuilder, skip_registration=True):
 
 
 def _encoded(path: str, channels: int) -> bytes | np.ndarray:
-  """The file's bytes when TFDS can store them as they are, else the pixels in the stored color mode.
-
-  Decodes the whole image either way: a truncated file fails here, once, not in a training step.
-  """
+  """The file's bytes when TFDS can store them as they are, else the pixels in the stored color mode."""
+  # Decodes the whole image either way: a truncated file fails here, once, not in a training step.
   from PIL import Image
   mode = "L" if channels == 1 else "RGB"
   with Image.open(path) as im:

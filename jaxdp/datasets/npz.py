@@ -1,18 +1,4 @@
-"""An `.npz` file of numpy arrays as in-memory data (`jaxdp.data.arrays`): loaded with `np.load`, nothing
-prepared or written. Every array is a feature (one row per example: the arrays share their first dimension).
-
-Layouts:
-  - `NAME_train`, `NAME_test` pairs (`x_train`, `y_train`, `x_test`, `y_test`, as `keras.datasets` returns them,
-    plus any others, e.g. `mask_train`, `mask_test`): the two splits, each pair one feature `NAME`;
-  - arrays without a split suffix: one set, split deterministically: a fixed permutation (seed 0) puts
-    `test_fraction` (default 0.1) of the examples into `test`, the rest into `train`.
-`x`, `y` (or `inputs`, `labels`) are the supervised pair, batched as "inputs" and "labels"; every other array keeps
-its name; a file without that pair has no supervised keys (a task reads its features by name). Inputs that are uint8
-[N, H, W] or [N, H, W, C] are images ([N, H, W] gains a channel); float64 arrays are read as float32. Integer labels
-(>= 0) are classes (the largest label + 1 of them), float labels targets, as for any in-memory arrays.
-
-    config.dataset.name = "/data/iris.npz"   # builder_kwargs: test_fraction
-"""
+"""An `.npz` file of numpy arrays as in-memory splits (`jaxdp.data.arrays`); its layouts: docs/data.md (.npz files)."""
 
 import os
 import zipfile
@@ -30,7 +16,6 @@ SPLIT_SEED = 0  # The deterministic split's permutation.
 SUPERVISED = (("x", "y"), ("inputs", "labels"))  # The supervised pair, the first present wins.
 SPLITS = ("train", "test")
 KIND = ".npz file"
-
 
 
 def open_dataset(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:

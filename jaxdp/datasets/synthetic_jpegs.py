@@ -1,13 +1,8 @@
-"""`synthetic_jpegs`: a TFDS dataset of generated JPEGs of varying size, for benchmarking the input pipeline and
-for testing without network.
+"""`synthetic_jpegs`: generated JPEGs of varying size, ImageNet-like by default, for the input pipeline (offline).
 
     --config.dataset.name=synthetic_jpegs --config.dataset.image_size=224    # 256 train, 64 test images
-    config.dataset.builder_kwargs = {"num_train": 3000, "height": (24, 64)}  # in a config file: other sizes
 
-The defaults are ImageNet-like: 250..450 x 300..500 pixels, smooth random colour fields with noise at JPEG
-quality 90, about 80 KB each (ImageNet's average is about 110 KB), so decoding one costs what a photo does.
-Each image is a function of its index alone. Labels cycle through the classes and carry no signal (as
-torchvision's FakeData): the data is for the pipeline's speed and the training plumbing, not for accuracy.
+Labels cycle through the classes and carry no signal (as torchvision's FakeData).
 """
 
 import dataclasses

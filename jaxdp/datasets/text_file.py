@@ -1,14 +1,4 @@
-"""`text_file`: any local UTF-8 text file as a byte-level language-modelling dataset (offline).
-
-Tokens are the file's bytes (vocabulary 256: exact for any UTF-8 text, and one token per character for
-ASCII). The first (1 - test_fraction) of the bytes is `train`, the rest `test`; each is cut into windows
-of seq_len + 1 bytes, read with supervised keys (`inputs` = window[:-1], `targets` = window[1:]).
-
-    tfds.builder("text_file", data_dir=..., path="book.txt", seq_len=128)
-
-The builder config's name holds a digest of the file's bytes and of the options, so a prepared copy is
-reused only for the same text and windows (in the trainer: `config.dataset.builder_kwargs`).
-"""
+"""`text_file`: a local UTF-8 text file as windows of seq_len + 1 byte tokens (`builder_kwargs`: path, seq_len)."""
 
 import abc
 import dataclasses
@@ -21,6 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.datasets import fingerprint
 
 VOCAB_SIZE = 256  # Byte-level tokens.
 
@@ -104,13 +95,11 @@ class TextFile(WindowedText):
                **kwargs):
     if not path:
       raise ConfigError("dataset 'text_file' needs a path: set config.dataset.builder_kwargs.path")
-    if not os.path.isfile(path):
-      raise ConfigError(f"text file {path!r} not found")
-    if not 0 < test_fraction < 1:
-      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
-    self.path, self.test_fraction = os.path.abspath(path), test_fraction
+    self.path = fingerprint.checked_source(path, test_fraction, "text file", os.path.isfile)
+    self.test_fraction = test_fraction
     with open(self.path, "rb") as f:
       digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    # The config name holds the text's and the options' digest: a prepared copy is for this text and windows only.
     digest = hashlib.sha256(f"{digest} {seq_len} {stride} {test_fraction}".encode()).hexdigest()[:12]
     stem = re.sub(r"[^\w\-]", "_", os.path.splitext(os.path.basename(path))[0])[:40] or "text"
     kwargs["config"] = self.window_config(f"{stem}-{digest}", seq_len, stride, f"Text file {self.path}.")

@@ -1,11 +1,4 @@
-"""`tiny_shakespeare_chars`: TFDS `tiny_shakespeare` as supervised character windows.
-
-`tiny_shakespeare` holds one example per split (the whole text) and no supervised keys; this view cuts
-each split (train / validation / test, about 1 MB / 55 kB / 55 kB of ASCII) into byte windows like
-`text_file`. Preparing it prepares `tiny_shakespeare` in the same data_dir (a download, the first time).
-
-    tfds.builder("tiny_shakespeare_chars", data_dir=..., seq_len=256)
-"""
+"""`tiny_shakespeare_chars`: each split of TFDS `tiny_shakespeare` (prepared in the same data_dir) as byte windows."""
 
 import tensorflow_datasets as tfds
 

@@ -1,9 +1,6 @@
-"""Writes token files (`jaxdp.data.arrays` reads them): token ids, or a text file's bytes, plus the sidecar.
+"""Writes token files (`jaxdp.data.arrays` reads them) and their sidecars: `Writer` for your tokenizer's ids.
 
     python -m jaxdp.datasets.token_file book.txt book.bin   # a text file -> byte tokens (vocabulary 256)
-
-For your own tokenizer: `with Writer(path, vocab_size) as w: w.append(ids)`; then train with
-`dataset.name = "token_file"` and `dataset.builder_kwargs.path = path`.
 """
 
 import argparse
