@@ -1,5 +1,4 @@
-"""A config's names as the objects of a run (`resolve`: dataset, model, task, optimizer) and, on a
-`DataParallel` of that config, its steps (`build`): what the trainer and the tools start from."""
+"""A config's names as a run's objects (`resolve`) and, on its `DataParallel`, their steps (`build`, for the tools)."""
 
 import dataclasses
 import functools
@@ -60,11 +59,8 @@ class Parts(Resolved):
 def resolve(config: ml_collections.ConfigDict, num_devices: int, *, model: Any = None, task: Any = None,
             train_data: Any = None, eval_data: Any = None,
             optimizer: optax.GradientTransformation | None = None) -> Resolved:
-  """Validates `config` for `num_devices` and resolves its names; raises ConfigError naming any bad value.
-
-  `model` (an NNX/linen module class or instance), `task` (a function or task object), `train_data`/`eval_data`
-  (arrays or random-access sources) and `optimizer` (any optax GradientTransformation) override the config's names.
-  """
+  """Validates `config` for `num_devices` and resolves its names, the objects given overriding them; ConfigError
+  names any bad value."""
   config = config_lib.with_defaults(config)
   layout = config_lib.validate(config, num_devices, jax.process_count())
   strategies.select(config).validate(config, layout)
@@ -87,8 +83,7 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int, *, model: Any =
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, **given: Any) -> Parts:
-  """`resolve` on a `DataParallel.from_config` over `devices` (default: all, or `parallel.num_devices`), and its
-  steps; `given`: `resolve`'s objects."""
+  """`resolve`, on `DataParallel.from_config` over `devices` (default: all, or `parallel.num_devices`), with its steps."""
   config = config_lib.with_defaults(config)
   num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
   run = resolve(config, num_devices, **given)

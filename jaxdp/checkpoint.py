@@ -1,10 +1,5 @@
-"""orbax checkpoints under WORKDIR/checkpoints/: asynchronous saves, automatic resume, shape checks.
-
-Each entry holds the full TrainState (as global arrays, whatever the backend), the input stream it was
-trained on and the config that produced it; the input position is the state's step. orbax writes an
-entry to a temporary directory and renames it to its step when complete, so an entry cut off by a kill
-is never listed (`steps`), never loaded.
-"""
+"""orbax checkpoints under WORKDIR/checkpoints/: each entry the full TrainState (global arrays), its input stream and
+config; asynchronous saves; an entry cut off by a kill is never listed (orbax renames it to its step when complete)."""
 
 import dataclasses
 import json
@@ -86,14 +81,8 @@ class Checkpointer:
 
   def restore_or_init(self, backend: Backend, init: Callable[[], TrainState], step: int | None = None,
                       strategy: Strategy = PLAIN, params_only: bool = False) -> TrainState:
-    """Checkpoint `step` (default: the newest) when there is one, else a fresh `init()`; placed for `backend`.
-
-    `params_only`: the stored optimizer state is neither read nor checked, and `init` is made with a stateless
-    optimizer (`optim.NONE`): what evaluating and sampling need, whatever optimizer trained the run.
-
-    Raises ConfigError, closing the manager first, when the checkpoint does not fit the config or its input
-    stream; nothing is written either way.
-    """
+    """Checkpoint `step` (default: the newest), else a fresh `init()`, placed for `backend`; `params_only`: the stored
+    optimizer state is not read (what evaluating and sampling need). A ConfigError closes the manager first."""
     try:
       step = self.latest_step() if step is None else step
       if step is None:
@@ -217,8 +206,7 @@ def _to_dicts(tree: Any) -> Any:
 
 
 def check_best(config: ml_collections.ConfigDict, eval_metrics: Sequence[str] | None = None) -> None:
-  """`best_mode` max or min; with `eval_metrics` (the task's, e.g. "eval/loss") and best checkpoints kept,
-  `best_metric` one of them (saves carry only those)."""
+  """`best_mode` max or min; `best_metric` one of the task's `eval_metrics` when best checkpoints are kept."""
   metric, mode = config.best_metric, config.best_mode
   if mode not in BEST_MODES:
     raise ConfigError(f"best_mode must be one of {', '.join(BEST_MODES)}, got {mode!r}")

@@ -1,13 +1,5 @@
-"""The one way train batches reach the devices: blocks of k >= 1 steps, placed ahead by one thread.
-
-The host stream's batches are stacked k steps at a time, each block placed in one transfer by the prefetch
-thread, and every step passes `(block, its index in the block)`: the step takes its own batch out of the block
-on the device (`parallel.select`, which `Backend.map_train` applies). k is 1 for batches tf.data decodes (reading
-ahead would raise a bad example's error steps early); for batches with nothing to decode, whose placing costs
-the host about the same whatever their size, as many as fit `BLOCK_MIB` (docs/design-notes.md#loop-host-costs).
-The batches, and so the results, are bitwise the ones placed step by step; the last block is padded with
-copies of its last batch (one program shape; the copies are never read).
-"""
+"""The one way train batches reach the devices: blocks of k >= 1 steps, each placed in one transfer ahead by one
+thread, the step taking its batch out of the block on the devices (docs/design-notes.md#one-feeder)."""
 
 import itertools
 import logging
@@ -37,11 +29,8 @@ def steps_per_block(ds: data.Dataset, rows: int) -> int:
 
 
 def stack(batches: Iterator[data.Batch], steps: int) -> Iterator[tuple[Block, int]]:
-  """The host batches as blocks of `steps`, each with how many of its steps are real.
-
-  Fewer in the last block, and in one cut short by a failed read, whose error is raised after it, so that it
-  surfaces at the step whose batch failed, as it does one transfer per step.
-  """
+  """The host batches as blocks of `steps`, each with how many of its steps are real; a failed read's error is raised
+  after the block it cut short, so that it surfaces at the step whose batch failed."""
   while True:
     chunk, error = [], None
     try:
@@ -72,13 +61,8 @@ def describe(ds: data.Dataset, rows: int, steps: int, prefetch: int) -> str:
 
 
 class Feeder(Iterator[tuple[PyTree, jax.Array]]):
-  """`(device block, index)` for each step of `batches`: one thread stacks and places blocks, `depth` ahead.
-
-  So reading and placing overlap the steps: `next` waits only when the thread is behind, and `waited` counts
-  those seconds (the input the caller waited for). An exception in the thread (the stream's, the placement's)
-  is raised by the `next` that would have returned that step. The thread stops at the stream's end, or at
-  `close` (also on garbage collection): it holds no reference to this object.
-  """
+  """`(device block, index)` for each step of `batches`, one thread placing blocks `depth` ahead; `waited`: the
+  seconds `next` waited for it; its errors are raised by the `next` of their step; stopped by `close` or at the end."""
   JOIN_S = 30.0  # How long `close` waits for the thread to finish the block it is reading.
 
   def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int, *,

@@ -1,5 +1,5 @@
-"""The Python objects a caller passes in place of the config's names (a model, a task, arrays), and how a
-workdir records them so that tools run later can say which argument to pass instead of failing obscurely."""
+"""The objects a caller passes in place of the config's names, and how a workdir records them (tools then name the
+argument to pass)."""
 
 import copy
 import dataclasses
@@ -25,18 +25,11 @@ class Objects:
                           # recorded, never asked back.
 
   def build_kwargs(self) -> dict[str, Any]:
-    """The objects given, as build.build's keywords (only those given: an older build takes none).
-
-    Not `dataclasses.asdict`, which would turn a linen module (a dataclass) into a dict of its fields.
-    """
+    """The objects given, as keywords (not `dataclasses.asdict`, which would take a linen module apart)."""
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
 
   def named(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A copy of `config` whose names say which objects replaced them, as checkpoints store it.
-
-    `jaxdp.evaluate`/`sample` on such a workdir then name the argument to pass from Python instead of
-    failing on a name that resolves to nothing (or to another class) in their process.
-    """
+    """A copy of `config` whose names say which objects replaced them, as checkpoints store it."""
     in_config = config.get("optimizer")  # An optax object set in the config itself: recorded as one passed.
     names = {"model.name": self.model, "task.name": self.task,
              "dataset.name": self.eval_data if self.eval_data is not None else self.train_data,
@@ -73,11 +66,8 @@ def object_name(obj: Any) -> str:
 
 
 def passed_objects(config: ml_collections.ConfigDict) -> dict[str, str]:
-  """Keyword -> stored name, for each of `config`'s names that stands for an object passed from Python.
-
-  A class named in `__main__` ("__main__:Net", a notebook's or a script's) counts: another process's
-  `__main__` does not have it.
-  """
+  """Keyword -> stored name for each of `config`'s names that stands for an object passed from Python (a `__main__`
+  class included: another process has none)."""
   found = {}
   for field, keyword in OBJECT_FIELDS.items():
     section, key = field.split(".")

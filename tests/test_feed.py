@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import build, data, feed, parallel
+import jaxdp
+from jaxdp import data, feed, parallel
 from jaxdp.loop.train import train_and_evaluate
 
 Batch = dict[str, np.ndarray]
@@ -233,7 +234,9 @@ def test_steps_per_block_fits_the_budget(config, monkeypatch):
   monkeypatch.setattr(feed, "BLOCK_MIB", 0.5 * 32 * ROW_BYTES / 2**20)
   assert feed.steps_per_block(ds, 32) == 1  # Under one batch: one per step.
   monkeypatch.undo()
-  assert build.build(config).steps_per_block == feed.MAX_STEPS
+  batches = jaxdp.DataParallel.from_config(config).batches(data.load(config.dataset), batch_size=32, stop_step=1)
+  assert batches.steps == feed.MAX_STEPS  # What DataParallel.batches, and so the trainer, feeds.
+  batches.close()
   # Decoded by tf.data at every step: one per transfer, or a bad example's error would come a block's steps early.
   config.dataset.cache_mb = 0
   assert feed.steps_per_block(data.load(config.dataset), 32) == 1

@@ -128,18 +128,16 @@ def test_invariant_mode_is_bitwise_the_same_on_1_2_4_8_devices(ten_steps, tmp_pa
 
 
 def test_flops_per_step_count_every_micro_batch(ten_steps):
-  # XLA counts the accumulation loop's body once; flops_step counts the whole optimizer step.
+  # XLA counts the accumulation loop's body once; DataParallel.flops counts the whole optimizer step.
   ten_steps.batch_size = 256  # 32 per device: the forward and backward outweigh the update.
   plain = build.build(ten_steps)
   ten_steps.grad_accum_steps = 4
   accumulated = build.build(ten_steps)
   state = accumulated.backend.init(accumulated.init)
-  batch = accumulated.backend.put_step(next(data.train_batches(
-      accumulated.ds, "train", seed=0, global_batch=256, start_step=0, process_index=0, process_count=1)))
-  whole = flops.step_flops(plain.flops_step, state, batch)
-  per_step = flops.step_flops(accumulated.flops_step, state, batch)
-  assert per_step == pytest.approx(whole, rel=0.02)
-  # What the loop reports with accumulation: the loop-free step's lowered count, without compiling it.
-  assert flops.lowered_flops(accumulated.flops_step, state, batch) == pytest.approx(per_step, rel=0.05)
+  batches = accumulated.dp.batches(accumulated.ds, batch_size=256, stop_step=1)
+  whole = plain.dp.flops(state, batches)  # Compiled: no loop to count once.
+  per_step = accumulated.dp.flops(state, batches)  # What the loop reports: the loop-free step's lowered count.
+  assert per_step == pytest.approx(whole, rel=0.05)
+  batch = next(batches)
   assert flops.step_flops(accumulated.train_step, state, batch) < 0.5 * per_step  # What XLA reports for the loop.
 

@@ -89,8 +89,7 @@ class Recorder:
 
 def start(workdir: str, config: Any, ds: Any, global_batch: int, start_step: int, restored_from: int | None,
           process_index: int, process_count: int, num_devices: int, read: collections.deque | None = None) -> Recorder:
-  """The recorder of the segment that starts at `start_step` (recording only if `config.audit_data`), taking the
-  ids the stream appends to `read`."""
+  """The recorder of the segment that starts at `start_step` (recording if `config.audit_data`), taking ids from `read`."""
   from jaxdp.data import stream  # The input pipeline's own order of examples.
   split = config.dataset.train_split
   n = ds.num_examples(split)

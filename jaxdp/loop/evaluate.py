@@ -10,18 +10,15 @@ from jaxdp.tasks import base as task_lib
 
 
 def run(parts: Any, state: Any, split: str | None = None) -> dict[str, float]:
-  """`eval/<metric>` of the run's task and `eval/num_examples` over every example of `split` (default: the eval split).
-
-  `parts` is what `build.build` returns; each example counts once, on any device and process count.
-  """
+  """`eval/*` of a `build.build` run over every example of `split` (default: the eval split)."""
   split = split or parts.config.dataset.eval_split
   return exact(parts.backend, parts.eval_step, parts.task, parts.ds, split, parts.layout.eval_global_batch, state)
 
 
 def exact(backend: Any, eval_step: Any, task: Any, ds: data.Dataset, split: str, global_batch: int,
           state: Any) -> dict[str, float]:
-  """`eval/<metric>` of `task` and `eval/num_examples` over every example of `split` of `ds`, in global batches
-  of `global_batch`: `eval_step` (mapped by `backend`) sums each batch on the devices, batches combine in order."""
+  """`eval/*` of `task` and `eval/num_examples` over every example of `split`, in global batches of `global_batch`,
+  summed on the devices by `eval_step`."""
   batches = data.eval_batches(ds, split, global_batch=global_batch, process_index=jax.process_index(),
                               process_count=jax.process_count())
   totals = None

@@ -1,5 +1,4 @@
-"""The training loop's periodic work after a step (log, replica check, eval, checkpoint) and what it keeps between
-steps: the last completed step, the last saved one, the bad examples replaced so far."""
+"""The loop's periodic work after a step (log, replica check, eval, checkpoint) and what it keeps between steps."""
 
 import contextlib
 import dataclasses
@@ -80,10 +79,7 @@ class Periodic:
     return {"train/skipped_examples": float(self._skipped_through(step))}
 
   def _skipped_through(self, step: int) -> int:
-    """Bad examples replaced in every process's rows of steps 1..`step`, over this workdir's runs.
-
-    Collective with several processes (each counts its own rows): every process calls it at the same step.
-    """
+    """Bad examples replaced in every process's rows of steps 1..`step`, over this workdir's runs (collective)."""
     here = self.run.batches.skipped_through(step)
     if jax.process_count() > 1:
       here = int(np.sum(multihost_utils.process_allgather(np.array([here], np.int32))))
@@ -91,20 +87,8 @@ class Periodic:
 
   @contextlib.contextmanager
   def saving_on_error(self) -> Iterator[None]:
-    """On an exception, checkpoints the last completed step (when checkpointing is on) before it propagates.
-
-    A failure in the input or in an eval (a bad example, a full disk) then loses no step. Not after a
-    NaN/Inf run or a replica mismatch: that state is not good.
-
-    Single process only. An orbax save with several processes is collective (each writes its shards, then
-    all meet at the coordination service's barriers before process 0 commits), but a failure here is this
-    process's alone: its rows of the train batch, its share of the eval split. The others are by then inside
-    the next device collective (the step's all-reduce, the eval's sums), which cannot return without this
-    process, so no message reaches them and they never join the save: this process would wait at the first
-    barrier instead of ending with its error. Nor can a process know that the others failed the same way
-    without a collective that the healthy ones never enter. So they end when this one exits (the coordination
-    service declares it lost), and the newest periodic checkpoint is where the run resumes.
-    """
+    """On an error (not NaN/Inf or a replica mismatch: that state is not good), checkpoints the last completed step
+    first; one process only (docs/design-notes.md#saving-on-error)."""
     try:
       yield
     except (NonFiniteError, replicas.ReplicaMismatchError):

@@ -1,6 +1,4 @@
-"""The training loop: `train_and_evaluate(config, workdir)` trains to `num_train_steps`, resuming from
-WORKDIR/checkpoints/; one loop built on `jaxdp.DataParallel`, as a user's own loop is. The command line is
-`jaxdp.tools.train`."""
+"""The trainer: `train_and_evaluate(config, workdir)`, one loop on `jaxdp.DataParallel` (the CLI: `jaxdp.tools.train`)."""
 
 import collections
 import contextlib
@@ -32,11 +30,8 @@ PyTree = Any
 
 @dataclasses.dataclass
 class Result:
-  """What a run leaves: the final (device) state, its backend and model, the last eval metrics.
-
-  `params` and `model_state` are one host copy (no device axis, for either backend), so that
-  `sample.sample_text(result.model, result.params, result.model_state, ...)` works on any run.
-  """
+  """What a run leaves: the final (device) state, its backend and model, the last eval metrics; `params` and
+  `model_state` one host copy."""
   state: Any  # step.TrainState
   backend: Any  # parallel.Backend
   eval_metrics: dict[str, float]
@@ -117,8 +112,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
 
 def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.ExitStack, clock: goodput.Clock,
            given: dict[str, Any]) -> _Run:
-  """Resolves the config on its `DataParallel`, reports it, restores the newest checkpoint (or initializes) and
-  opens the train batches from there."""
+  """The config's objects on its `DataParallel`, reported; the newest checkpoint (or a fresh state); the batches."""
   with clock.span("setup"):
     num_devices = config.parallel.num_devices or jax.device_count()
     run = build.resolve(config, num_devices, **given)

@@ -35,16 +35,8 @@ GPU_PEAK_FLOPS: tuple[tuple[str, float], ...] = (
 
 
 def step_flops(jitted: Any, *args: Any) -> float | None:
-  """FLOPs of one call of `jitted(*args)` per device, from XLA's cost analysis of the compiled program.
-
-  Works for `jax.jit` and `jax.pmap` functions. Both compile a per-device program (SPMD-partitioned
-  or mapped), so the count is per device. JAX caches the executable, so the next real call of
-  `jitted` with the same shapes does not compile again. None when the backend reports no FLOPs.
-
-  XLA's cost analysis counts a loop body once: a train step that accumulates k micro-batches in a
-  loop would report one micro-batch's FLOPs. For FLOPs per optimizer step, count `build.Parts.flops_step`
-  (the same step over the whole slice in one go: the same FLOPs, no loop), not `train_step`.
-  """
+  """FLOPs per device of one call of `jitted(*args)` (jit or pmap), from XLA's cost analysis of the compiled program,
+  which the next call reuses; None where the backend has none. A loop body is counted once."""
   try:
     compiled = jitted.lower(*args).compile()
   except (NotImplementedError, RuntimeError):  # A backend without cost analysis: report no FLOPs, keep training.
@@ -53,12 +45,8 @@ def step_flops(jitted: Any, *args: Any) -> float | None:
 
 
 def lowered_flops(jitted: Any, *args: Any) -> float | None:
-  """FLOPs per device of one call of `jitted(*args)`, from the cost analysis of the program before XLA optimizes it.
-
-  Nothing is compiled: for a program that is only counted, never run (`build.Parts.flops_step`), where a compile
-  would cost as much as the train step's own. Within a few % of the compiled count (XLA's fusions and
-  simplifications change it slightly); per device for `jax.jit` of a shard_map and for `jax.pmap` alike.
-  """
+  """FLOPs per device of one call of `jitted(*args)`, from the program before XLA optimizes it (nothing compiled;
+  within a few % of the compiled count)."""
   try:
     lowered = jitted.lower(*args)
   except (NotImplementedError, RuntimeError):
