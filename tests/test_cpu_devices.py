@@ -1,5 +1,5 @@
-"""CPU devices of one process: config.cpu_devices' choice on made-up machines, what a config runs on, and the
-count a fresh process gets from "auto", from the key, and from the flag and XLA's option that win over it."""
+"""CPU devices of one process: config.cpu_devices' choice, and the count a fresh process gets from "auto" (JAX's
+own), from the key, and from the flag and XLA's option that win over it."""
 
 import os
 import subprocess
@@ -8,48 +8,22 @@ import sys
 import pytest
 
 from jaxdp.config import ConfigError
-from jaxdp.configs import default, mlp_digits
+from jaxdp.configs import default
 from jaxdp.runtime import cpu_devices
 
 AUTO = cpu_devices.AUTO
 
 
-def _always(count: int) -> bool:
-  return True
-
-
-def test_auto_makes_one_device_per_core_up_to_the_cap():
-  assert cpu_devices.choose(AUTO, 2, _always).count == 2
-  assert "one per core" in cpu_devices.choose(AUTO, 2, _always).why
-  assert cpu_devices.choose(AUTO, 1, _always) == cpu_devices.Choice(1, "one core")
-  assert cpu_devices.choose(AUTO, 64, _always).count == cpu_devices.MOST_AUTO
-
-
-def test_auto_takes_the_most_devices_the_batches_divide():
-  divides_12 = lambda n: 12 % n == 0  # noqa: E731
-  assert cpu_devices.choose(AUTO, 5, divides_12).count == 4
-  assert cpu_devices.choose(AUTO, 7, lambda n: False).count == 1  # One device always serves.
-  assert "divide" in cpu_devices.choose(AUTO, 5, divides_12).why
+def test_auto_is_jaxs_own_count():
+  assert cpu_devices.choose(AUTO) is None  # No split per core: an XLA:CPU speed-up no accelerator run gets.
 
 
 def test_a_count_in_the_config_is_taken_and_a_bad_one_named():
-  assert cpu_devices.choose("3", 2, lambda n: False) == cpu_devices.Choice(3, "config.cpu_devices=3")
-  assert cpu_devices.choose(3, 2, lambda n: False).count == 3  # An int from Python.
+  assert cpu_devices.choose("3") == cpu_devices.Choice(3, "config.cpu_devices=3")
+  assert cpu_devices.choose(3).count == 3  # An int from Python.
   for bad in ("0", "-1", True, "two", 1.5, ""):
     with pytest.raises(ConfigError, match=f"config.cpu_devices must be 'auto' or a positive integer, got {bad!r}"):
-      cpu_devices.choose(bad, 2, _always)
-
-
-def test_fits_checks_the_batches_and_the_strategy():
-  config = default.get_config()  # Batch 128.
-  assert cpu_devices.fits(config, 2) and cpu_devices.fits(config, 8) and not cpu_devices.fits(config, 3)
-  config.parallel.invariant, config.parallel.invariant_shards = True, 4
-  assert cpu_devices.fits(config, 4) and not cpu_devices.fits(config, 8)  # 8 does not divide the 4 micro-shards.
-
-
-def test_the_dense_mlp_config_keeps_one_device():
-  """One device per core was slower for it at every batch measured (docs/design-notes.md#cpu-devices)."""
-  assert mlp_digits.get_config().cpu_devices == "1" and default.get_config().cpu_devices == AUTO
+      cpu_devices.choose(bad)
 
 
 COUNT = ("import sys; from jaxdp.tools import cli; from jaxdp.runtime import process; "
@@ -67,9 +41,7 @@ def _devices_of(*flags: str, **env: str) -> int:
 
 
 def test_a_fresh_process_gets_the_choice_and_what_wins_over_it():
-  config = default.get_config()
-  expected = cpu_devices.choose(AUTO, cpu_devices.cores(), lambda n: cpu_devices.fits(config, n)).count
-  assert _devices_of() == expected  # "auto": one per core (this machine's), the batches permitting.
+  assert _devices_of() == 1  # "auto": JAX's own, one CPU device, whatever the cores.
   assert _devices_of("--config.cpu_devices=3") == 3
   assert _devices_of("--config.cpu_devices=3", "--cpu_devices", "4") == 4  # The flag wins.
   assert _devices_of(XLA_FLAGS=f"{cpu_devices.DEVICE_COUNT_FLAG}=5") == 5  # XLA's own option wins.

@@ -34,9 +34,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.best_mode = "max"           # max | min: which end of best_metric is best.
   config.audit_data = False          # Record the example ids of every step in WORKDIR/audit/ (see jaxdp.audit).
   config.profile_steps = ()          # (first, last): a jax.profiler trace of those steps in WORKDIR/plugins/profile/ (process 0).
-  # CPU devices of a single process (no accelerator): "auto" makes one per core (at most 8) that the batches
-  # divide, since XLA's threads leave cores idle on a small model's ops (docs/design-notes.md#cpu-devices) | "N".
-  # --cpu_devices N (or JAXDP_CPU_DEVICES) wins; multi-process runs take jaxdp.launch's --devices_per_process.
+  # CPU devices of a single process (no accelerator): "auto" is JAX's own (one, XLA splitting each op over the
+  # cores) | "N" simulated devices. --cpu_devices N (or JAXDP_CPU_DEVICES) wins; jaxdp.launch: --devices_per_process.
   config.cpu_devices = "auto"
 
   config.parallel = ml_collections.ConfigDict()

@@ -1,12 +1,9 @@
-"""CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends.
-
-Why one device per core on a single process ("auto"): docs/design-notes.md#cpu-devices.
-"""
+"""CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends."""
 
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import ml_collections
 
@@ -18,9 +15,7 @@ ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
 KEY = "cpu_devices"
 AUTO = "auto"
-MEASURED = "docs/design-notes.md#cpu-devices"
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"  # XLA's own way to ask (in XLA_FLAGS).
-MOST_AUTO = 8  # "auto" makes at most this many: each device holds a replica of the state.
 # XLA:CPU's one thread pool has max(PJRT_NPROC (else NPROC, else the cores), devices) threads, and Eigen splits a
 # sum by the pool's size: the same op can round differently on 2 and 4 devices (parallel.invariant fixes the pool).
 THREADS_ENV, THREADS_ENV_OLD = "PJRT_NPROC", "NPROC"
@@ -114,22 +109,14 @@ def _positive(text: str) -> int | None:
   return int(text) if text.strip().isdigit() and int(text) >= 1 else None
 
 
-def choose(setting: object, cores: int, fits: Callable[[int], bool]) -> Choice:
-  """The count for `config.cpu_devices = setting` on `cores` cores (`fits(n)`: the config runs on n devices)."""
-  if setting != AUTO:  # A count: "N" (the key is a string, so that --config.cpu_devices=N overrides it) or N.
-    text = str(setting) if isinstance(setting, (int, str)) and not isinstance(setting, bool) else ""
-    if (asked := _positive(text)) is None:
-      raise ConfigError(f"config.{KEY} must be {AUTO!r} or a positive integer, got {setting!r}")
-    return Choice(asked, f"config.{KEY}={asked}")
-  most = min(cores, MOST_AUTO)
-  if most == 1:
-    return Choice(1, "one core")
-  count = next(n for n in range(most, 0, -1) if n == 1 or fits(n))
-  split = "one per core" if count == cores else (
-      f"{cores} cores: the most (up to {MOST_AUTO}) that the batches divide" if count > 1 else
-      f"{cores} cores, but the batches divide over no more than one device")
-  measured = "" if cores == 2 else ", where 2 cores were measured"
-  return Choice(count, f"{split} ({AUTO}; one process; {MEASURED}{measured})")
+def choose(setting: object) -> Choice | None:
+  """The count `config.cpu_devices = setting` asks for; None for "auto", JAX's own (docs/design-notes.md#cpu-devices)."""
+  if setting == AUTO:
+    return None
+  text = str(setting) if isinstance(setting, (int, str)) and not isinstance(setting, bool) else ""
+  if (asked := _positive(text)) is None:  # "N" (a string, so that --config.cpu_devices=N overrides it) or N.
+    raise ConfigError(f"config.{KEY} must be {AUTO!r} or a positive integer, got {setting!r}")
+  return Choice(asked, f"config.{KEY}={asked}")
 
 
 def use(config: ml_collections.ConfigDict) -> Choice | None:
@@ -147,7 +134,9 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
   if config.parallel.num_devices:
     _left = "JAX's (config.parallel.num_devices is set)"
     return None
-  choice = choose(config[KEY], cores(), lambda n: fits(config, n))
+  if (choice := choose(config[KEY])) is None:
+    _left = f"JAX's own (config.{KEY} {AUTO!r})"
+    return None
   jax.config.update("jax_num_cpu_devices", choice.count)
   _choice = choice
   return choice
@@ -155,8 +144,8 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
 
 def _check_started(setting: object, count: int, platform: str) -> None:
   """A ConfigError when `config.cpu_devices` names a count other than the one JAX's started CPU backend has."""
-  asked = None if setting == AUTO else choose(setting, 1, lambda n: True).count
-  if platform == "cpu" and asked not in (None, count):
+  asked = choose(setting)
+  if platform == "cpu" and asked is not None and asked.count != count:
     raise ConfigError(f"config.{KEY}={setting!r} comes too late: JAX already runs on {count} {platform} device(s); "
                       f"set it before the first JAX call, or {ENV_VAR} before Python starts")
 
@@ -173,16 +162,6 @@ def backends_started() -> bool:
   except ImportError:  # A JAX without it (private API): `simulate` still refuses a count that comes too late.
     return False
   return backends_are_initialized()
-
-
-def fits(config: ml_collections.ConfigDict, count: int) -> bool:
-  """Whether `config` validates on `count` devices of one process (batches, accumulation, its strategy)."""
-  from jaxdp import config as config_lib, strategies
-  try:
-    strategies.select(config).validate(config, config_lib.validate(config, count, 1))
-  except ConfigError:
-    return False
-  return True
 
 
 def describe() -> str:
