@@ -150,7 +150,11 @@ def test_a_rank_that_cannot_start_again_is_left_out_and_the_run_ends_bitwise_on_
   pythonpath = os.pathsep.join(filter(None, [str(hooks), os.environ.get("PYTHONPATH")]))
   proc = _launch(workdir, data_dir, "--max_restarts", "3", "--min_processes", "1", PYTHONPATH=pythonpath,
                  JAXDP_TEST_GONE_MARKER=str(marker))
-  _kill_when(workdir, proc, random.randint(EVERY + 1, 4 * EVERY), set(), rank=1, before=marker.touch)
+  def gone() -> None:  # Once a checkpoint is complete (saves are asynchronous): the restart is from a step.
+    runs.wait_for(lambda: checkpoint.steps(str(workdir)), timeout=120, every=0.005)
+    marker.touch()
+
+  _kill_when(workdir, proc, random.randint(EVERY + 1, 4 * EVERY), set(), rank=1, before=gone)
   out, err = _finish(proc)
   lines = [l for l in err.splitlines() if l.startswith("launch: ")]
   assert re.fullmatch(r"launch: process 1 of 2 was lost \(killed by SIGKILL\); restart 1 of 3 from step \d+0",
