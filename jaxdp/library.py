@@ -107,14 +107,10 @@ class DataParallel:
 
   def batches(self, data: Any, *, batch_size: int, seed: int = 0, start_step: int = 0, stop_step: int | None = None,
               split: str | None = None, on_ids: Callable[[np.ndarray], None] | None = None) -> feed.Feeder:
-    """This process's rows of global batches `start_step`, ... (`stop_step`: excluded; None: forever), placed
-    ahead on the devices by a thread (`jaxdp.feed`; `close()` stops it, as does dropping the iterator).
-
-    `data`: a dataset name, a dict of numpy arrays or a random-access source; one global order of `seed`, so
-    the batches are the same on any device and process count. After a restore, a stream other than the
-    checkpoint's (seed, batch size, data) is refused: resuming would replay or skip examples. `on_ids` is given
-    each batch's example ids (positions in the split) as it is read, in order.
-    """
+    """This process's rows of global batches `start_step`, ... (`stop_step`: excluded; None: forever) of `data` (a
+    dataset name, a dict of arrays, a random-access source) in one global order of `seed`, the same on any device and
+    process count, placed ahead by a thread (`jaxdp.feed`; `close()` stops it). After a restore, a stream other than
+    the checkpoint's is refused. `on_ids` is given each batch's example ids (positions in the split) as it is read."""
     ds, split = self._open(data, split, train=True)
     self._check_batch(batch_size, self.strategy.options.accum_steps)
     spec = datalib.stream_spec(ds, split, seed=seed, global_batch=batch_size)
@@ -185,9 +181,7 @@ class DataParallel:
   def save(self, workdir: str, state: step_lib.TrainState, *, metrics: dict[str, float] | None = None,
            wait: bool = True) -> int:
     """Writes `state` as WORKDIR/checkpoints/<its step> with the stream of the last `batches`; returns the step.
-
-    `metrics`: what keeps the best checkpoints (`keep_best_checkpoints`). `wait=False`: returns while the write
-    goes on; `wait()` or `close()` waits for it."""
+    `metrics` rank the best checkpoints kept; `wait=False` returns while the write goes on (`wait()` waits)."""
     step = int(self.backend.get(state.step))
     saver = self._saver(workdir)
     saver.config = self.config if self._given is None else objects.Objects(**self._given).named(self.config)
