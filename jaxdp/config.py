@@ -10,6 +10,7 @@ import ml_collections
 from jaxdp.configs import default
 
 DTYPES = ("float32", "bfloat16", "float16")
+_ABSENT = object()
 
 
 class ConfigError(ValueError):
@@ -76,10 +77,11 @@ REMOVED = {
 
 def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A copy of `config` with every key it lacks from `configs/default.py` (the one home of defaults; idempotent)."""
-  full = ml_collections.ConfigDict(config.to_dict(preserve_field_references=False))
+  as_dict = config.to_dict(preserve_field_references=False)
   for key in REMOVED:
-    if _sets(full, key):
+    if _drop(dict(as_dict), key.split(".")):  # On a copy: `_drop` copies each section it enters.
       raise removed(key)
+  full = ml_collections.ConfigDict(as_dict)
   _fill(full, default.get_config())
   return full
 
@@ -97,26 +99,18 @@ def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
   return out
 
 
-def _drop(node: dict[str, Any], path: list[str]) -> None:
-  """Deletes the dotted `path` from `node`, copying each section it enters; a section left empty goes too."""
+def _drop(node: dict[str, Any], path: list[str]) -> bool:
+  """Deletes the dotted `path` from `node`, copying each section it enters (one left empty goes too); whether set."""
   first, *rest = path
   if not rest:
-    node.pop(first, None)
-  elif isinstance(node.get(first), dict):
-    node[first] = section = dict(node[first])
-    _drop(section, rest)
-    if not section:  # A section left empty was removed whole.
-      del node[first]
-
-
-def _sets(config: ml_collections.ConfigDict | dict[str, Any], key: str) -> bool:
-  """Whether `config` has the dotted `key` ("parallel.prefetch")."""
-  *parents, name = key.split(".")
-  for part in parents:
-    config = config.get(part)
-    if not isinstance(config, (ml_collections.ConfigDict, dict)):
-      return False
-  return name in config
+    return node.pop(first, _ABSENT) is not _ABSENT
+  if not isinstance(node.get(first), dict):
+    return False
+  node[first] = section = dict(node[first])
+  found = _drop(section, rest)
+  if not section:  # A section left empty was removed whole.
+    del node[first]
+  return found
 
 
 def _fill(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict) -> None:

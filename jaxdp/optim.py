@@ -55,14 +55,6 @@ def decay_mask(spec: str, params: PyTree) -> PyTree | None:
   return mask
 
 
-def _mask(config: ml_collections.ConfigDict, params: PyTree | None) -> PyTree | Callable | None:
-  """The mask for optax: from the original shapes when known, else from what optax sees (raveled under ZeRO-1)."""
-  spec = config.weight_decay_mask
-  if params is not None:
-    return decay_mask(spec, params)
-  return None if spec == "all" else lambda seen: decay_mask(spec, seen)
-
-
 def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
          optimizer: optax.GradientTransformation | None = None) -> optax.GradientTransformation:
   """`optimizer`, or config.optimizer's GradientTransformation, or the optax function it names configured by the config.
@@ -77,8 +69,12 @@ def make(config: ml_collections.ConfigDict, params: PyTree | None = None,
                         f"{type(optimizer).__name__}")
     return optimizer
   name, wd = config.optimizer, config.weight_decay
-  mask = _mask(config, params)  # Validated even when weight decay is off; passed only when it is on, so that
-  mask = mask if wd else None    # the optimizer state then has no mask wrapper.
+  # The mask from the original shapes when known, else from what optax sees (raveled under ZeRO-1). Validated even
+  # when weight decay is off; passed only when it is on, so that the optimizer state then has no mask wrapper.
+  spec = config.weight_decay_mask
+  lazy = None if spec == "all" else lambda seen: decay_mask(spec, seen)
+  mask = decay_mask(spec, params) if params is not None else lazy
+  mask = mask if wd else None
   fn, takes = _optax_function(name)
   kwargs = dict(config.optimizer_kwargs)
   given = {"learning_rate": schedule(config)}

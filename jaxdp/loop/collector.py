@@ -1,7 +1,6 @@
 """Python's garbage collector in the loop: at fixed steps (docs/design-notes.md#garbage-collection)."""
 
 import gc
-import types
 
 # The loop collects the young generations every this many steps. Why: docs/design-notes.md#garbage-collection
 EVERY_STEPS = 50
@@ -26,7 +25,7 @@ class Collector:
     if self.every_steps > 0 and step % self.every_steps == 0:
       gc.collect(1)
 
-  def __exit__(self, kind: type | None, error: BaseException | None, trace: types.TracebackType | None) -> None:
+  def __exit__(self, *exc: object) -> None:
     if self.every_steps > 0:
       if not self._was_frozen:  # gc can only unfreeze everything: a caller's own frozen objects stay frozen.
         gc.unfreeze()

@@ -3,12 +3,14 @@
 import inspect
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 from flax import linen, nnx
 
 from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
-from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, linen_call, sample_inputs
+from jaxdp.models.adapter import Model, from_linen, from_nnx, from_nnx_instance, linen_call
 
 BUILTIN = {
     "mlp": "jaxdp.models.mlp:MLP",
@@ -52,7 +54,7 @@ def _linen(module: linen.Module, input_shape: tuple[int, ...], task: Any,
            element_spec: dict[str, Any] | None) -> Model:
   """A linen module, initialized on the task's inputs when the task and features are known, else on `input_shape`."""
   if task is None or element_spec is None:
-    return from_linen(module, sample_inputs(input_shape))
+    return from_linen(module, jax.ShapeDtypeStruct((1, *input_shape), jnp.float32))  # Zeros of this shape.
   return from_linen(module, sample_call=linen_call(module, task, element_spec))
 
 

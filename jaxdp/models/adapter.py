@@ -126,8 +126,3 @@ def linen_call(module: linen.Module, task: Callable, element_spec: dict[str, jax
     raise ConfigError(f"task {getattr(task, '__name__', task)!r} never calls the model: a linen module is "
                       f"initialized on the inputs the task feeds it")
   return calls[0]
-
-
-def sample_inputs(input_shape: tuple[int, ...], batch: int = 1) -> jax.Array:
-  """A zero batch of inputs, for shape inference."""
-  return jnp.zeros((batch, *input_shape), jnp.float32)

@@ -143,15 +143,14 @@ def pmean_floats(tree: PyTree, axis_name: str) -> PyTree:
 
 
 def integers_of_replica_zero(tree: PyTree, axis_name: str) -> PyTree:
-  """Non-float leaves (e.g. counters) as replica 0 has them, on every replica; float leaves as they are."""
-  return jax.tree.map(lambda x: x if is_float(x) else _replica_zero(x, axis_name), tree)
+  """Non-float leaves (e.g. counters) as replica 0 has them, on every replica, exactly; float leaves as they are."""
 
+  def replica_zero(x: jax.Array) -> jax.Array:  # A psum of replica 0's value and zeros: an integer is never averaged.
+    wide = jnp.int32 if x.dtype == jnp.bool_ else x.dtype  # psum takes no bool.
+    return lax.psum(jnp.where(lax.axis_index(axis_name) == 0, x.astype(wide), jnp.zeros_like(x, wide)),
+                    axis_name).astype(x.dtype)
 
-def _replica_zero(x: jax.Array, axis_name: str) -> jax.Array:
-  """Replica 0's `x` on every replica, exactly (a psum of it and zeros); an integer is never averaged."""
-  wide = jnp.int32 if x.dtype == jnp.bool_ else x.dtype  # psum takes no bool.
-  mine = jnp.where(lax.axis_index(axis_name) == 0, x.astype(wide), jnp.zeros_like(x, wide))
-  return lax.psum(mine, axis_name).astype(x.dtype)
+  return jax.tree.map(lambda x: x if is_float(x) else replica_zero(x), tree)
 
 
 def reduce_metrics(metrics: Scalars, axis_name: str) -> Scalars:

@@ -61,7 +61,8 @@ class Invariant(Strategy):
     outputs = []
     for p in range(m_local * k):
       # Every piece starts from the step's float state; integer state (a counter) runs on through a micro-shard.
-      start = state.model_state if p % k == 0 else _integers_from(outputs[-1][1], state.model_state)
+      start = state.model_state if p % k == 0 else jax.tree.map(
+          lambda mine, fresh: fresh if is_float(fresh) else mine, outputs[-1][1], state.model_state)
       outputs.append(one(p, start))
     per_piece = jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
     metrics, rest = per_piece[0], per_piece[1:]
@@ -72,7 +73,7 @@ class Invariant(Strategy):
     subtree = jax.tree.map(_tree_total, per_shard)
     gathered, maxima = lax.all_gather(subtree, axis.name), {n: lax.pmax(v, axis.name) for n, v in maxima.items()}
     (sums, model_state, grads) = jax.tree.map(_tree_total, gathered)
-    model_state = jax.tree.map(functools.partial(_mean, count=m * k), model_state)
+    model_state = jax.tree.map(lambda x: x / (m * k) if is_float(x) else x, model_state)  # Float sums as means.
     return {**sums, "max": maxima}, model_state, grads
 
   def eval_sums(self, per_example: EvalFn, batch: dict, axis: DataAxis) -> dict[str, Any]:
@@ -84,32 +85,15 @@ class Invariant(Strategy):
     return {group: jax.tree.map(jnp.max if group == "max" else _pairwise_sum, values) for group, values in every.items()}
 
 
-def _mean(x: jax.Array, count: int) -> jax.Array:
-  """A float sum over `count` pieces as a mean; other leaves (e.g. integer counters) as they are."""
-  return x / count if is_float(x) else x
-
-
-def _integers_from(source: PyTree, floats: PyTree) -> PyTree:
-  """`floats`' float leaves with `source`'s other (integer) leaves."""
-  return jax.tree.map(lambda s, f: f if is_float(f) else s, source, floats)
-
-
 def _shard_total(x: jax.Array) -> jax.Array:
   """[m, k, ...] -> [m, ...]: a float's k pieces summed in order; an integer (state) as after the last piece."""
-  return _sequential_sum(x) if is_float(x) else x[:, -1]
+  # The k parts of each row added one after another, in order.
+  return functools.reduce(jnp.add, [x[:, i] for i in range(x.shape[1])]) if is_float(x) else x[:, -1]
 
 
 def _tree_total(x: jax.Array) -> jax.Array:
   """[m, ...] -> [...]: floats summed along the fixed tree; integers as micro-shard 0 left them (no sum)."""
   return _pairwise_sum(x) if is_float(x) else x[0]
-
-
-def _sequential_sum(x: jax.Array) -> jax.Array:
-  """[m, k, ...] -> [m, ...]: the k parts of each row added one after another, in order."""
-  total = x[:, 0]
-  for i in range(1, x.shape[1]):
-    total = total + x[:, i]
-  return total
 
 
 def _pairwise_sum(x: jax.Array) -> jax.Array:

@@ -13,13 +13,9 @@ Path = tuple  # A key path, as jax.tree_util gives it.
 State = Any   # A jaxdp.step.TrainState (abstract or not); not imported, since jaxdp.step imports the strategies.
 
 
-def _chunk(size: int, n: int) -> int:
-  return -(-size // n)  # ceil(size / n)
-
-
 def flatten(tree: PyTree, n: int) -> PyTree:
   """Each leaf raveled and zero-padded to a multiple of `n` elements."""
-  return jax.tree.map(lambda x: jnp.pad(x.reshape(-1), (0, _chunk(x.size, n) * n - x.size)), tree)
+  return jax.tree.map(lambda x: jnp.pad(x.reshape(-1), (0, -x.size % n)), tree)
 
 
 def unflatten(flat: PyTree, like: PyTree) -> PyTree:

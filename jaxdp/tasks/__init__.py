@@ -56,7 +56,7 @@ def resolve(config: ml_collections.ConfigDict, facts: Any, task: Any = None, tar
       name = "regression" if getattr(facts, "float_labels", False) else "classification"
       origin = f"inferred from {'float' if name == 'regression' else 'integer'} labels"
     target = BUILTIN.get(name) or _import(name)
-  built = (_build if inspect.isclass(target) else _bind)(target, kwargs, name)
+  built = _bind(target, kwargs, name)
   if isinstance(built, Regression) and built.center is None and targets is not None:
     built = built.centered(targets())
   return Resolved(built, name, origin)
@@ -77,26 +77,15 @@ def _import(name: str) -> Any:
   return target
 
 
-def _check(parameters: dict[str, inspect.Parameter], kwargs: dict, name: str) -> None:
-  """A ConfigError naming the `config.task.*` fields a task's `parameters` do not take."""
-  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-    return
-  unknown = sorted(set(kwargs) - set(parameters))
-  if unknown:
-    accepted = ", ".join(parameters) or "none"
+def _bind(target: Any, kwargs: dict, name: str) -> Task:
+  """A task class built with the config's `task.*` fields, or a task function with them bound (after model, batch)."""
+  is_class = inspect.isclass(target)
+  if not (kwargs or is_class):
+    return target
+  parameters = list(inspect.signature(target).parameters.values())[0 if is_class else 2:]
+  unknown = sorted(set(kwargs) - {p.name for p in parameters})
+  if unknown and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+    accepted = ", ".join(p.name for p in parameters) or "none"
     raise ConfigError(f"task {name!r} takes no field {', '.join('config.task.' + k for k in unknown)} "
                       f"(its keyword arguments: {accepted})")
-
-
-def _build(cls: type, kwargs: dict, name: str) -> Task:
-  """A task class built with the config's `task.*` fields as its keyword arguments."""
-  _check(dict(inspect.signature(cls).parameters), kwargs, name)
-  return cls(**kwargs)
-
-
-def _bind(fn: Any, kwargs: dict, name: str) -> Task:
-  """A task function with the config's `task.*` fields bound as keyword arguments (after model, batch)."""
-  if not kwargs:
-    return fn
-  _check(dict(list(inspect.signature(fn).parameters.items())[2:]), kwargs, name)
-  return functools.update_wrapper(functools.partial(fn, **kwargs), fn)
+  return target(**kwargs) if is_class else functools.update_wrapper(functools.partial(target, **kwargs), target)

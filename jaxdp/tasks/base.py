@@ -65,18 +65,14 @@ def run(task: Task, model: BoundModel, batch: dict[str, jax.Array]) -> dict[str,
   """The task on one replica's rows: {"loss": ..., <its metrics>} as Metrics (the loss a mean)."""
   loss, metrics = task(model, batch)
   out = {"loss": as_metric("loss", loss), **{str(k): as_metric(str(k), v) for k, v in dict(metrics).items()}}
-  if len(out) != len(metrics) + 1:
-    raise ConfigError(f"task metric keys {_colliding(metrics)} name one metric twice: each is reported as "
+  if len(out) != len(metrics) + 1:  # Keys whose str() is "loss" or another key's.
+    names = collections.Counter(["loss", *map(str, metrics)])
+    colliding = sorted((k for k in metrics if names[str(k)] > 1), key=repr)
+    raise ConfigError(f"task metric keys {colliding} name one metric twice: each is reported as "
                       "str(key), and 'loss' is the loss's")
   if out["loss"].reduce != "mean":  # The gradient is the mean's: a summed loss would not combine as one.
     raise ConfigError(f"the task's loss must reduce by mean, got reduce={out['loss'].reduce!r}")
   return out
-
-
-def _colliding(metrics: Mapping[Any, Any]) -> list[Any]:
-  """The keys of `metrics` whose str() is "loss" or another key's str()."""
-  names = collections.Counter(str(k) for k in metrics)
-  return sorted((k for k in metrics if str(k) == "loss" or names[str(k)] > 1), key=repr)
 
 
 def by_kind(metrics: Mapping[str, Metric]) -> dict[str, dict[str, jax.Array]]:
