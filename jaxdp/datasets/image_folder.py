@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import tfds_dataset
+from jaxdp.data import source, tfds_dataset
 from jaxdp.datasets import fingerprint
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -111,7 +111,7 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     paths = sorted(p for split in self._splits.values() for p, _ in split)
     # skip_bad only when on: the prepared copies made before the option existed keep their names.
     options = {"test_fraction": test_fraction, **({"skip_bad": True} if skip_bad else {})}
-    name = fingerprint.config_name(path, fingerprint.file_stats(paths), options)
+    name = fingerprint.config_name(path, source.file_stats(paths), options)
     kwargs["config"] = fingerprint.SourceConfig(name=name, path=path, test_fraction=test_fraction,
                                                 description=f"{self.KIND} {path}")
     super().__init__(**kwargs)

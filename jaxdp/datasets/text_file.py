@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import arrays
 from jaxdp.datasets import fingerprint
 
 VOCAB_SIZE = 256  # Byte-level tokens.
@@ -48,10 +49,7 @@ class WindowedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   @staticmethod
   def window_config(name: str, seq_len: int, stride: int, description: str) -> WindowConfig:
-    if not (isinstance(seq_len, int) and seq_len > 0):
-      raise ConfigError(f"dataset seq_len must be a positive integer, got {seq_len!r}")
-    if not (isinstance(stride, int) and stride >= 0):
-      raise ConfigError(f"dataset stride must be a non-negative integer, got {stride!r}")
+    arrays.check_windows(seq_len, stride)
     return WindowConfig(name=name, seq_len=seq_len, stride=stride or seq_len, description=description)
 
   @abc.abstractmethod
