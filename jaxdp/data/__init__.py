@@ -60,11 +60,7 @@ KINDS = (
 
 def find(name: str) -> Kind:
   """The kind in `KINDS` that claims `name`, else a registered TFDS name."""
-  claims = [kind for kind in KINDS if kind.matches(name)]
-  if len(claims) > 1:
-    raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
-                     "disjoint")
-  return claims[0] if claims else TFDS_NAME
+  return next((kind for kind in KINDS if kind.matches(name)), TFDS_NAME)
 
 
 def load(config: ml_collections.ConfigDict, *, train_data: Any = None, eval_data: Any = None) -> Dataset:

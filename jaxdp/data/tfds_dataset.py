@@ -78,11 +78,7 @@ def by_class(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = Fal
   cls = config_lib.import_named(name, "dataset")
   if not (inspect.isclass(cls) and issubclass(cls, tfds.core.DatasetBuilder)):
     raise ConfigError(f"dataset {name!r} is not a TFDS builder class (tfds.core.DatasetBuilder), got {cls!r}")
-  return _instantiate(name, cls, user_kwargs(data_dir, kwargs, extra))
-
-
-def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -> tfds.core.DatasetBuilder:
-  """`cls(**kwargs)`, a ConfigError where the class is abstract or refuses the kwargs."""
+  kwargs = user_kwargs(data_dir, kwargs, extra)
   if missing := sorted(getattr(cls, "__abstractmethods__", ())):  # Else Python's TypeError reads as bad kwargs.
     raise ConfigError(f"dataset {name!r} does not define {', '.join(missing)} (a TFDS builder must: see "
                       f"tfds.core.GeneratorBasedBuilder)")
