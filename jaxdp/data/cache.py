@@ -198,7 +198,7 @@ def _mapped(path: str, rows: int, spec: dict) -> np.ndarray:
 
 
 def _write(stem: str, arrays: Rows, bad: dict[int, str]) -> None:
-  """Writes the arrays, then the `.json`, each renamed when complete; then drops leftovers (its own files if it failed)."""
+  """Writes the arrays, then the `.json`, each renamed when complete; then drops leftovers (its own, if it failed)."""
   tmp, ours, here = f".tmp-{os.getpid()}", os.path.basename(stem) + ".", os.path.dirname(stem)
   written = False
   try:
@@ -213,7 +213,7 @@ def _write(stem: str, arrays: Rows, bad: dict[int, str]) -> None:
       json.dump(meta, f)
     os.replace(f"{stem}.json{tmp}", f"{stem}.json")
     written = True
-  finally:  # Other digests' files, or its own: without their .json nothing reads them, and each may be a feature's size.
+  finally:  # Others' files, or its own: without their .json nothing reads them; each may be a feature's size.
     _remove(os.path.join(here, n) for n in os.listdir(here)
             if n != ".lock" and (".tmp-" in n or n.startswith(ours) != written))
 

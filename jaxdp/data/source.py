@@ -145,7 +145,6 @@ class TfdsCorpus:
   def __init__(self, builder: tfds.core.DatasetBuilder, keep_encoded: bool = False):
     self.builder, self.keep_encoded = builder, keep_encoded
     self.names = FeatureNames(builder.info)
-    self.input_key, self.label_key = self.names.input_key, self.names.label_key
     self.facts = facts_of(builder, self.names)
     self._sources: dict[str, TfdsSource] = {}
 
@@ -165,7 +164,7 @@ class TfdsCorpus:
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One serialized record -> every feature under its batch name (with `keep_encoded`, images stay encoded)."""
-    decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
+    decoders = {self.names.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
     return self.names(self.builder.info.features.deserialize_example(example["record"], decoders=decoders))
 
 
