@@ -14,11 +14,11 @@ import numpy as np
 from jaxdp.config import ConfigError
 from jaxdp.data import order
 from jaxdp.data.reader import tensorflow
+from jaxdp.data.source import INPUTS, LABELS  # The features preprocessing knows (a supervised dataset's).
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
 
-INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 
 
 def draws(seed: int, global_batch: int, step: int) -> np.ndarray:

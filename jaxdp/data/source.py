@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable, Iterable, Mapping
 import os
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,8 +14,6 @@ from jaxdp.config import ConfigError
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
-
-log = logging.getLogger("jaxdp")
 
 Rows = dict[str, np.ndarray]
 Feature = tuple[tuple[int | None, ...], np.dtype]  # One example's feature as decoded: its shape and dtype.
@@ -129,9 +126,6 @@ class FeatureNames:
                           f"a batch")
       self.features[name] = (tuple(tensor.shape), dtype)
       self._keys[key] = name
-    if any(None in infos[key].shape for key in self.left_out):
-      log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name,
-               ", ".join(self.left_out))
 
   def __call__(self, example: Mapping[str, Any]) -> dict[str, Any]:
     """One decoded example (nested as its FeaturesDict) -> its features under their batch names."""
