@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
 
 
-
 def draws(seed: int, global_batch: int, step: int) -> np.ndarray:
   """The augmentation draws float32 [global_batch, 3] in [0, 1) of global batch `step`: row r's are example r's."""
   return order.rng(seed, order.AUGMENT, step).random((global_batch, 3), np.float32)
