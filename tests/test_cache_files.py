@@ -160,6 +160,6 @@ def test_a_write_that_fails_leaves_no_temporary_files(tmp_path, caplog):
   arrays = {"inputs": np.zeros((2, 3), np.float32), "text": np.array([["a"], ["b"]], object)}  # Not savable.
   with caplog.at_level(logging.WARNING, logger="jaxdp"):
     held, bad = cache.load_or_decode(str(tmp_path), "train", "abc", lambda: (arrays, {}))
-  assert held is arrays and bad == {} and "writing its decoded copy" in caplog.text
+  assert held is arrays and bad == {} and "cannot write its decoded copy" in caplog.text
   left = os.listdir(tmp_path / cache.FOLDER / "train")
   assert left == [".lock"], left

@@ -43,28 +43,20 @@ def is_folder(name: str) -> bool:
   return not is_npz(name) and (name.startswith(("/", "./", "../", "~")) or ("/" in name and os.path.exists(name)))
 
 
-def _npz(config: ml_collections.ConfigDict, kwargs: dict) -> Dataset:
-  """An .npz file's dataset, by `jaxdp.datasets.npz` (imported by module path)."""
-  return importlib.import_module(f"{tfds_dataset.SHIPPED}.npz").open_dataset(config, kwargs)
-
-
 # The kinds a name may be, disjoint (a name is claimed by one at most); a name none claims is a registered TFDS name.
 TFDS_NAME = tfds_kind("a registered TFDS name", lambda name: True, tfds_dataset.registered)
 KINDS = (
     Kind("a token file", lambda name: name == arrays.TOKEN_FILE, arrays.open_token_file),
     tfds_kind("a TFDS builder class", lambda name: bool(tfds_dataset.CLASS_REF.match(name)), tfds_dataset.by_class),
-    Kind("an .npz file", is_npz, _npz),
+    Kind("an .npz file", is_npz,  # By module path: `data` never imports `datasets` by name.
+         lambda *args: importlib.import_module(f"{tfds_dataset.SHIPPED}.npz").open_dataset(*args)),
     tfds_kind("an image folder", is_folder, tfds_dataset.shipped("image_folder")),
 )
 
 
 def find(name: str) -> Kind:
   """The kind in `KINDS` that claims `name`, else a registered TFDS name."""
-  claims = [kind for kind in KINDS if kind.matches(name)]
-  if len(claims) > 1:
-    raise ValueError(f"dataset name {name!r} is claimed by {', '.join(k.name for k in claims)}: matchers must be "
-                     "disjoint")
-  return claims[0] if claims else TFDS_NAME
+  return next((kind for kind in KINDS if kind.matches(name)), TFDS_NAME)
 
 
 def load(config: ml_collections.ConfigDict, *, train_data: Any = None, eval_data: Any = None) -> Dataset:

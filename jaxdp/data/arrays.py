@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxdp.config import ConfigError
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import INPUTS, LABELS, TEXT, ArrayCorpus, Facts, Rows, flatten, identity
+from jaxdp.data.source import LABELS, TEXT, ArrayCorpus, Facts, Rows, facts_from, flatten, identity
 
 NAME = "<in-memory>"  # The dataset's name before its digest: a checkpoint of other data is refused on resume.
 KIND = "in-memory"     # Its source kind in the stream spec.
@@ -65,7 +65,10 @@ class RandomAccessSource:
   def _rows(self, indices: list[int]) -> Rows:
     getitems = getattr(self.source, "__getitems__", None)
     examples = getitems(indices) if getitems is not None else [self.source[i] for i in indices]
-    flat = [flatten(_as_dict(e, self.what)) for e in examples]
+    if not all(isinstance(e, Mapping) for e in examples):
+      raise ConfigError(f"{self.what}: an example must be a dict of arrays (feature name -> value), got "
+                        f"{type(examples[0]).__name__}")
+    flat = [flatten(e) for e in examples]
     return {k: np.stack([np.asarray(e[k]) for e in flat]) for k in flat[0]}
 
   def read(self, indices: np.ndarray) -> Rows:
@@ -92,14 +95,6 @@ def _digest_rows(h: "hashlib._Hash", rows: Rows) -> None:
 def _numeric(dtype: np.dtype) -> bool:
   """Whether a feature of this dtype can be batched onto a device (numbers and booleans)."""
   return np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)
-
-
-def _as_dict(example: Any, what: str) -> Mapping[str, Any]:
-  """`example`, a dict of arrays, else a ConfigError naming `what`."""
-  if not isinstance(example, Mapping):
-    raise ConfigError(f"{what}: an example must be a dict of arrays (feature name -> value), got "
-                      f"{type(example).__name__}")
-  return example
 
 
 def open_data(config: ml_collections.ConfigDict, train_data: Any = None, eval_data: Any = None) -> Dataset:
@@ -137,28 +132,17 @@ def _facts(splits: dict[str, ArraysSource | RandomAccessSource], prefix: str) ->
     features = these
     h.update(f"\0{split}\0".encode())
     source.digest(h)
-  name = f"{prefix}@{h.hexdigest()[:12]}"
   left_out = {k: why for source in splits.values() for k, why in source.left_out.items()}
-  if INPUTS not in features or LABELS not in features:
-    return Facts(name, (), (), 0, features=features, left_out=left_out)
-  (input_shape, inputs), (label_shape, labels) = features[INPUTS], features[LABELS]
-  image = inputs == np.uint8 and len(input_shape) == 3
-  integer = np.issubdtype(inputs, np.integer) and not image
-  float_labels = bool(np.issubdtype(labels, np.floating))
-  classes = 0 if float_labels else _num_classes(splits)
-  return Facts(name, input_shape, label_shape, classes, integer, image, float_labels, features, left_out)
+  return facts_from(f"{prefix}@{h.hexdigest()[:12]}", features, left_out, lambda: _num_classes(splits))
 
 
 def _num_classes(splits: dict[str, ArraysSource | RandomAccessSource]) -> int:
-  """The largest integer label of every split + 1 (labels only are read)."""
+  """The largest integer label of every split + 1 (of arrays, the labels only; of a source, a chunk at a time)."""
   top = -1
   for source in splits.values():
-    if isinstance(source, ArraysSource):
-      labels = source.arrays[LABELS]
-      top = max(top, int(labels.max()) if labels.size else -1)
-      continue
-    for lo in range(0, len(source), _CHUNK):
-      top = max(top, int(source.read(np.arange(lo, min(len(source), lo + _CHUNK)))[LABELS].max()))
+    parts = [source.arrays[LABELS]] if isinstance(source, ArraysSource) else (
+        source.read(np.arange(lo, min(len(source), lo + _CHUNK)))[LABELS] for lo in range(0, len(source), _CHUNK))
+    top = max([top, *(int(p.max()) for p in parts if p.size)])
   return top + 1
 
 
@@ -179,10 +163,7 @@ class TokenWindows:
                vocab_size: int | None = None, start: int = 0, stop: int | None = None):
     if not os.path.isfile(path):
       raise ConfigError(f"token file {path!r} not found")
-    if not (isinstance(seq_len, int) and seq_len > 0):
-      raise ConfigError(f"dataset seq_len must be a positive integer, got {seq_len!r}")
-    if not (stride is None or (isinstance(stride, int) and stride >= 0)):
-      raise ConfigError(f"dataset stride must be a non-negative integer, got {stride!r}")
+    check_windows(seq_len, stride or 0)
     meta = {}
     if os.path.exists(sidecar_path(path)):
       with open(sidecar_path(path)) as f:
@@ -225,6 +206,20 @@ class TokenWindows:
             "seq_len": self.seq_len, "stride": self.stride, "start": self.start, "stop": self.stop}
 
 
+def check_windows(seq_len: int, stride: int) -> None:
+  """Raises unless `seq_len` is a positive integer and `stride` a non-negative one (0: seq_len)."""
+  if not (isinstance(seq_len, int) and seq_len > 0):
+    raise ConfigError(f"dataset seq_len must be a positive integer, got {seq_len!r}")
+  if not (isinstance(stride, int) and stride >= 0):
+    raise ConfigError(f"dataset stride must be a non-negative integer, got {stride!r}")
+
+
+def check_fraction(test_fraction: float) -> None:
+  """Raises unless `test_fraction`, the share of a source held out for `test`, is in (0, 1)."""
+  if isinstance(test_fraction, bool) or not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
+    raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
+
+
 def _check_against_sidecar(path: str, meta: dict, dtype: str | None, vocab_size: int | None) -> None:
   """Raises if the config's dtype or vocabulary contradicts the file's sidecar."""
   # Other bytes per token read as garbage ids; ids past the model's vocabulary embed as NaN (each step skipped).
@@ -249,8 +244,7 @@ def splits(path: str | None = None, seq_len: int = 128, stride: int = 0, eval_pa
       raise ConfigError(f"token files {path!r} and {eval_path!r} have different vocabularies "
                         f"({train.vocab_size}, {test.vocab_size})")
   else:
-    if not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-      raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
+    check_fraction(test_fraction)
     n = len(TokenWindows(path, **common).tokens)
     cut = n - int(round(n * test_fraction))
     train = TokenWindows(path, stride=stride, stop=cut, **common)

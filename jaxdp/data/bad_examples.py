@@ -40,11 +40,8 @@ def is_failure(error: BaseException) -> bool:
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
   """`indices` (this process's rows of one step) with the rows in `swaps` replaced."""
-  if not swaps:
-    return indices
   out = np.array(indices, copy=True)
-  for row, index in swaps.items():
-    out[row] = index
+  out[list(swaps or {})] = list((swaps or {}).values())
   return out
 
 

@@ -6,7 +6,6 @@ feature, then the `.json`) are renamed into place under a file lock, so a killed
 
 import contextlib
 import fcntl
-import glob
 import hashlib
 import json
 import logging
@@ -149,27 +148,22 @@ def load_or_decode(folder: str, split: str, digest: str, decode: Callable[[], De
     return decode()
   here = os.path.join(folder, FOLDER, split)
   stem = os.path.join(here, f"v{FORMAT}-{digest}")
-  with contextlib.ExitStack() as stack:
-    try:
-      stack.enter_context(locked(here, ".lock"))
-    except OSError as e:  # Files written by another (complete ones are only ever renamed into place) still map.
+  decoded = None
+  try:
+    with locked(here, ".lock"):
       if (found := read(stem)) is not None:
         return found
-      log.warning("dataset split %r is decoded in memory: cannot write its decoded copy in %s (%s)", split, here,
-                  e.strerror or e)
-      return decode()
-    if (found := read(stem)) is not None:
-      return found
-    arrays, bad = decode()
-    try:
-      _write(stem, arrays, bad)
-    except (OSError, ValueError) as e:  # A full disk; a feature numpy cannot save without pickling.
-      log.warning("dataset split %r is decoded in memory: writing its decoded copy in %s failed (%s)", split, here,
-                  getattr(e, "strerror", None) or e)  # A ValueError has no strerror.
-      # Its own complete files too: without their .json nothing reads them, and each may be a feature's size.
-      _remove(p for p in glob.glob(os.path.join(glob.escape(here), "*")) if ".tmp-" in p or p.startswith(stem + "."))
-      return arrays, bad
-    return read(stem) or (arrays, bad)  # Mapped: this process's decoded copy is released.
+      decoded = decode()
+      _write(stem, *decoded)
+  except ConfigError:
+    raise
+  except (OSError, ValueError) as e:  # No lock; a full disk; a feature numpy cannot save without pickling.
+    if decoded is None and (found := read(stem)) is not None:  # Files written by another (complete ones are only
+      return found                                               # ever renamed into place) still map.
+    log.warning("dataset split %r is decoded in memory: cannot write its decoded copy in %s (%s)", split, here,
+                getattr(e, "strerror", None) or e)  # A ValueError has no strerror.
+    return decoded or decode()
+  return read(stem) or decoded  # Mapped: this process's decoded copy is released.
 
 
 @contextlib.contextmanager
@@ -204,21 +198,24 @@ def _mapped(path: str, rows: int, spec: dict) -> np.ndarray:
 
 
 def _write(stem: str, arrays: Rows, bad: dict[int, str]) -> None:
-  """Writes the arrays, then the `.json`, each renamed when complete; then drops other digests' files and leftovers."""
-  tmp = f".tmp-{os.getpid()}"
-  for i, a in enumerate(arrays.values()):
-    with open(f"{stem}.{i}.npy{tmp}", "wb") as f:
-      np.save(f, np.ascontiguousarray(a), allow_pickle=False)
-    os.replace(f"{stem}.{i}.npy{tmp}", f"{stem}.{i}.npy")
-  meta = {"rows": len(next(iter(arrays.values()))),
-          "features": {k: {"shape": list(a.shape[1:]), "dtype": a.dtype.str} for k, a in arrays.items()},
-          "bad": {str(i): why for i, why in bad.items()}}
-  with open(f"{stem}.json{tmp}", "w") as f:
-    json.dump(meta, f)
-  os.replace(f"{stem}.json{tmp}", f"{stem}.json")
-  ours = os.path.basename(stem) + "."
-  here = os.path.dirname(stem)
-  _remove(os.path.join(here, n) for n in os.listdir(here) if n != ".lock" and (not n.startswith(ours) or ".tmp-" in n))
+  """Writes the arrays, then the `.json`, each renamed when complete; then drops leftovers (its own, if it failed)."""
+  tmp, ours, here = f".tmp-{os.getpid()}", os.path.basename(stem) + ".", os.path.dirname(stem)
+  written = False
+  try:
+    for i, a in enumerate(arrays.values()):
+      with open(f"{stem}.{i}.npy{tmp}", "wb") as f:
+        np.save(f, np.ascontiguousarray(a), allow_pickle=False)
+      os.replace(f"{stem}.{i}.npy{tmp}", f"{stem}.{i}.npy")
+    meta = {"rows": len(next(iter(arrays.values()))),
+            "features": {k: {"shape": list(a.shape[1:]), "dtype": a.dtype.str} for k, a in arrays.items()},
+            "bad": {str(i): why for i, why in bad.items()}}
+    with open(f"{stem}.json{tmp}", "w") as f:
+      json.dump(meta, f)
+    os.replace(f"{stem}.json{tmp}", f"{stem}.json")
+    written = True
+  finally:  # Others' files, or its own: without their .json nothing reads them; each may be a feature's size.
+    _remove(os.path.join(here, n) for n in os.listdir(here)
+            if n != ".lock" and (".tmp-" in n or n.startswith(ours) != written))
 
 
 def _remove(paths: Iterable[str]) -> None:

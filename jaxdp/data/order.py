@@ -21,21 +21,16 @@ def rng(seed: int, stream: int, counter: int) -> np.random.Generator:
   return np.random.Generator(np.random.Philox(np.random.SeedSequence([seed % 2**64, stream, counter % 2**64])))
 
 
-def steps_per_epoch(n: int, batch: int, split: str) -> int:
-  """Whole global batches in one epoch of `n` examples (the last n % batch sit the epoch out)."""
-  if n < batch:
-    raise ConfigError(f"batch ({batch}) exceeds the {n} examples of split {split!r}: lower --config.batch_size, "
-                      "or train on more examples (for an image folder or a text file: a smaller "
-                      "--config.dataset.builder_kwargs.test_fraction)")
-  return n // batch
-
-
 class GlobalOrder:
   """Example indices of every global batch of the train stream; thread-safe."""
 
   def __init__(self, n: int, global_batch: int, seed: int, split: str):
     self.n, self.global_batch, self.seed = n, global_batch, seed
-    self.steps_per_epoch = steps_per_epoch(n, global_batch, split)
+    if n < global_batch:
+      raise ConfigError(f"batch ({global_batch}) exceeds the {n} examples of split {split!r}: lower "
+                        "--config.batch_size, or train on more examples (for an image folder or a text file: a "
+                        "smaller --config.dataset.builder_kwargs.test_fraction)")
+    self.steps_per_epoch = n // global_batch  # Whole global batches: the last n % global_batch sit the epoch out.
 
   def permutation(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s permutation of range(n): the same array for any caller, thread or order of calls."""

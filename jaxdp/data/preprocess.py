@@ -14,11 +14,10 @@ import numpy as np
 from jaxdp.config import ConfigError
 from jaxdp.data import order
 from jaxdp.data.reader import tensorflow
+from jaxdp.data.source import INPUTS, LABELS  # The features preprocessing knows (a supervised dataset's).
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
-
-INPUTS, LABELS = "inputs", "labels"  # The features preprocessing knows (a supervised dataset's).
 
 
 def draws(seed: int, global_batch: int, step: int) -> np.ndarray:
@@ -61,20 +60,16 @@ class Preprocess:
     if (pre.crop_padding or pre.flip or pre.image_size) and len(input_shape) != 3:
       raise ConfigError(f"dataset.crop_padding / dataset.flip / dataset.image_size need images (height, width, "
                         f"channels); the inputs have shape {input_shape!r}")
-    pre._check_sizes(input_shape)
-    return pre
-
-  def _check_sizes(self, input_shape: tuple[int | None, ...]) -> None:
-    """Images of varying size need image_size (then no crop_padding); fixed-size ones may use it too."""
-    if not isinstance(self.image_size, int) or self.image_size < 0:
-      raise ConfigError(f"dataset.image_size must be a non-negative integer, got {self.image_size!r}")
-    varying = None in input_shape
-    if varying and not self.image_size:
+    if not isinstance(pre.image_size, int) or pre.image_size < 0:
+      raise ConfigError(f"dataset.image_size must be a non-negative integer, got {pre.image_size!r}")
+    # Images of varying size need image_size (then no crop_padding); fixed-size ones may use it too.
+    if None in input_shape and not pre.image_size:
       raise ConfigError(f"the inputs vary in shape {input_shape!r}: set dataset.image_size (e.g. 224) to crop "
                         f"them to squares")
-    if varying and self.crop_padding:
-      raise ConfigError(f"dataset.crop_padding ({self.crop_padding}) is for fixed-size images; images of varying "
+    if None in input_shape and pre.crop_padding:
+      raise ConfigError(f"dataset.crop_padding ({pre.crop_padding}) is for fixed-size images; images of varying "
                         f"size get a random-resized crop to dataset.image_size")
+    return pre
 
   @property
   def augments(self) -> bool:

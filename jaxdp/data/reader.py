@@ -65,7 +65,7 @@ def tf_read(probe: Rows, read: Callable[[np.ndarray], Rows]) -> Callable[[tf.Ten
 
 def read_steps(decode: Decode | None, probe: Rows, steps: tf.data.Dataset, read: Callable[[np.ndarray], dict],
                rows: int, first_row: int, per_example: Decode | None) -> tf.data.Dataset:
-  """step -> this process's `rows` examples, read by index, decoded (and `per_example`'d), with "step" and "row"."""
+  """step -> this process's `rows` examples, read by index, decoded (and `per_example`'d), with their "step"."""
   tf = tensorflow()
   read_tf = tf_read(probe, read)
 
@@ -84,13 +84,14 @@ def read_steps(decode: Decode | None, probe: Rows, steps: tf.data.Dataset, read:
 
 
 def _decoder(decode: Decode | None, per_example: Decode | None) -> Decode:
-  """One read example (with its "step" and "row") -> its features, decoded (and `per_example`'d)."""
+  """One read example (with its "step" and "row") -> its features, decoded (and `per_example`'d), and its "step"."""
   def one(example: dict) -> dict:
     if decode is None:  # Read as final arrays: every key the source returns is a feature.
       out = dict(example)
     else:
       out = {**decode(example), **{k: example[k] for k in ("step", "row", REAL, INDEX) if k in example}}
-    return per_example(out) if per_example is not None else out
+    out = per_example(out) if per_example is not None else out
+    return {k: v for k, v in out.items() if k != "row"}  # Only for keyed crops.
 
   return one
 
@@ -142,12 +143,6 @@ def decoded_spec(probe: Rows, decode: Decode, position: bool = True) -> dict[str
     one.update(step=tf.constant(0, tf.int64), row=tf.constant(0, tf.int64))
   outputs = tf.function(decode).get_concrete_function(one).structured_outputs
   return {k: tf.TensorSpec(v.shape, v.dtype) for k, v in outputs.items()}
-
-
-def drop_row(batch: Rows) -> Rows:
-  """A decoded batch without the "row" `read_steps` gave its rows for keyed crops."""
-  del batch["row"]
-  return batch
 
 
 def to_numpy(batches: tf.data.Dataset) -> Iterator[Rows]:

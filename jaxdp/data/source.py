@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 import os
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,8 +14,6 @@ from jaxdp.config import ConfigError
 
 if TYPE_CHECKING:  # Annotations only: TensorFlow is imported where it is used.
   import tensorflow as tf
-
-log = logging.getLogger("jaxdp")
 
 Rows = dict[str, np.ndarray]
 Feature = tuple[tuple[int | None, ...], np.dtype]  # One example's feature as decoded: its shape and dtype.
@@ -129,9 +126,6 @@ class FeatureNames:
                           f"a batch")
       self.features[name] = (tuple(tensor.shape), dtype)
       self._keys[key] = name
-    if any(None in infos[key].shape for key in self.left_out):
-      log.info("dataset %s: features of varying shape left out of batches: %s", info.full_name,
-               ", ".join(self.left_out))
 
   def __call__(self, example: Mapping[str, Any]) -> dict[str, Any]:
     """One decoded example (nested as its FeaturesDict) -> its features under their batch names."""
@@ -145,7 +139,6 @@ class TfdsCorpus:
   def __init__(self, builder: tfds.core.DatasetBuilder, keep_encoded: bool = False):
     self.builder, self.keep_encoded = builder, keep_encoded
     self.names = FeatureNames(builder.info)
-    self.input_key, self.label_key = self.names.input_key, self.names.label_key
     self.facts = facts_of(builder, self.names)
     self._sources: dict[str, TfdsSource] = {}
 
@@ -165,22 +158,29 @@ class TfdsCorpus:
 
   def decode(self, example: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     """One serialized record -> every feature under its batch name (with `keep_encoded`, images stay encoded)."""
-    decoders = {self.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
+    decoders = {self.names.input_key: tfds.decode.SkipDecoding()} if self.keep_encoded and self.facts.image else None
     return self.names(self.builder.info.features.deserialize_example(example["record"], decoders=decoders))
 
 
 def facts_of(builder: tfds.core.DatasetBuilder, names: FeatureNames) -> Facts:
-  """A TFDS dataset's facts: of its supervised keys (a dataset without: no input, no labels) and every feature."""
-  if names.input_key is None:
-    return Facts(builder.info.full_name, (), (), 0, features=names.features, left_out=names.left_out)
-  features = builder.info.features
-  inputs, labels = features[names.input_key], features[names.label_key]
-  image = isinstance(inputs, tfds.features.Image)
-  integer = not image and np.issubdtype(np.dtype(inputs.np_dtype), np.integer)
+  """A TFDS dataset's facts: of every feature, and of its supervised pair when its batches hold one."""
+  features, supervised = builder.info.features, INPUTS in names.features and LABELS in names.features
+  inputs, labels = (features[k] if supervised else None for k in (names.input_key or INPUTS, names.label_key or LABELS))
   classes = getattr(labels, "num_classes", None) or getattr(getattr(labels, "feature", None), "num_classes", 0)
-  float_labels = bool(np.issubdtype(names.features[LABELS][1], np.floating))
-  return Facts(builder.info.full_name, tuple(inputs.shape), tuple(labels.shape), int(classes), integer, image,
-               float_labels, names.features, names.left_out)
+  image = isinstance(inputs, tfds.features.Image)
+  return facts_from(builder.info.full_name, names.features, names.left_out, lambda: int(classes), image)
+
+
+def facts_from(name: str, features: dict[str, Feature], left_out: Mapping[str, str], classes: Callable[[], int],
+               image: bool | None = None) -> Facts:
+  """The facts of `features` (their supervised pair, if any); `image` None: uint8 (H, W, C) inputs are images."""
+  if INPUTS not in features or LABELS not in features:
+    return Facts(name, (), (), 0, features=features, left_out=left_out)
+  (input_shape, inputs), (label_shape, labels) = features[INPUTS], features[LABELS]
+  image = inputs == np.uint8 and len(input_shape) == 3 if image is None else image
+  float_labels = bool(np.issubdtype(labels, np.floating))
+  return Facts(name, tuple(input_shape), tuple(label_shape), 0 if float_labels else classes(),
+               bool(np.issubdtype(inputs, np.integer) and not image), image, float_labels, features, left_out)
 
 
 class ArrayCorpus:
@@ -208,13 +208,15 @@ def identity(source: Any) -> str | None:
   if isinstance(own, str):
     return own
   files = next((v for v in (getattr(source, a, None) for a in ("paths", "filenames")) if _paths(v)), None)
-  if files is None:
-    return None
   try:
-    stats = [(os.path.abspath(p), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in map(os.fspath, files)]
+    return None if files is None else repr(file_stats(map(os.fspath, files)))
   except OSError:  # A named file is not there (a remote path): the rows are sampled instead.
     return None
-  return repr(stats)
+
+
+def file_stats(paths: Iterable[str]) -> list[tuple[str, int, int]]:
+  """(absolute path, size, mtime in ns) of each file: what its identity is taken from (no content read)."""
+  return [(os.path.abspath(p), (st := os.stat(p)).st_size, st.st_mtime_ns) for p in paths]
 
 
 def _paths(value: Any) -> bool:

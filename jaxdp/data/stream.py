@@ -102,7 +102,7 @@ def _guarded(ds: Dataset, split: str, ids: Callable[[int], np.ndarray], rows_of:
     steps = reader.tensorflow().data.Dataset.range(first, _FOREVER if stop is None else stop)
     batches = reader.read_steps(decode, reader.probe_row(rows_of, n), steps, lambda step: read(int(step), swaps),
                                 rows, first_row, per_example)
-    return (finish(b, int(b.pop("step")[0])) for b in map(reader.drop_row, reader.to_numpy(batches)))
+    return (finish(b, int(b.pop("step")[0])) for b in reader.to_numpy(batches))
 
   check = reader.example_check(decode, per_example)
 

@@ -23,7 +23,7 @@ from jaxdp import config as config_lib
 from jaxdp.config import ConfigError
 from jaxdp.data import cache, reader
 from jaxdp.data.dataset import Dataset, Options
-from jaxdp.data.source import FeatureNames, TfdsCorpus, mocked
+from jaxdp.data.source import TfdsCorpus, mocked
 from jaxdp.runtime import quiet
 
 # (name, data_dir, builder_kwargs, skip_bad, **extra) -> the builder; `extra` (e.g. file_format) is TFDS's.
@@ -41,11 +41,10 @@ def open_builder(config: ml_collections.ConfigDict, kwargs: dict, make: MakeBuil
   skip_bad = bool(config.skip_bad_examples)
   with quiet.tfds_prints():  # TFDS prints "Downloading and preparing ..." for every dataset it prepares.
     builder = open_prepared(lambda **extra: make(config.name, config.data_dir, kwargs, skip_bad, **extra))
-  names = FeatureNames(builder.info)  # A dataset without supervised keys gives all its features, no inputs.
-  input_shape = tuple(builder.info.features[names.input_key].shape) if names.input_key is not None else ()
-  options = Options.from_config(config, input_shape)
   require_random_access(builder)
-  corpus = TfdsCorpus(builder, keep_encoded=bool(options.preprocess.image_size))
+  corpus = TfdsCorpus(builder)
+  options = Options.from_config(config, corpus.facts.input_shape)
+  corpus.keep_encoded = bool(options.preprocess.image_size)
   return Dataset(cache.maybe_cached(corpus, options.cache_budget_mib), options, builder)
 
 
@@ -79,11 +78,7 @@ def by_class(name: str, data_dir: str | None, kwargs: dict, skip_bad: bool = Fal
   cls = config_lib.import_named(name, "dataset")
   if not (inspect.isclass(cls) and issubclass(cls, tfds.core.DatasetBuilder)):
     raise ConfigError(f"dataset {name!r} is not a TFDS builder class (tfds.core.DatasetBuilder), got {cls!r}")
-  return _instantiate(name, cls, user_kwargs(data_dir, kwargs, extra))
-
-
-def _instantiate(name: str, cls: type[tfds.core.DatasetBuilder], kwargs: dict) -> tfds.core.DatasetBuilder:
-  """`cls(**kwargs)`, a ConfigError where the class is abstract or refuses the kwargs."""
+  kwargs = user_kwargs(data_dir, kwargs, extra)
   if missing := sorted(getattr(cls, "__abstractmethods__", ())):  # Else Python's TypeError reads as bad kwargs.
     raise ConfigError(f"dataset {name!r} does not define {', '.join(missing)} (a TFDS builder must: see "
                       f"tfds.core.GeneratorBasedBuilder)")

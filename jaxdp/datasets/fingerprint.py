@@ -4,29 +4,20 @@ import dataclasses
 import hashlib
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import arrays
 
 
 def checked_source(path: str, test_fraction: float, kind: str, exists: Callable[[str], bool]) -> str:
   """The source's absolute path, once it exists and its held-out `test_fraction` is in (0, 1)."""
   if not exists(path):
     raise ConfigError(f"{kind} {path!r} not found")
-  if isinstance(test_fraction, bool) or not (isinstance(test_fraction, (int, float)) and 0 < test_fraction < 1):
-    raise ConfigError(f"dataset test_fraction must be in (0, 1), got {test_fraction!r}")
+  arrays.check_fraction(test_fraction)
   return os.path.abspath(path)
-
-
-def file_stats(paths: Iterable[str]) -> list[tuple[str, int, int]]:
-  """(absolute path, size, mtime in ns) of each file: what its identity is taken from (no content read)."""
-  out = []
-  for path in paths:
-    st = os.stat(path)
-    out.append((os.path.abspath(path), st.st_size, st.st_mtime_ns))
-  return out
 
 
 def config_name(source: str, stats: list[tuple[str, int, int]], options: dict) -> str:

@@ -1,5 +1,6 @@
 """A folder of class subfolders of images as a TFDS dataset (its labels, splits, shapes, bad files: docs/data.md)."""
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -10,7 +11,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
-from jaxdp.data import tfds_dataset
+from jaxdp.data import source, tfds_dataset
 from jaxdp.datasets import fingerprint
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -36,7 +37,10 @@ def list_files(root: str, test_fraction: float) -> tuple[list[str], dict[str, li
   else:
     files = _class_files(root)
     classes = sorted(files)
-    splits = _split(root, files, classes, test_fraction)
+    splits = {"train": [], "test": []}
+    for label, c in enumerate(classes):  # By each file's own path digest (`in_test`).
+      for p in files[c]:
+        splits["test" if in_test(os.path.relpath(p, root), test_fraction) else "train"].append((p, label))
   if not classes or not any(splits.values()):
     raise ConfigError(f"image folder {root!r} has no class subfolders of images ({', '.join(EXTENSIONS)})")
   return classes, {s: v for s, v in splits.items() if v}
@@ -53,15 +57,6 @@ def _class_files(folder: str) -> dict[str, list[str]]:
              if f.lower().endswith(EXTENSIONS) and not f.startswith(".")]
     out[c] = sorted(paths)
   return out
-
-
-def _split(root: str, files: dict[str, list[str]], classes: list[str], test_fraction: float) -> dict[str, list]:
-  """The deterministic split by each file's own path digest (`in_test`)."""
-  splits: dict[str, list] = {"train": [], "test": []}
-  for label, c in enumerate(classes):
-    for p in files[c]:
-      splits["test" if in_test(os.path.relpath(p, root), test_fraction) else "train"].append((p, label))
-  return splits
 
 
 def in_test(relpath: str, test_fraction: float) -> bool:
@@ -111,37 +106,29 @@ class ImageFolder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     paths = sorted(p for split in self._splits.values() for p, _ in split)
     # skip_bad only when on: the prepared copies made before the option existed keep their names.
     options = {"test_fraction": test_fraction, **({"skip_bad": True} if skip_bad else {})}
-    name = fingerprint.config_name(path, fingerprint.file_stats(paths), options)
+    name = fingerprint.config_name(path, source.file_stats(paths), options)
     kwargs["config"] = fingerprint.SourceConfig(name=name, path=path, test_fraction=test_fraction,
                                                 description=f"{self.KIND} {path}")
     super().__init__(**kwargs)
 
   def _shape(self) -> tuple[int | None, int | None, int]:
     """The images' shape (`image_shape`), cached beside the prepared copy; files that do not open fail here."""
-    shape, unreadable = self._scan()
+    cache = os.path.join(os.fspath(self.data_dir_root), self.name, f".{self.builder_config.name}.scan.json")
+    try:  # The copy's name already covers every file.
+      with open(cache) as f:
+        shape, unreadable = json.load(f)
+    except (OSError, ValueError):
+      shape, unreadable = image_shape([p for files in self._splits.values() for p, _ in files])
+      tmp = f"{cache}.{os.getpid()}.tmp"  # One per process: several may scan the same folder at once.
+      with contextlib.suppress(OSError):  # A read-only data_dir: scan again next time.
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        with open(tmp, "w") as f:
+          json.dump([shape, unreadable], f)
+        os.replace(tmp, cache)  # Atomic: readers see a whole file or none.
     if unreadable and not self._skip_bad:
       raise bad_file_error(self.builder_config.path, unreadable[0], "it does not open as an image")
     self._left_out = set(unreadable)
-    return shape
-
-  def _scan(self) -> tuple[tuple[int | None, int | None, int], list[str]]:
-    """image_shape of every file, cached beside the prepared copy (the name already covers every file)."""
-    cache = os.path.join(os.fspath(self.data_dir_root), self.name, f".{self.builder_config.name}.shape.json")
-    if os.path.exists(cache):
-      with open(cache) as f:
-        cached = json.load(f)
-      # A list: written before unreadable files were recorded, when any of them failed the scan.
-      return (tuple(cached), []) if isinstance(cached, list) else (tuple(cached["shape"]), cached["unreadable"])
-    shape, unreadable = image_shape([p for files in self._splits.values() for p, _ in files])
-    tmp = f"{cache}.{os.getpid()}.tmp"  # One per process: several may scan the same folder at once.
-    try:
-      os.makedirs(os.path.dirname(cache), exist_ok=True)
-      with open(tmp, "w") as f:
-        json.dump({"shape": shape, "unreadable": unreadable}, f)
-      os.replace(tmp, cache)  # Atomic: readers see a whole file or none.
-    except OSError:
-      pass  # A read-only data_dir: scan again next time.
-    return shape, unreadable
+    return tuple(shape)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

@@ -2,15 +2,14 @@
 
 import abc
 import dataclasses
-import hashlib
 import os
-import re
 from collections.abc import Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from jaxdp.config import ConfigError
+from jaxdp.data import arrays, source
 from jaxdp.datasets import fingerprint
 
 VOCAB_SIZE = 256  # Byte-level tokens.
@@ -48,10 +47,7 @@ class WindowedText(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   @staticmethod
   def window_config(name: str, seq_len: int, stride: int, description: str) -> WindowConfig:
-    if not (isinstance(seq_len, int) and seq_len > 0):
-      raise ConfigError(f"dataset seq_len must be a positive integer, got {seq_len!r}")
-    if not (isinstance(stride, int) and stride >= 0):
-      raise ConfigError(f"dataset stride must be a non-negative integer, got {stride!r}")
+    arrays.check_windows(seq_len, stride)
     return WindowConfig(name=name, seq_len=seq_len, stride=stride or seq_len, description=description)
 
   @abc.abstractmethod
@@ -97,12 +93,10 @@ class TextFile(WindowedText):
       raise ConfigError("dataset 'text_file' needs a path: set config.dataset.builder_kwargs.path")
     self.path = fingerprint.checked_source(path, test_fraction, "text file", os.path.isfile)
     self.test_fraction = test_fraction
-    with open(self.path, "rb") as f:
-      digest = hashlib.sha256(f.read()).hexdigest()[:12]
-    # The config name holds the text's and the options' digest: a prepared copy is for this text and windows only.
-    digest = hashlib.sha256(f"{digest} {seq_len} {stride} {test_fraction}".encode()).hexdigest()[:12]
-    stem = re.sub(r"[^\w\-]", "_", os.path.splitext(os.path.basename(path))[0])[:40] or "text"
-    kwargs["config"] = self.window_config(f"{stem}-{digest}", seq_len, stride, f"Text file {self.path}.")
+    # A prepared copy is for this file (path, size, mtime) and these windows only.
+    name = fingerprint.config_name(self.path, source.file_stats([self.path]),
+                                   {"seq_len": seq_len, "stride": stride, "test_fraction": test_fraction})
+    kwargs["config"] = self.window_config(name, seq_len, stride, f"Text file {self.path}.")
     super().__init__(**kwargs)
 
   def _texts(self) -> dict[str, bytes]:

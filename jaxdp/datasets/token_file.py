@@ -4,6 +4,7 @@
 """
 
 import argparse
+import contextlib
 import json
 from collections.abc import Iterable
 from types import TracebackType
@@ -16,7 +17,7 @@ from jaxdp.data.arrays import DTYPES, sidecar_path
 BYTE_VOCAB = 256  # Text written as UTF-8 bytes.
 
 
-class Writer:
+class Writer(contextlib.AbstractContextManager):
   """Appends token ids to a token file; the sidecar is written on close. A context manager."""
 
   def __init__(self, path: str, vocab_size: int):
@@ -38,9 +39,6 @@ class Writer:
     self._file.close()
     with open(sidecar_path(self.path), "w") as f:
       json.dump({"dtype": self.dtype, "vocab_size": self.vocab_size, "num_tokens": self.num_tokens}, f)
-
-  def __enter__(self) -> "Writer":
-    return self
 
   def __exit__(self, kind: type | None, value: BaseException | None, tb: TracebackType | None) -> None:
     self.close()
