@@ -15,7 +15,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import checkpoint_managers
 
-from jaxdp import data
 from jaxdp.config import ConfigError
 from jaxdp.optim import parameter_path
 from jaxdp.parallel import Backend
@@ -57,10 +56,10 @@ def _no_step(path: str, step: int, have: list[int]) -> ConfigError:
 class Checkpointer:
   """Saves and restores the training state of one workdir."""
 
-  def __init__(self, workdir: str, config: ml_collections.ConfigDict, stream: dict[str, Any] | None = None):
+  def __init__(self, workdir: str, config: ml_collections.ConfigDict):
     self.directory = directory(workdir)
     self.config = config
-    self.stream = stream  # `data.stream_spec` of the run: stored with each save, checked on restore.
+    self.stream: dict[str, Any] | None = None  # The run's `data.stream_spec`, stored with each save.
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=True,  # Training goes on while a save is written; `wait` blocks for it.
         preservation_policy=_preservation_policy(config), cleanup_tmp_directories=True)
@@ -122,7 +121,6 @@ class Checkpointer:
       self.manager.close()
 
   def _restore(self, step: int, backend: Backend, init: Callable[[], TrainState], strategy: Strategy) -> TrainState:
-    self._check_stream(step)
     wanted = jax.eval_shape(init)
     stored = _leaves(self.manager.item_metadata(step)["state"].tree)
     opt_leaf = lambda path: stored.get(parameter_path(("opt_state", *path)))  # noqa: E731
@@ -155,15 +153,6 @@ class Checkpointer:
     with ocp.CheckpointManager(self.directory, item_handlers={"state": ocp.PyTreeCheckpointHandler()}) as reader:
       read = reader.restore(step, args=ocp.args.Composite(state=restore))["state"]
     return backend.from_global(target.replace(**read, opt_state=wanted.opt_state))  # A stateless optimizer's.
-
-  def _check_stream(self, step: int) -> None:
-    """Raises a ConfigError naming each value that would change the order of examples after `step`."""
-    if self.stream is None:
-      return
-    try:
-      data.check_resume(self.stored_meta(step).get("stream", {}), self.stream)
-    except ConfigError as e:
-      raise ConfigError(f"checkpoint {self.directory}/{step}: {e} (the checkpoint is left untouched)") from None
 
   def _check_fits(self, step: int, stored: dict[str, Any], abstract: TrainState) -> None:
     """Raises a ConfigError naming what differs when the checkpoint does not fit the config."""

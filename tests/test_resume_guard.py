@@ -72,12 +72,12 @@ def test_a_checkpoint_without_a_stored_stream_is_refused_in_one_line(config, tmp
 
 def test_a_failed_restore_closes_the_manager(config, tmp_path, monkeypatch):
   train.train_and_evaluate(_saving(config), str(tmp_path))
-  config.seed = 3
+  config.model.hidden = (16,)  # A checkpoint that does not fit.
   parts = build.build(config)
-  ckpt = checkpoint.Checkpointer(str(tmp_path), config, stream={"version": data.stream.VERSION, "seed": 3})
+  ckpt = checkpoint.Checkpointer(str(tmp_path), config)
   closed = []
   monkeypatch.setattr(ckpt.manager, "close", lambda: closed.append(True))
-  with pytest.raises(ConfigError, match="seed"):
+  with pytest.raises(ConfigError, match="does not fit"):
     ckpt.restore_or_init(parts.backend, parts.init)
   assert closed == [True]
 
