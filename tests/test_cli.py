@@ -272,10 +272,13 @@ def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):
   assert (kwargs.eval_path, kwargs.vocab_size, kwargs.path, config.seed) == ("val.bin", 300, "train.bin", 3)
 
 
-@pytest.mark.parametrize("override", ["--config.batch_size.x=1", "--config.model.name.x=1",
-                                      "--config.dataset.builder_kwargs.nokey=3"])
-def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override):
-  with pytest.raises(ConfigError, match="bad config override .* for the config stored in 'w'"):
+@pytest.mark.parametrize("override, error", [
+    ("--config.batch_size.x=1", "unknown config key 'config.batch_size.x'"),
+    ("--config.model.name.x=1", "bad config override among --config.model.name.x"),
+    ("--config.dataset.builder_kwargs.nokey=3", "unknown config key 'config.dataset.builder_kwargs.nokey'"),
+])
+def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override, error):
+  with pytest.raises(ConfigError, match=re.escape(error) + ".* for the config stored in 'w'"):
     cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", override])
 
 

@@ -31,18 +31,13 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   """Command line -> (config, workdir); a mistake is a ConfigError naming the bad value; `--help` exits 0."""
   start(argv, usage, extra_help)
   _simulate_devices(argv)  # First: a config file may already ask JAX for devices.
-  sectioned = [a for a in argv if _new_key(a)]
-  fv = _parse_flags([a for a in argv if a not in sectioned])
+  fv = _parse_flags([a for a in argv if not a.startswith("--config.")])
   if not fv["config"].present:
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
   if require_workdir and not fv.workdir:
     raise config_lib.ConfigError("--workdir is required")
-  config = _load(fv)
-  new = [a for a in sectioned if _new_key(a)[1] not in (config.get(_new_key(a)[0]) or {})]
-  if len(new) < len(sectioned):  # Overrides of declared keys of the sections: read by their declared types.
-    config = _load(_parse_flags([a for a in argv if a not in new]))
-  _set_new_keys(config, new)
-  return config_lib.with_defaults(config), fv.workdir
+  path = _config_arg(argv)
+  return _override(_load(fv), [a for a in argv if a not in ("--config", f"--config={path}", path)]), fv.workdir
 
 
 def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
@@ -75,15 +70,7 @@ def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collecti
   _simulate_devices(argv)
   if not (workdir := workdir_of(argv)):
     raise config_lib.ConfigError("--workdir is required")
-  stored = restore.stored_config(workdir, step)
-  argv = _set_unset_fields(stored, argv)
-  try:  # The overrides are applied as the flag is defined (`sys_argv`), and again when parsed.
-    (fv := _define(argv, stored))(argv)
-  except flags.Error as e:
-    raise config_lib.ConfigError(str(e)) from None
-  except (AttributeError, KeyError, TypeError) as e:  # An override names a key the stored config lacks.
-    raise config_lib.ConfigError(f"bad config override ({e}) for the config stored in {workdir!r}") from None
-  return config_lib.with_defaults(fv.config), workdir
+  return _override(restore.stored_config(workdir, step), argv, f" for the config stored in {workdir!r}"), workdir
 
 
 def workdir_of(argv: list[str]) -> str | None:
@@ -94,24 +81,6 @@ def workdir_of(argv: list[str]) -> str | None:
     if arg.startswith(("--workdir=", "-workdir=")):
       return arg.split("=", 1)[1]
   return None
-
-
-def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> list[str]:
-  """Sets the overrides of fields stored as None with no type (absl cannot read their VALUE); returns the rest."""
-  rest = []
-  for arg in argv:
-    path, sep, text = arg.removeprefix("--config.").partition("=")
-    *parents, key = path.split(".")
-    node = config
-    for part in parents:
-      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
-    if (arg.startswith("--config.") and sep and isinstance(node, ml_collections.ConfigDict) and key in node
-        and node.get_type(key) is type(None)):
-      with node.unlocked():
-        node[key] = _literal(text)
-    else:
-      rest.append(arg)
-  return rest
 
 
 def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
@@ -202,15 +171,6 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
     if isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised):
       raise _unloadable(_config_arg(argv), str(raised).strip().splitlines()[-1]) from None
     raise config_lib.ConfigError(str(e)) from None
-  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    bad = _bad_override(argv, e)
-    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
-      raise config_lib.removed(key) from None
-    raise config_lib.ConfigError(f"unknown config key '{bad}") from None
-  except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1); the
-    # file's own TypeErrors come wrapped in a flags.Error.
-    overrides = ", ".join(a.split("=")[0] for a in argv if a.startswith("--config."))
-    raise config_lib.ConfigError(f"bad config override among {overrides} ({e})") from None
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
     raise _unloadable(_config_arg(argv), e) from None
   return fv
@@ -246,27 +206,41 @@ def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
   return config
 
 
-def _new_key(arg: str) -> tuple[str, str] | None:
-  """'--config.model.dense=64' -> ('model', 'dense'), for the sections that take new keys; else None."""
-  m = re.match(r"--config\.(" + "|".join(NEW_KEY_SECTIONS) + r")\.(\w+)", arg)
-  return (m.group(1), m.group(2)) if m else None
-
-
-def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
-  """Adds `--config.SECTION.KEY=VALUE` for keys the config does not declare (a model's checked against its class)."""
-  for arg in args:
-    section, _ = _new_key(arg)
-    path, sep, text = arg.removeprefix(f"--config.{section}.").partition("=")
-    if not sep or "." in path:
-      raise config_lib.ConfigError(f"unknown config key 'config.{section}.{path}' (new {section} keys take a value: "
-                                   f"--config.{section}.{path.split('.')[0]}=VALUE)")
-    if section == "model":
-      _check_model_key(config.model.get("name", ""), path)
-    if section not in config:
+def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "") -> ml_collections.ConfigDict:
+  """`config` with `argv`'s `--config.KEY=VALUE`: by the declared type, else (unset field, new key) as a literal."""
+  rest, model_keys = [], []
+  for arg in argv:
+    path, sep, text = arg.removeprefix("--config.").partition("=")
+    *parents, key = path.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    new = len(parents) == 1 and parents[0] in NEW_KEY_SECTIONS and (node is None or key not in node)
+    if not (arg.startswith("--config.") and sep and (new or isinstance(node, ml_collections.ConfigDict)
+                                                    and key in node and node.get_type(key) is type(None))):
+      rest.append(arg)  # absl reads VALUE by the field's declared type.
+      continue
+    if node is None:
       with config.unlocked():
-        config[section] = ml_collections.ConfigDict()
-    with config[section].unlocked():
-      config[section][path] = _literal(text)
+        config[parents[0]] = node = ml_collections.ConfigDict()
+    with node.unlocked():
+      node[key] = _literal(text)
+    model_keys += [key] if new and parents == ["model"] else []
+  try:
+    _define(rest, config)(rest)  # The overrides are applied to `config` as the flag is defined, and again here.
+  except flags.Error as e:
+    raise config_lib.ConfigError(f"{e}{where}") from None
+  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
+    bad = _bad_override(rest, e)
+    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
+      raise config_lib.removed(key) from None
+    raise config_lib.ConfigError(f"unknown config key '{bad}{where}") from None
+  except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1).
+    overrides = ", ".join(a.split("=")[0] for a in rest if a.startswith("--config."))
+    raise config_lib.ConfigError(f"bad config override among {overrides} ({e}){where}") from None
+  for key in model_keys:  # Checked against the model the overrides name.
+    _check_model_key(config.model.get("name", ""), key)
+  return config_lib.with_defaults(config)
 
 
 def _literal(text: str) -> Any:
@@ -292,7 +266,8 @@ def _check_model_key(name: str, key: str) -> None:
 
 def _bad_override(argv: list[str], error: Exception) -> str:
   """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
-  key = re.search(r"\w+", str(error)).group()
+  lookup = re.search(r"Attempting to lookup: ([\w.]+)", str(error))  # A key under a field that is no dict.
+  key = lookup.group(1).rpartition(".")[2] if lookup else re.search(r"\w+", str(error)).group()
   hint = re.search(r'Did you mean "(\w+)"', str(error))
   flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
   return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
