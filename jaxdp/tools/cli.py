@@ -44,17 +44,13 @@ def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
   """A command's first step: the flags printed and exit 0 if `argv` asks for help, else the libraries' noise off."""
   # Before the heavy imports (`--help` answers at once) and before JAX loads (`quiet.command`).
   if any(a in HELP_FLAGS for a in argv[1:]):
-    print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
+    program = "jaxdp." + os.path.basename(argv[0] if argv else "train").removeprefix("jaxdp.").removesuffix(".py")
+    fv = _define(["help"])
+    lines = [f"usage: {usage or f'python -m {program} --config CONFIG.py [flags]'}", "", "flags:",
+             *(f"  --{name}: {fv[name].help}" for name in ("config", "workdir", "cpu_devices")), OVERRIDES_HELP]
+    print("\n".join(lines + ([extra_help] if extra_help else [])))
     raise SystemExit(0)
   quiet.command()
-
-
-def help_text(usage: str, extra_help: str = "") -> str:
-  """The usage line and every flag, as `--help` prints them."""
-  fv = _define(["help"])
-  lines = [f"usage: {usage}", "", "flags:", *(f"  --{name}: {fv[name].help}" for name in
-                                               ("config", "workdir", "cpu_devices")), OVERRIDES_HELP]
-  return "\n".join(lines + ([extra_help] if extra_help else []))
 
 
 def _simulate_devices(argv: list[str]) -> None:
@@ -95,7 +91,7 @@ def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
     ours, rest = own_flags(argv, parser)
     command(ours, *parse_workdir(rest, ours.step))
 
-  return _command(argv, usage, extra_help, run)
+  return command(argv, usage, extra_help, run)
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
@@ -107,20 +103,8 @@ def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpars
   return ours, argv[:1] + rest
 
 
-def main(argv: list[str], command: Callable[[ml_collections.ConfigDict, str], object], *,
-         failures: tuple[type[Exception], ...] = (), usage: str = "") -> int:
-  """Parses `argv`, joins the run, runs `command(config, workdir)`; returns the exit status (`guarded`)."""
-
-  def run() -> None:
-    config, workdir = parse(argv, usage=usage)
-    process.init(config)
-    command(config, workdir)
-
-  return _command(argv, usage, "", run, failures)
-
-
-def _command(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
-             failures: tuple[type[Exception], ...] = ()) -> int:
+def command(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
+            failures: tuple[type[Exception], ...] = ()) -> int:
   """`--help` answered, then the logging set up (it loads JAX), then `run` under `guarded`."""
   start(argv, usage, extra_help)
   process.setup_logging()
@@ -271,8 +255,3 @@ def _bad_override(argv: list[str], error: Exception) -> str:
   hint = re.search(r'Did you mean "(\w+)"', str(error))
   flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
   return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
-
-
-def _program(argv: list[str]) -> str:
-  """'jaxdp.train' for argv[0] '.../jaxdp/train.py' (or 'jaxdp.train')."""
-  return "jaxdp." + os.path.basename(argv[0] if argv else "train").removeprefix("jaxdp.").removesuffix(".py")
