@@ -243,9 +243,9 @@ def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thr
 
 
 def test_the_workdir_is_found_in_either_spelling():
-  assert cli.workdir_of(["--config", "c.py", "--workdir=/w"]) == "/w"
-  assert cli.workdir_of(["--workdir", "/v", "--config", "c.py"]) == "/v"
-  assert cli.workdir_of(["--config", "c.py", "--workdir"]) is None
+  assert cli.flag_value(["--config", "c.py", "--workdir=/w"], "workdir") == "/w"
+  assert cli.flag_value(["--workdir", "/v", "--config", "c.py"], "workdir") == "/v"
+  assert cli.flag_value(["--config", "c.py", "--workdir"], "workdir") is None
 
 
 class _Exited:

@@ -36,7 +36,7 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
     raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
   if require_workdir and not fv.workdir:
     raise config_lib.ConfigError("--workdir is required")
-  path = _config_arg(argv)
+  path = flag_value(argv, "config")
   return _override(_load(fv), [a for a in argv if a not in ("--config", f"--config={path}", path)]), fv.workdir
 
 
@@ -64,17 +64,17 @@ def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collecti
   if any(a == "--config" or a.startswith("--config=") for a in argv):
     return parse(argv)
   _simulate_devices(argv)
-  if not (workdir := workdir_of(argv)):
+  if not (workdir := flag_value(argv, "workdir")):
     raise config_lib.ConfigError("--workdir is required")
   return _override(restore.stored_config(workdir, step), argv, f" for the config stored in {workdir!r}"), workdir
 
 
-def workdir_of(argv: list[str]) -> str | None:
-  """The `--workdir` among `argv` (`--workdir DIR` or `--workdir=DIR`), else None."""
-  for i, arg in enumerate(argv):
-    if arg in ("--workdir", "-workdir") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-      return argv[i + 1]
-    if arg.startswith(("--workdir=", "-workdir=")):
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--NAME VALUE` or `--NAME=VALUE` (or `-NAME`) among `argv`, before any parser reads it; else None."""
+  for arg, following in zip(argv, [*argv[1:], "-"]):
+    if arg in (f"--{name}", f"-{name}") and not following.startswith("-"):
+      return following
+    if arg.startswith((f"--{name}=", f"-{name}=")):
       return arg.split("=", 1)[1]
   return None
 
@@ -153,25 +153,15 @@ def _parse_flags(argv: list[str]) -> flags.FlagValues:
     # ml_collections re-raises a TypeError or ValueError of the config file's own code with its traceback.
     raised = e.__context__
     if isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised):
-      raise _unloadable(_config_arg(argv), str(raised).strip().splitlines()[-1]) from None
+      raise _unloadable(flag_value(argv, "config"), str(raised).strip().splitlines()[-1]) from None
     raise config_lib.ConfigError(str(e)) from None
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
-    raise _unloadable(_config_arg(argv), e) from None
+    raise _unloadable(flag_value(argv, "config"), e) from None
   return fv
 
 
 def _unloadable(path: str, why: object) -> config_lib.ConfigError:
   return config_lib.ConfigError(f"could not load config file {path!r}: {why}")
-
-
-def _config_arg(argv: list[str]) -> str:
-  """The value of `--config FILE` or `--config=FILE` as given (the flag may not have been parsed)."""
-  for arg, following in zip(argv, [*argv[1:], ""]):
-    if arg.startswith("--config="):
-      return arg.removeprefix("--config=")
-    if arg == "--config":
-      return following
-  return ""
 
 
 def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:

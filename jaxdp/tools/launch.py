@@ -202,7 +202,7 @@ class Launcher:
       self.size, self.failed_rank = self.size - 1, None  # The ranks are numbered anew.
     self.restarts += 1
     from jaxdp import checkpoint  # Imports orbax: here, so only a restart pays for it.
-    steps = checkpoint.steps(cli.workdir_of(self.args.train_args) or "")
+    steps = checkpoint.steps(cli.flag_value(self.args.train_args, "workdir") or "")
     where = f"from step {steps[-1]}" if steps else "from the start (no checkpoint yet)"
     print(f"launch: {who}; restart {self.restarts} of {self.args.max_restarts} {where}", file=sys.stderr, flush=True)
     return None
