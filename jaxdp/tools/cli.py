@@ -9,7 +9,6 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import ml_collections
 from absl import flags
@@ -91,7 +90,7 @@ def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
     ours, rest = own_flags(argv, parser)
     command(ours, *parse_workdir(rest, ours.step))
 
-  return command(argv, usage, extra_help, run)
+  return execute(argv, usage, extra_help, run)
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
@@ -103,7 +102,7 @@ def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpars
   return ours, argv[:1] + rest
 
 
-def command(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
+def execute(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
             failures: tuple[type[Exception], ...] = ()) -> int:
   """`--help` answered, then the logging set up (it loads JAX), then `run` under `guarded`."""
   start(argv, usage, extra_help)
@@ -197,8 +196,12 @@ def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "
     if node is None:
       with config.unlocked():
         config[parents[0]] = node = ml_collections.ConfigDict()
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # Not a Python literal: the plain string.
+      value = text
     with node.unlocked():
-      node[key] = _literal(text)
+      node[key] = value
     model_keys += [key] if new and parents == ["model"] else []
   try:
     _define(rest, config)(rest)  # The overrides are applied to `config` as the flag is defined, and again here.
@@ -215,14 +218,6 @@ def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "
   for key in model_keys:  # Checked against the model the overrides name.
     _check_model_key(config.model.get("name", ""), key)
   return config_lib.with_defaults(config)
-
-
-def _literal(text: str) -> Any:
-  """An override's VALUE where no declared type says how to read it: a Python literal, else the plain string."""
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
 
 
 def _check_model_key(name: str, key: str) -> None:

@@ -72,21 +72,16 @@ def load_model(config: Any, workdir: str, step: int | None = None, *, language_m
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
   parts, state, step = restore.restore(config, workdir, step, "jaxdp.sample.load_model", model=model, task=task,
                                        eval_data=eval_data)
-  if language_model:
-    _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
+  ds = parts.ds
+  if language_model and not (ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape)
+                             and ds.num_classes == VOCAB_SIZE):  # Not byte-level next-token text (`gpt`).
+    raise ConfigError(f"the checkpoint in {workdir!r} is model {config.model.get('name', '?')!r} on {ds.name!r} (input "
+                      f"{tuple(ds.input_shape)}, {ds.num_classes} classes), not a byte-level language model: "
+                      f"jaxdp.sample needs a run of the gpt workload (next-token labels over {VOCAB_SIZE} byte "
+                      f"tokens, e.g. --config jaxdp/configs/gpt_tiny_shakespeare.py)")
   # stderr: stdout carries only the sampled text.
   print(f"sampling from checkpoint {checkpoint.directory(workdir)}/{step}", file=sys.stderr)
-  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
-
-
-def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
-  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload)."""
-  if ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape) and ds.num_classes == VOCAB_SIZE:
-    return
-  raise ConfigError(f"the checkpoint in {workdir!r} is model {model_name!r} on {ds.name!r} (input {tuple(ds.input_shape)}, "
-                    f"{ds.num_classes} classes), not a byte-level language model: jaxdp.sample needs a run of the gpt "
-                    f"workload (next-token labels over {VOCAB_SIZE} byte tokens, e.g. --config "
-                    f"jaxdp/configs/gpt_tiny_shakespeare.py)")
+  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), ds.input_shape[0]
 
 
 def main(argv: list[str]) -> int:

@@ -195,15 +195,12 @@ def format_report(r: dict[str, Any]) -> str:
       f"  FLOPs/step  {si(r['flops_per_step']) + 'FLOP per chip' if r['flops_per_step'] else 'unknown'}",
       "  collectives " + (", ".join(f"{k} x{c['count']} {size(c['bytes'])}" for k, c in r["collectives"].items())
                           or "none"),
-      "  roofline    " + ", ".join(f"{label} {_ms(roof[key])}" for label, key in (
-          ("compute", "compute_s"), ("HBM", "hbm_s"), ("ICI", "collectives_s"), ("step >=", "step_s"),
-          ("XLA's estimate", "xla_optimal_s"))),
+      "  roofline    " + ", ".join(
+          f"{label} {'unknown' if roof[key] is None else f'{roof[key] * 1e3:.3g} ms'}" for label, key in (
+              ("compute", "compute_s"), ("HBM", "hbm_s"), ("ICI", "collectives_s"), ("step >=", "step_s"),
+              ("XLA's estimate", "xla_optimal_s"))),
   ]
   return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> str:
-  return "unknown" if seconds is None else f"{seconds * 1e3:.3g} ms"
 
 
 def slice_report(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     process.init(config)
     train.train_and_evaluate(config, workdir)
 
-  return cli.command(argv, USAGE, "", run, failures=(train.NonFiniteError, replicas.ReplicaMismatchError))
+  return cli.execute(argv, USAGE, "", run, failures=(train.NonFiniteError, replicas.ReplicaMismatchError))
 
 
 if __name__ == "__main__":
