@@ -30,13 +30,9 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   """Command line -> (config, workdir); a mistake is a ConfigError naming the bad value; `--help` exits 0."""
   start(argv, usage, extra_help)
   _simulate_devices(argv)  # First: a config file may already ask JAX for devices.
-  fv = _parse_flags([a for a in argv if not a.startswith("--config.")])
-  if not fv["config"].present:
-    raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
-  if require_workdir and not fv.workdir:
-    raise config_lib.ConfigError("--workdir is required")
+  config, workdir = _load([a for a in argv if not a.startswith("--config.")], require_workdir)
   path = flag_value(argv, "config")
-  return _override(_load(fv), [a for a in argv if a not in ("--config", f"--config={path}", path)]), fv.workdir
+  return _override(config, [a for a in argv if a not in ("--config", f"--config={path}", path)]), workdir
 
 
 def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
@@ -144,39 +140,35 @@ def _define(argv: list[str], stored: ml_collections.ConfigDict | None = None) ->
   return fv
 
 
-def _parse_flags(argv: list[str]) -> flags.FlagValues:
+def _load(argv: list[str], require_workdir: bool) -> tuple[ml_collections.ConfigDict, str | None]:
+  """(the config file's config, --workdir); a flag missing, or a missing or broken file, is a ConfigError naming it."""
   fv = _define(argv)
   try:
     fv(argv)
   except flags.Error as e:
     # ml_collections re-raises a TypeError or ValueError of the config file's own code with its traceback.
-    raised = e.__context__
-    if isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised):
-      raise _unloadable(flag_value(argv, "config"), str(raised).strip().splitlines()[-1]) from None
-    raise config_lib.ConfigError(str(e)) from None
+    if not (isinstance(raised := e.__context__, (TypeError, ValueError))
+            and "Error whilst parsing config file" in str(raised)):
+      raise config_lib.ConfigError(str(e)) from None
+    why = str(raised).strip().splitlines()[-1]
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
-    raise _unloadable(flag_value(argv, "config"), e) from None
-  return fv
-
-
-def _unloadable(path: str, why: object) -> config_lib.ConfigError:
-  return config_lib.ConfigError(f"could not load config file {path!r}: {why}")
-
-
-def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
-  """The config with its overrides applied; a missing or broken file is a ConfigError naming it."""
-  path = fv["config"].config_filename
-  if not os.path.isfile(path):
-    raise config_lib.ConfigError(f"config file {path!r} not found")
-  try:
-    config = fv.config
-    if not isinstance(config, ml_collections.ConfigDict):
+    why = e
+  else:
+    if not fv["config"].present:
+      raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
+    if require_workdir and not fv.workdir:
+      raise config_lib.ConfigError("--workdir is required")
+    if not os.path.isfile(path := fv["config"].config_filename):
+      raise config_lib.ConfigError(f"config file {path!r} not found")
+    try:
+      if isinstance(config := fv.config, ml_collections.ConfigDict):
+        return config, fv.workdir
       if config is not None:  # ml_collections defers an IOError of get_config to the config's first use: here.
         config.keys()
       raise TypeError(f"get_config() returned {config!r}, not a ConfigDict")
-  except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
-    raise _unloadable(path, e.__cause__ or e) from None
-  return config
+    except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
+      why = e.__cause__ or e
+  raise config_lib.ConfigError(f"could not load config file {flag_value(argv, 'config')!r}: {why}") from None
 
 
 def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "") -> ml_collections.ConfigDict:
