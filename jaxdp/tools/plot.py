@@ -19,15 +19,11 @@ COLUMNS = 3  # Panels per row.
 DEFAULT_NAME = "curves.png"
 
 
-class PlotError(ConfigError):
-  """A run that cannot be plotted; the CLI prints it as one `error:` line (status 2)."""
-
-
 def curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
   """`train/loss`, `eval/accuracy`, ... -> (steps, values); a step written twice (a resumed run) keeps its last value."""
   path = os.path.join(workdir, metrics.METRICS_FILE)
   if not os.path.isfile(path):
-    raise PlotError(f"no {metrics.METRICS_FILE} in {workdir!r}")
+    raise ConfigError(f"no {metrics.METRICS_FILE} in {workdir!r}")
   by_key: dict[str, dict[int, float]] = {}
   for record in metrics.read(workdir):
     for key, value in record.items():
@@ -52,7 +48,7 @@ def figure(workdirs: list[str]) -> Figure:
   runs = {_label(w, workdirs): curves(w) for w in workdirs}
   names = panels(list(runs.values()))
   if not names:
-    raise PlotError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
+    raise ConfigError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
   columns = min(len(names), COLUMNS)
   rows = math.ceil(len(names) / columns)
   fig = Figure(figsize=(max(11, 4.5 * columns), 4 * rows), layout="constrained")

@@ -162,10 +162,8 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
     r = report(trial, name, devs)
     return r if r["fits"] else None
 
-  start = max(1, config.batch_size // unit)  # Multiples of `unit`, searched from the config's batch.
-  best = fits(start)
-  lo, hi = (start, 2 * start) if best else (0, start)
-  while best and (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
+  lo, hi, best = 0, max(1, config.batch_size // unit), None  # Multiples of `unit`, from the config's batch.
+  while (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
     lo, best, hi = hi, r, hi * 2
   while hi - lo > 1:
     mid = (lo + hi) // 2
