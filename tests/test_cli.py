@@ -306,3 +306,10 @@ def test_log_lines_go_to_the_stdout_of_the_moment_not_that_of_the_setup(monkeypa
     assert "Logging error" not in capsys.readouterr().err
   finally:
     logging.root.handlers.clear()
+
+
+def test_a_bad_value_of_a_workdir_tools_own_flag_is_one_error_line(capsys):
+  from jaxdp.tools import evaluate
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", "w", "--step", "three"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and "--step" in err[0], err

@@ -8,8 +8,10 @@ whole global batches, each completed epoch holds an example at most once, and ea
 
 import dataclasses
 import glob
+import itertools
 import json
 import os
+import pathlib
 import sys
 from typing import Any
 
@@ -51,21 +53,19 @@ class Entry:
 def load(workdir: str) -> list[Segment]:
   """The recorded segments of a workdir, oldest first."""
   directory = os.path.join(workdir, AUDIT_DIR)
-  headers = sorted(glob.glob(os.path.join(directory, "*.p*.json")))
+  headers = glob.glob(os.path.join(directory, "*.p*.json"))
   if not headers:
     raise FileNotFoundError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
-  by_segment: dict[str, list[dict]] = {}
-  for path in headers:
-    with open(path) as f:
-      header = json.load(f)
-    by_segment.setdefault(header["segment"], []).append(header)
-  return [_segment(directory, sorted(hs, key=lambda h: h["process_index"])) for _, hs in sorted(by_segment.items())]
+  records = sorted((json.loads(pathlib.Path(p).read_text()) for p in headers),
+                   key=lambda h: (h["segment"], h["process_index"]))
+  return [_segment(directory, list(hs)) for _, hs in itertools.groupby(records, key=lambda h: h["segment"])]
 
 
 def _segment(directory: str, headers: list[dict]) -> Segment:
   """Assembles the global batches of one segment from its processes' records."""
   head = headers[0]
-  seg = Segment(head, {}, _read_saves(saves_path(directory, head["segment"])))
+  saves = pathlib.Path(saves_path(directory, head["segment"]))
+  seg = Segment(head, {}, [int(s) for s in saves.read_text().split()] if saves.exists() else [])
   found = [h["process_index"] for h in headers]
   if found != list(range(head["process_count"])):
     seg.problem = f"the records of processes {sorted(set(range(head['process_count'])) - set(found))} are missing"
@@ -88,13 +88,6 @@ def _read_ids(directory: str, header: dict) -> dict[int, np.ndarray]:
   raw = np.fromfile(stem(directory, header["segment"], header["process_index"]) + ".ids", IDS_DTYPE)
   records = raw[:len(raw) // width * width].reshape(-1, width)
   return {int(r[0]): r[1:] for r in records}
-
-
-def _read_saves(path: str) -> list[int]:
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [int(line) for line in f if line.strip()]
 
 
 def lineage(segments: list[Segment]) -> list[Entry]:

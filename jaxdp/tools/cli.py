@@ -74,13 +74,12 @@ def flag_value(argv: list[str], name: str) -> str | None:
   return None
 
 
-def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
-                 flags: Callable[[argparse.ArgumentParser], None],
+def workdir_tool(argv: list[str], *, usage: str, extra_help: str, flags: Callable[[argparse.ArgumentParser], None],
                  command: Callable[[argparse.Namespace, ml_collections.ConfigDict, str], None]) -> int:
   """A tool on a trained workdir: its own `flags` (and `--step`), the stored config, then `command`; the status."""
 
   def run() -> None:
-    parser = argparse.ArgumentParser(prog=prog, add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--step", type=int, default=None)
     flags(parser)
     ours, rest = own_flags(argv, parser)

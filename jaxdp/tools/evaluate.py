@@ -37,7 +37,7 @@ def evaluate(config: Any = None, workdir: str = "", step: int | None = None, spl
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
-  return cli.workdir_tool(argv, prog="python -m jaxdp.evaluate", usage=USAGE, extra_help=EXTRA_HELP,
+  return cli.workdir_tool(argv, usage=USAGE, extra_help=EXTRA_HELP,
                           flags=lambda parser: parser.add_argument("--split", default=None), command=_evaluate_command)
 
 

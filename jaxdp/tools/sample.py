@@ -86,8 +86,7 @@ def load_model(config: Any, workdir: str, step: int | None = None, *, language_m
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  return cli.workdir_tool(argv, prog="python -m jaxdp.sample", usage=USAGE, extra_help=EXTRA_HELP,
-                          flags=_sample_flags, command=_sample_command)
+  return cli.workdir_tool(argv, usage=USAGE, extra_help=EXTRA_HELP, flags=_sample_flags, command=_sample_command)
 
 
 def _sample_flags(parser: argparse.ArgumentParser) -> None:
