@@ -22,6 +22,7 @@ from jaxdp.loop.audit import AUDIT_DIR, IDS_DTYPE, saves_path, stem
 from jaxdp.tools import cli
 
 USAGE = "usage: python -m jaxdp.audit WORKDIR [OTHER_WORKDIR]"
+STREAM_KEYS = ("global_batch", "num_examples", "seed", "split", "dataset")  # The header facts no resume may change.
 
 
 class AuditError(Exception):
@@ -125,8 +126,10 @@ def check(workdir: str) -> str:
 
 def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
   """The checks of `check` on a loaded lineage; returns the summary (raises AuditError naming the first failure)."""
-  _check_headers(segments)
   first = segments[0].header
+  for seg in segments[1:]:  # The stream's facts must not change between segments (the resume guard refuses that too).
+    if changed := [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in STREAM_KEYS if seg.header[k] != first[k]]:
+      raise AuditError(f"{seg.name}: the input stream changed ({'; '.join(changed)})")
   spe, batch, n = first["steps_per_epoch"], first["global_batch"], first["num_examples"]
   for i, entry in enumerate(entries):
     if entry.step != i + 1:
@@ -142,16 +145,6 @@ def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
           f"({', '.join(f'{p}x{d // p}' for p, d in layouts)} processes x devices); "
           f"{complete} completed epoch(s) of {spe} steps, each trained on every one of {spe * batch} examples exactly "
           f"once ({n - spe * batch} of {n} sit out: split size % global batch); the partial epoch repeats none")
-
-
-def _check_headers(segments: list[Segment]) -> None:
-  """The stream's facts must not change between segments (the resume guard refuses that too)."""
-  keys = ("global_batch", "num_examples", "seed", "split", "dataset")
-  first = segments[0].header
-  for seg in segments[1:]:
-    changed = [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in keys if seg.header[k] != first[k]]
-    if changed:
-      raise AuditError(f"{seg.name}: the input stream changed ({'; '.join(changed)})")
 
 
 def _not_in_order(entries: list[Entry], i: int) -> None:

@@ -21,8 +21,7 @@ RESULTS_FILE = "evaluate.jsonl"
 
 def evaluate(config: Any = None, workdir: str = "", step: int | None = None, split: str | None = None, *,
              model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
-  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`; `config` None: the one it stores;
-  `model`, `task`, `eval_data`: the objects the run was trained with in place of names."""
+  """(step, metrics) of checkpoint `step` (newest) on `split`; config None: the stored one; objects: as trained."""
   if not workdir:
     raise restore.ConfigError("jaxdp.evaluate.evaluate needs workdir=, the training run's directory")
   if config is None:

@@ -45,7 +45,8 @@ def panels(runs: list[dict[str, tuple[list[int], list[float]]]]) -> list[str]:
 
 def figure(workdirs: list[str]) -> Figure:
   """One panel per metric of the runs in `workdirs`, the train and eval curves of each run in it."""
-  runs = {_label(w, workdirs): curves(w) for w in workdirs}
+  labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]  # Its whole path where two runs share a name.
+  runs = {label if labels.count(label) == 1 else w: curves(w) for w, label in zip(workdirs, labels)}
   names = panels(list(runs.values()))
   if not names:
     raise ConfigError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
@@ -74,13 +75,6 @@ def plot(workdirs: list[str], out: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, dpi=110)
   return out
-
-
-def _label(workdir: str, workdirs: list[str]) -> str:
-  """The run's directory name, or its whole path when two runs share a name."""
-  name = os.path.basename(os.path.normpath(workdir))
-  same = [w for w in workdirs if os.path.basename(os.path.normpath(w)) == name]
-  return name if len(same) == 1 else workdir
 
 
 def main(argv: list[str]) -> int:
