@@ -56,7 +56,8 @@ def load(workdir: str) -> list[Segment]:
   directory = os.path.join(workdir, AUDIT_DIR)
   headers = glob.glob(os.path.join(directory, "*.p*.json"))
   if not headers:
-    raise FileNotFoundError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
+    # A command-line mistake (the wrong workdir, or none audited): status 2.
+    raise ConfigError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
   records = sorted((json.loads(pathlib.Path(p).read_text()) for p in headers),
                    key=lambda h: (h["segment"], h["process_index"]))
   return [_segment(directory, list(hs)) for _, hs in itertools.groupby(records, key=lambda h: h["segment"])]
@@ -225,8 +226,6 @@ def main(argv: list[str]) -> int:
     except AuditError as e:
       print(f"audit failed: {e}")
       return 1
-    except FileNotFoundError as e:  # No records: a command-line mistake (the wrong workdir, or none audited).
-      raise ConfigError(str(e)) from None
     return 0
 
   return cli.guarded(audit)

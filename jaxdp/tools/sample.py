@@ -90,10 +90,9 @@ def main(argv: list[str]) -> int:
 
 
 def _sample_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--prompt", default="\n")
-  parser.add_argument("--num_chars", type=int, default=500)
-  parser.add_argument("--temperature", type=float, default=0.8)
-  parser.add_argument("--seed", type=int, default=0)
+  for flag, kind, default in (("--prompt", str, "\n"), ("--num_chars", int, 500), ("--temperature", float, 0.8),
+                              ("--seed", int, 0)):
+    parser.add_argument(flag, type=kind, default=default)
 
 
 def _sample_command(ours: argparse.Namespace, config: Any, workdir: str) -> None:
