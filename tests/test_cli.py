@@ -272,10 +272,13 @@ def test_a_stored_configs_unset_fields_take_overrides(stored_token_file_run):
   assert (kwargs.eval_path, kwargs.vocab_size, kwargs.path, config.seed) == ("val.bin", 300, "train.bin", 3)
 
 
-@pytest.mark.parametrize("override", ["--config.batch_size.x=1", "--config.model.name.x=1",
-                                      "--config.dataset.builder_kwargs.nokey=3"])
-def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override):
-  with pytest.raises(ConfigError, match="bad config override .* for the config stored in 'w'"):
+@pytest.mark.parametrize("override, error", [
+    ("--config.batch_size.x=1", "unknown config key 'config.batch_size.x'"),
+    ("--config.model.name.x=1", "bad config override among --config.model.name.x"),
+    ("--config.dataset.builder_kwargs.nokey=3", "unknown config key 'config.dataset.builder_kwargs.nokey'"),
+])
+def test_a_bad_override_of_a_stored_config_is_a_config_error(stored_token_file_run, override, error):
+  with pytest.raises(ConfigError, match=re.escape(error) + ".* for the config stored in 'w'"):
     cli.parse_workdir(["jaxdp.evaluate", "--workdir", "w", override])
 
 
@@ -303,3 +306,10 @@ def test_log_lines_go_to_the_stdout_of_the_moment_not_that_of_the_setup(monkeypa
     assert "Logging error" not in capsys.readouterr().err
   finally:
     logging.root.handlers.clear()
+
+
+def test_a_bad_value_of_a_workdir_tools_own_flag_is_one_error_line(capsys):
+  from jaxdp.tools import evaluate
+  assert evaluate.main(["jaxdp.evaluate", "--workdir", "w", "--step", "three"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and "--step" in err[0], err

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from jaxdp.loop import goodput
-from jaxdp.tools import cli, launch, launch_state
+from jaxdp.tools import cli, launch
 
 GLOO = "[Gloo] Rank 1 is connected to 3 peer ranks. Expected number of connected peer ranks is : 3"
 
@@ -195,8 +195,8 @@ def test_a_restarted_run_counts_the_time_since_the_failed_runs_last_record(tmp_p
 
 _HOLDS_A_STATE_DIR = """
 import time
-from jaxdp.tools import launch_state
-with launch_state.state_dir() as path:
+from jaxdp.tools import launch
+with launch.state_dir() as path:
   print(path, flush=True)
   time.sleep(600)
 """
@@ -207,20 +207,20 @@ def test_the_state_dir_of_a_launcher_killed_hard_is_removed_by_the_next(tmp_path
   holder = subprocess.Popen([sys.executable, "-c", _HOLDS_A_STATE_DIR], stdout=subprocess.PIPE, text=True, env=env)
   try:
     held = holder.stdout.readline().strip()
-    assert os.path.dirname(held) == str(tmp_path) and launch_state.sweep(str(tmp_path)) == []  # It lives.
+    assert os.path.dirname(held) == str(tmp_path) and launch.sweep(str(tmp_path)) == []  # It lives.
   finally:
     holder.kill()  # As hard as the OOM killer: its context never exits.
     holder.wait()
-  other = tmp_path / f"{launch_state.PREFIX}someone-elses"  # No owner file: not the launcher's to judge.
+  other = tmp_path / f"{launch.PREFIX}someone-elses"  # No owner file: not the launcher's to judge.
   other.mkdir()
-  assert os.path.isdir(held) and launch_state.sweep(str(tmp_path)) == [held]
+  assert os.path.isdir(held) and launch.sweep(str(tmp_path)) == [held]
   assert sorted(os.listdir(tmp_path)) == [other.name]
 
 
 def test_a_launcher_removes_its_own_state_dir_when_it_ends(tmp_path, monkeypatch):
-  monkeypatch.setattr(launch_state.tempfile, "tempdir", str(tmp_path))
-  with launch_state.state_dir() as path:
-    assert os.listdir(path) == [launch_state.OWNER]
+  monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
+  with launch.state_dir() as path:
+    assert os.listdir(path) == [launch.OWNER]
   assert os.listdir(tmp_path) == []
 
 
@@ -243,9 +243,9 @@ def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thr
 
 
 def test_the_workdir_is_found_in_either_spelling():
-  assert cli.workdir_of(["--config", "c.py", "--workdir=/w"]) == "/w"
-  assert cli.workdir_of(["--workdir", "/v", "--config", "c.py"]) == "/v"
-  assert cli.workdir_of(["--config", "c.py", "--workdir"]) is None
+  assert cli.flag_value(["--config", "c.py", "--workdir=/w"], "workdir") == "/w"
+  assert cli.flag_value(["--workdir", "/v", "--config", "c.py"], "workdir") == "/v"
+  assert cli.flag_value(["--config", "c.py", "--workdir"], "workdir") is None
 
 
 class _Exited:
@@ -287,11 +287,11 @@ def test_by_default_no_rank_is_left_out(capsys):
 
 
 def test_a_launcher_first_removes_the_state_dirs_of_launchers_that_died(tmp_path, monkeypatch):
-  monkeypatch.setattr(launch_state.tempfile, "tempdir", str(tmp_path))
-  dead = tmp_path / f"{launch_state.PREFIX}dead"
+  monkeypatch.setattr(launch.tempfile, "tempdir", str(tmp_path))
+  dead = tmp_path / f"{launch.PREFIX}dead"
   dead.mkdir()
-  (dead / launch_state.OWNER).touch()  # Its owner file, locked by no one.
-  with launch_state.state_dir() as path:
+  (dead / launch.OWNER).touch()  # Its owner file, locked by no one.
+  with launch.state_dir() as path:
     assert os.listdir(tmp_path) == [os.path.basename(path)]
 
 

@@ -8,8 +8,10 @@ whole global batches, each completed epoch holds an example at most once, and ea
 
 import dataclasses
 import glob
+import itertools
 import json
 import os
+import pathlib
 import sys
 from typing import Any
 
@@ -20,6 +22,7 @@ from jaxdp.loop.audit import AUDIT_DIR, IDS_DTYPE, saves_path, stem
 from jaxdp.tools import cli
 
 USAGE = "usage: python -m jaxdp.audit WORKDIR [OTHER_WORKDIR]"
+STREAM_KEYS = ("global_batch", "num_examples", "seed", "split", "dataset")  # The header facts no resume may change.
 
 
 class AuditError(Exception):
@@ -51,21 +54,20 @@ class Entry:
 def load(workdir: str) -> list[Segment]:
   """The recorded segments of a workdir, oldest first."""
   directory = os.path.join(workdir, AUDIT_DIR)
-  headers = sorted(glob.glob(os.path.join(directory, "*.p*.json")))
+  headers = glob.glob(os.path.join(directory, "*.p*.json"))
   if not headers:
-    raise FileNotFoundError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
-  by_segment: dict[str, list[dict]] = {}
-  for path in headers:
-    with open(path) as f:
-      header = json.load(f)
-    by_segment.setdefault(header["segment"], []).append(header)
-  return [_segment(directory, sorted(hs, key=lambda h: h["process_index"])) for _, hs in sorted(by_segment.items())]
+    # A command-line mistake (the wrong workdir, or none audited): status 2.
+    raise ConfigError(f"no audit records in {directory!r} (train with --config.audit_data=True)")
+  records = sorted((json.loads(pathlib.Path(p).read_text()) for p in headers),
+                   key=lambda h: (h["segment"], h["process_index"]))
+  return [_segment(directory, list(hs)) for _, hs in itertools.groupby(records, key=lambda h: h["segment"])]
 
 
 def _segment(directory: str, headers: list[dict]) -> Segment:
   """Assembles the global batches of one segment from its processes' records."""
   head = headers[0]
-  seg = Segment(head, {}, _read_saves(saves_path(directory, head["segment"])))
+  saves = pathlib.Path(saves_path(directory, head["segment"]))
+  seg = Segment(head, {}, [int(s) for s in saves.read_text().split()] if saves.exists() else [])
   found = [h["process_index"] for h in headers]
   if found != list(range(head["process_count"])):
     seg.problem = f"the records of processes {sorted(set(range(head['process_count'])) - set(found))} are missing"
@@ -88,13 +90,6 @@ def _read_ids(directory: str, header: dict) -> dict[int, np.ndarray]:
   raw = np.fromfile(stem(directory, header["segment"], header["process_index"]) + ".ids", IDS_DTYPE)
   records = raw[:len(raw) // width * width].reshape(-1, width)
   return {int(r[0]): r[1:] for r in records}
-
-
-def _read_saves(path: str) -> list[int]:
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [int(line) for line in f if line.strip()]
 
 
 def lineage(segments: list[Segment]) -> list[Entry]:
@@ -132,8 +127,10 @@ def check(workdir: str) -> str:
 
 def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
   """The checks of `check` on a loaded lineage; returns the summary (raises AuditError naming the first failure)."""
-  _check_headers(segments)
   first = segments[0].header
+  for seg in segments[1:]:  # The stream's facts must not change between segments (the resume guard refuses that too).
+    if changed := [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in STREAM_KEYS if seg.header[k] != first[k]]:
+      raise AuditError(f"{seg.name}: the input stream changed ({'; '.join(changed)})")
   spe, batch, n = first["steps_per_epoch"], first["global_batch"], first["num_examples"]
   for i, entry in enumerate(entries):
     if entry.step != i + 1:
@@ -149,16 +146,6 @@ def check_entries(segments: list[Segment], entries: list[Entry]) -> str:
           f"({', '.join(f'{p}x{d // p}' for p, d in layouts)} processes x devices); "
           f"{complete} completed epoch(s) of {spe} steps, each trained on every one of {spe * batch} examples exactly "
           f"once ({n - spe * batch} of {n} sit out: split size % global batch); the partial epoch repeats none")
-
-
-def _check_headers(segments: list[Segment]) -> None:
-  """The stream's facts must not change between segments (the resume guard refuses that too)."""
-  keys = ("global_batch", "num_examples", "seed", "split", "dataset")
-  first = segments[0].header
-  for seg in segments[1:]:
-    changed = [f"{k} {first[k]!r} -> {seg.header[k]!r}" for k in keys if seg.header[k] != first[k]]
-    if changed:
-      raise AuditError(f"{seg.name}: the input stream changed ({'; '.join(changed)})")
 
 
 def _not_in_order(entries: list[Entry], i: int) -> None:
@@ -239,8 +226,6 @@ def main(argv: list[str]) -> int:
     except AuditError as e:
       print(f"audit failed: {e}")
       return 1
-    except FileNotFoundError as e:  # No records: a command-line mistake (the wrong workdir, or none audited).
-      raise ConfigError(str(e)) from None
     return 0
 
   return cli.guarded(audit)

@@ -9,7 +9,6 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import ml_collections
 from absl import flags
@@ -31,35 +30,22 @@ def parse(argv: list[str], require_workdir: bool = True, *, usage: str = "",
   """Command line -> (config, workdir); a mistake is a ConfigError naming the bad value; `--help` exits 0."""
   start(argv, usage, extra_help)
   _simulate_devices(argv)  # First: a config file may already ask JAX for devices.
-  sectioned = [a for a in argv if _new_key(a)]
-  fv = _parse_flags([a for a in argv if a not in sectioned])
-  if not fv["config"].present:
-    raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
-  if require_workdir and not fv.workdir:
-    raise config_lib.ConfigError("--workdir is required")
-  config = _load(fv)
-  new = [a for a in sectioned if _new_key(a)[1] not in (config.get(_new_key(a)[0]) or {})]
-  if len(new) < len(sectioned):  # Overrides of declared keys of the sections: read by their declared types.
-    config = _load(_parse_flags([a for a in argv if a not in new]))
-  _set_new_keys(config, new)
-  return config_lib.with_defaults(config), fv.workdir
+  config, workdir = _load([a for a in argv if not a.startswith("--config.")], require_workdir)
+  path = flag_value(argv, "config")
+  return _override(config, [a for a in argv if a not in ("--config", f"--config={path}", path)]), workdir
 
 
 def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
   """A command's first step: the flags printed and exit 0 if `argv` asks for help, else the libraries' noise off."""
   # Before the heavy imports (`--help` answers at once) and before JAX loads (`quiet.command`).
   if any(a in HELP_FLAGS for a in argv[1:]):
-    print(help_text(usage or f"python -m {_program(argv)} --config CONFIG.py [flags]", extra_help))
+    program = "jaxdp." + os.path.basename(argv[0] if argv else "train").removeprefix("jaxdp.").removesuffix(".py")
+    fv = _define(["help"])
+    lines = [f"usage: {usage or f'python -m {program} --config CONFIG.py [flags]'}", "", "flags:",
+             *(f"  --{name}: {fv[name].help}" for name in ("config", "workdir", "cpu_devices")), OVERRIDES_HELP]
+    print("\n".join(lines + ([extra_help] if extra_help else [])))
     raise SystemExit(0)
   quiet.command()
-
-
-def help_text(usage: str, extra_help: str = "") -> str:
-  """The usage line and every flag, as `--help` prints them."""
-  fv = _define(["help"])
-  lines = [f"usage: {usage}", "", "flags:", *(f"  --{name}: {fv[name].help}" for name in
-                                               ("config", "workdir", "cpu_devices")), OVERRIDES_HELP]
-  return "\n".join(lines + ([extra_help] if extra_help else []))
 
 
 def _simulate_devices(argv: list[str]) -> None:
@@ -73,60 +59,33 @@ def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collecti
   if any(a == "--config" or a.startswith("--config=") for a in argv):
     return parse(argv)
   _simulate_devices(argv)
-  if not (workdir := workdir_of(argv)):
+  if not (workdir := flag_value(argv, "workdir")):
     raise config_lib.ConfigError("--workdir is required")
-  stored = restore.stored_config(workdir, step)
-  argv = _set_unset_fields(stored, argv)
-  try:  # The overrides are applied as the flag is defined (`sys_argv`), and again when parsed.
-    (fv := _define(argv, stored))(argv)
-  except flags.Error as e:
-    raise config_lib.ConfigError(str(e)) from None
-  except (AttributeError, KeyError, TypeError) as e:  # An override names a key the stored config lacks.
-    raise config_lib.ConfigError(f"bad config override ({e}) for the config stored in {workdir!r}") from None
-  return config_lib.with_defaults(fv.config), workdir
+  return _override(restore.stored_config(workdir, step), argv, f" for the config stored in {workdir!r}"), workdir
 
 
-def workdir_of(argv: list[str]) -> str | None:
-  """The `--workdir` among `argv` (`--workdir DIR` or `--workdir=DIR`), else None."""
-  for i, arg in enumerate(argv):
-    if arg in ("--workdir", "-workdir") and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-      return argv[i + 1]
-    if arg.startswith(("--workdir=", "-workdir=")):
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--NAME VALUE` or `--NAME=VALUE` (or `-NAME`) among `argv`, before any parser reads it; else None."""
+  for arg, following in zip(argv, [*argv[1:], "-"]):
+    if arg in (f"--{name}", f"-{name}") and not following.startswith("-"):
+      return following
+    if arg.startswith((f"--{name}=", f"-{name}=")):
       return arg.split("=", 1)[1]
   return None
 
 
-def _set_unset_fields(config: ml_collections.ConfigDict, argv: list[str]) -> list[str]:
-  """Sets the overrides of fields stored as None with no type (absl cannot read their VALUE); returns the rest."""
-  rest = []
-  for arg in argv:
-    path, sep, text = arg.removeprefix("--config.").partition("=")
-    *parents, key = path.split(".")
-    node = config
-    for part in parents:
-      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
-    if (arg.startswith("--config.") and sep and isinstance(node, ml_collections.ConfigDict) and key in node
-        and node.get_type(key) is type(None)):
-      with node.unlocked():
-        node[key] = _literal(text)
-    else:
-      rest.append(arg)
-  return rest
-
-
-def workdir_tool(argv: list[str], *, prog: str, usage: str, extra_help: str,
-                 flags: Callable[[argparse.ArgumentParser], None],
+def workdir_tool(argv: list[str], *, usage: str, extra_help: str, flags: Callable[[argparse.ArgumentParser], None],
                  command: Callable[[argparse.Namespace, ml_collections.ConfigDict, str], None]) -> int:
   """A tool on a trained workdir: its own `flags` (and `--step`), the stored config, then `command`; the status."""
 
   def run() -> None:
-    parser = argparse.ArgumentParser(prog=prog, add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     parser.add_argument("--step", type=int, default=None)
     flags(parser)
     ours, rest = own_flags(argv, parser)
     command(ours, *parse_workdir(rest, ours.step))
 
-  return _command(argv, usage, extra_help, run)
+  return execute(argv, usage, extra_help, run)
 
 
 def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, list[str]]:
@@ -138,20 +97,8 @@ def own_flags(argv: list[str], parser: argparse.ArgumentParser) -> tuple[argpars
   return ours, argv[:1] + rest
 
 
-def main(argv: list[str], command: Callable[[ml_collections.ConfigDict, str], object], *,
-         failures: tuple[type[Exception], ...] = (), usage: str = "") -> int:
-  """Parses `argv`, joins the run, runs `command(config, workdir)`; returns the exit status (`guarded`)."""
-
-  def run() -> None:
-    config, workdir = parse(argv, usage=usage)
-    process.init(config)
-    command(config, workdir)
-
-  return _command(argv, usage, "", run, failures)
-
-
-def _command(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
-             failures: tuple[type[Exception], ...] = ()) -> int:
+def execute(argv: list[str], usage: str, extra_help: str, run: Callable[[], None],
+            failures: tuple[type[Exception], ...] = ()) -> int:
   """`--help` answered, then the logging set up (it loads JAX), then `run` under `guarded`."""
   start(argv, usage, extra_help)
   process.setup_logging()
@@ -192,89 +139,76 @@ def _define(argv: list[str], stored: ml_collections.ConfigDict | None = None) ->
   return fv
 
 
-def _parse_flags(argv: list[str]) -> flags.FlagValues:
+def _load(argv: list[str], require_workdir: bool) -> tuple[ml_collections.ConfigDict, str | None]:
+  """(the config file's config, --workdir); a flag missing, or a missing or broken file, is a ConfigError naming it."""
   fv = _define(argv)
   try:
     fv(argv)
   except flags.Error as e:
     # ml_collections re-raises a TypeError or ValueError of the config file's own code with its traceback.
-    raised = e.__context__
-    if isinstance(raised, (TypeError, ValueError)) and "Error whilst parsing config file" in str(raised):
-      raise _unloadable(_config_arg(argv), str(raised).strip().splitlines()[-1]) from None
-    raise config_lib.ConfigError(str(e)) from None
-  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    bad = _bad_override(argv, e)
-    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
-      raise config_lib.removed(key) from None
-    raise config_lib.ConfigError(f"unknown config key '{bad}") from None
-  except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1); the
-    # file's own TypeErrors come wrapped in a flags.Error.
-    overrides = ", ".join(a.split("=")[0] for a in argv if a.startswith("--config."))
-    raise config_lib.ConfigError(f"bad config override among {overrides} ({e})") from None
+    if not (isinstance(raised := e.__context__, (TypeError, ValueError))
+            and "Error whilst parsing config file" in str(raised)):
+      raise config_lib.ConfigError(str(e)) from None
+    why = str(raised).strip().splitlines()[-1]
   except Exception as e:  # The config file itself failed to load, as it is parsed (a syntax error, a bad import...).
-    raise _unloadable(_config_arg(argv), e) from None
-  return fv
-
-
-def _unloadable(path: str, why: object) -> config_lib.ConfigError:
-  return config_lib.ConfigError(f"could not load config file {path!r}: {why}")
-
-
-def _config_arg(argv: list[str]) -> str:
-  """The value of `--config FILE` or `--config=FILE` as given (the flag may not have been parsed)."""
-  for arg, following in zip(argv, [*argv[1:], ""]):
-    if arg.startswith("--config="):
-      return arg.removeprefix("--config=")
-    if arg == "--config":
-      return following
-  return ""
-
-
-def _load(fv: flags.FlagValues) -> ml_collections.ConfigDict:
-  """The config with its overrides applied; a missing or broken file is a ConfigError naming it."""
-  path = fv["config"].config_filename
-  if not os.path.isfile(path):
-    raise config_lib.ConfigError(f"config file {path!r} not found")
-  try:
-    config = fv.config
-    if not isinstance(config, ml_collections.ConfigDict):
+    why = e
+  else:
+    if not fv["config"].present:
+      raise config_lib.ConfigError("--config is required (e.g. --config jaxdp/configs/default.py)")
+    if require_workdir and not fv.workdir:
+      raise config_lib.ConfigError("--workdir is required")
+    if not os.path.isfile(path := fv["config"].config_filename):
+      raise config_lib.ConfigError(f"config file {path!r} not found")
+    try:
+      if isinstance(config := fv.config, ml_collections.ConfigDict):
+        return config, fv.workdir
       if config is not None:  # ml_collections defers an IOError of get_config to the config's first use: here.
         config.keys()
       raise TypeError(f"get_config() returned {config!r}, not a ConfigDict")
-  except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
-    raise _unloadable(path, e.__cause__ or e) from None
-  return config
+    except Exception as e:  # The config file itself failed to load (syntax error, bad import, ...).
+      why = e.__cause__ or e
+  raise config_lib.ConfigError(f"could not load config file {flag_value(argv, 'config')!r}: {why}") from None
 
 
-def _new_key(arg: str) -> tuple[str, str] | None:
-  """'--config.model.dense=64' -> ('model', 'dense'), for the sections that take new keys; else None."""
-  m = re.match(r"--config\.(" + "|".join(NEW_KEY_SECTIONS) + r")\.(\w+)", arg)
-  return (m.group(1), m.group(2)) if m else None
-
-
-def _set_new_keys(config: ml_collections.ConfigDict, args: list[str]) -> None:
-  """Adds `--config.SECTION.KEY=VALUE` for keys the config does not declare (a model's checked against its class)."""
-  for arg in args:
-    section, _ = _new_key(arg)
-    path, sep, text = arg.removeprefix(f"--config.{section}.").partition("=")
-    if not sep or "." in path:
-      raise config_lib.ConfigError(f"unknown config key 'config.{section}.{path}' (new {section} keys take a value: "
-                                   f"--config.{section}.{path.split('.')[0]}=VALUE)")
-    if section == "model":
-      _check_model_key(config.model.get("name", ""), path)
-    if section not in config:
+def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "") -> ml_collections.ConfigDict:
+  """`config` with `argv`'s `--config.KEY=VALUE`: by the declared type, else (unset field, new key) as a literal."""
+  rest, model_keys = [], []
+  for arg in argv:
+    path, sep, text = arg.removeprefix("--config.").partition("=")
+    *parents, key = path.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+    new = len(parents) == 1 and parents[0] in NEW_KEY_SECTIONS and (node is None or key not in node)
+    if not (arg.startswith("--config.") and sep and (new or isinstance(node, ml_collections.ConfigDict)
+                                                    and key in node and node.get_type(key) is type(None))):
+      rest.append(arg)  # absl reads VALUE by the field's declared type.
+      continue
+    if node is None:
       with config.unlocked():
-        config[section] = ml_collections.ConfigDict()
-    with config[section].unlocked():
-      config[section][path] = _literal(text)
-
-
-def _literal(text: str) -> Any:
-  """An override's VALUE where no declared type says how to read it: a Python literal, else the plain string."""
+        config[parents[0]] = node = ml_collections.ConfigDict()
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # Not a Python literal: the plain string.
+      value = text
+    with node.unlocked():
+      node[key] = value
+    model_keys += [key] if new and parents == ["model"] else []
   try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
+    _define(rest, config)(rest)  # The overrides are applied to `config` as the flag is defined, and again here.
+  except flags.Error as e:
+    raise config_lib.ConfigError(f"{e}{where}") from None
+  except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
+    bad = _bad_override(rest, e)
+    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
+      raise config_lib.removed(key) from None
+    raise config_lib.ConfigError(f"unknown config key '{bad}{where}") from None
+  except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1).
+    overrides = ", ".join(a.split("=")[0] for a in rest if a.startswith("--config."))
+    raise config_lib.ConfigError(f"bad config override among {overrides} ({e}){where}") from None
+  for key in model_keys:  # Checked against the model the overrides name.
+    _check_model_key(config.model.get("name", ""), key)
+  return config_lib.with_defaults(config)
 
 
 def _check_model_key(name: str, key: str) -> None:
@@ -292,12 +226,8 @@ def _check_model_key(name: str, key: str) -> None:
 
 def _bad_override(argv: list[str], error: Exception) -> str:
   """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
-  key = re.search(r"\w+", str(error)).group()
+  lookup = re.search(r"Attempting to lookup: ([\w.]+)", str(error))  # A key under a field that is no dict.
+  key = lookup.group(1).rpartition(".")[2] if lookup else re.search(r"\w+", str(error)).group()
   hint = re.search(r'Did you mean "(\w+)"', str(error))
   flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
   return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
-
-
-def _program(argv: list[str]) -> str:
-  """'jaxdp.train' for argv[0] '.../jaxdp/train.py' (or 'jaxdp.train')."""
-  return "jaxdp." + os.path.basename(argv[0] if argv else "train").removeprefix("jaxdp.").removesuffix(".py")

@@ -21,8 +21,7 @@ RESULTS_FILE = "evaluate.jsonl"
 
 def evaluate(config: Any = None, workdir: str = "", step: int | None = None, split: str | None = None, *,
              model: Any = None, task: Any = None, eval_data: Any = None) -> tuple[int, dict]:
-  """(step, metrics) of WORKDIR's checkpoint `step` (default: newest) on `split`; `config` None: the one it stores;
-  `model`, `task`, `eval_data`: the objects the run was trained with in place of names."""
+  """(step, metrics) of checkpoint `step` (newest) on `split`; config None: the stored one; objects: as trained."""
   if not workdir:
     raise restore.ConfigError("jaxdp.evaluate.evaluate needs workdir=, the training run's directory")
   if config is None:
@@ -37,7 +36,7 @@ def evaluate(config: Any = None, workdir: str = "", step: int | None = None, spl
 
 def main(argv: list[str]) -> int:
   """Prints the metrics as one JSON line; returns the exit status (2 for a config mistake)."""
-  return cli.workdir_tool(argv, prog="python -m jaxdp.evaluate", usage=USAGE, extra_help=EXTRA_HELP,
+  return cli.workdir_tool(argv, usage=USAGE, extra_help=EXTRA_HELP,
                           flags=lambda parser: parser.add_argument("--split", default=None), command=_evaluate_command)
 
 

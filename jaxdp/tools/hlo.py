@@ -55,11 +55,9 @@ def run_options(parts: build.Parts) -> dict[str, Any]:
 def memory(compiled: Any) -> dict[str, int] | None:
   """Per-device bytes from XLA's memory analysis; None where the backend has none."""
   try:
-    stats = compiled.memory_analysis()
-  except (NotImplementedError, RuntimeError):
+    stats = compiled.memory_analysis()  # None where the backend has none.
+  except RuntimeError:
     return None
-  if isinstance(stats, (list, tuple)):
-    stats = stats[0] if stats else None
   if stats is None:
     return None
   out = {f"{name}_bytes": int(getattr(stats, f"{name}_size_in_bytes"))
@@ -169,13 +167,10 @@ def parse_lowered(text: str) -> list[dict]:
     operands, _, results = types.partition(" -> ")
     buffers = [[(dtype_name(t), tuple(int(d) for d in dims.split("x") if d)) for dims, t in _MLIR_TENSOR.findall(s)]
                for s in (operands, results or operands)]
-    ops.append({"kind": m.group(1).replace("_", "-"), "in_loop": False,
-                "shapes": max(buffers, key=_shapes_bytes)})  # The full side: reduce-scatter in, all-gather out.
+    # The full side: the reduce-scatter input, the all-gather output.
+    full = max(buffers, key=lambda shapes: sum(_nbytes(*shape) for shape in shapes))
+    ops.append({"kind": m.group(1).replace("_", "-"), "in_loop": False, "shapes": full})
   return ops
-
-
-def _shapes_bytes(shapes: list[Shape]) -> int:
-  return sum(_nbytes(*shape) for shape in shapes)
 
 
 def tally(ops: list[dict]) -> dict[str, dict[str, Any]]:

@@ -1,21 +1,27 @@
 """`python -m jaxdp.launch --num_processes P --devices_per_process D -- <jaxdp.train arguments | SCRIPT.py ARGS>`."""
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
+import glob
 import os
 import re
+import shutil
 import signal
 import socket
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import typing
+from collections.abc import Iterator
 
 from jaxdp.loop import goodput
 from jaxdp.runtime import cpu_devices, distributed
-from jaxdp.tools import cli, launch_state
+from jaxdp.tools import cli
 
 GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint and exit before they are killed.
 # After a process failed the others cannot finish (their collectives wait for the lost one): waiting only delays.
@@ -25,6 +31,11 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # 
 # gloo's connection lines, written piece by piece to native stdout from several threads: dropped wherever they fall
 # (a launched process prints Python's lines to stderr instead). docs/design-notes.md#launch
 GLOO_PIECES = re.compile(r"\[Gloo\] Rank |is connected to |peer ranks\. |Expected number of connected peer ranks is : ")
+
+PREFIX = "jaxdp-launch-"
+# Locked by the launcher that made the dir while it lives: the kernel drops the lock however it dies, so a later
+# launcher removes the dirs of killed ones.
+OWNER = "owner"
 
 
 def free_port() -> int:
@@ -191,7 +202,7 @@ class Launcher:
       self.size, self.failed_rank = self.size - 1, None  # The ranks are numbered anew.
     self.restarts += 1
     from jaxdp import checkpoint  # Imports orbax: here, so only a restart pays for it.
-    steps = checkpoint.steps(cli.workdir_of(self.args.train_args) or "")
+    steps = checkpoint.steps(cli.flag_value(self.args.train_args, "workdir") or "")
     where = f"from step {steps[-1]}" if steps else "from the start (no checkpoint yet)"
     print(f"launch: {who}; restart {self.restarts} of {self.args.max_restarts} {where}", file=sys.stderr, flush=True)
     return None
@@ -200,6 +211,35 @@ class Launcher:
 def _error(message: str, status: int) -> int:
   print(f"error: {message}", file=sys.stderr, flush=True)
   return status
+
+
+@contextlib.contextmanager
+def state_dir() -> Iterator[str]:
+  """A new state dir, owned while the context lasts; the dead launchers' dirs are removed first."""
+  sweep(tempfile.gettempdir())
+  with tempfile.TemporaryDirectory(prefix=PREFIX) as path:
+    with open(os.path.join(path, f".{OWNER}"), "w") as owner:
+      fcntl.flock(owner, fcntl.LOCK_EX)
+      os.rename(owner.name, os.path.join(path, OWNER))  # Named only once locked: a sweep never finds it free.
+      yield path
+
+
+def sweep(root: str) -> list[str]:
+  """Removes the state dirs under `root` whose launcher died; returns them."""
+  removed = []
+  for path in glob.glob(os.path.join(glob.escape(root), PREFIX + "*")):
+    try:
+      owner = open(os.path.join(path, OWNER))
+    except OSError:  # Not one of ours, being made, just removed, or made before dirs had owners.
+      continue
+    with owner:
+      try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError:  # Its launcher lives.
+        continue
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -232,8 +272,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
   """Runs the processes, restarting them as allowed; returns the launcher's exit status."""
   args = parse(argv)
-  with launch_state.state_dir() as state_dir:
-    return Launcher(args).run(state_dir)
+  with state_dir() as path:
+    return Launcher(args).run(path)
 
 
 if __name__ == "__main__":

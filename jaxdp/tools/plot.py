@@ -19,15 +19,11 @@ COLUMNS = 3  # Panels per row.
 DEFAULT_NAME = "curves.png"
 
 
-class PlotError(ConfigError):
-  """A run that cannot be plotted; the CLI prints it as one `error:` line (status 2)."""
-
-
 def curves(workdir: str) -> dict[str, tuple[list[int], list[float]]]:
   """`train/loss`, `eval/accuracy`, ... -> (steps, values); a step written twice (a resumed run) keeps its last value."""
   path = os.path.join(workdir, metrics.METRICS_FILE)
   if not os.path.isfile(path):
-    raise PlotError(f"no {metrics.METRICS_FILE} in {workdir!r}")
+    raise ConfigError(f"no {metrics.METRICS_FILE} in {workdir!r}")
   by_key: dict[str, dict[int, float]] = {}
   for record in metrics.read(workdir):
     for key, value in record.items():
@@ -49,10 +45,11 @@ def panels(runs: list[dict[str, tuple[list[int], list[float]]]]) -> list[str]:
 
 def figure(workdirs: list[str]) -> Figure:
   """One panel per metric of the runs in `workdirs`, the train and eval curves of each run in it."""
-  runs = {_label(w, workdirs): curves(w) for w in workdirs}
+  labels = [os.path.basename(os.path.normpath(w)) for w in workdirs]  # Its whole path where two runs share a name.
+  runs = {label if labels.count(label) == 1 else w: curves(w) for w, label in zip(workdirs, labels)}
   names = panels(list(runs.values()))
   if not names:
-    raise PlotError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
+    raise ConfigError(f"no train/ or eval/ metrics in {', '.join(map(repr, workdirs))}")
   columns = min(len(names), COLUMNS)
   rows = math.ceil(len(names) / columns)
   fig = Figure(figsize=(max(11, 4.5 * columns), 4 * rows), layout="constrained")
@@ -78,13 +75,6 @@ def plot(workdirs: list[str], out: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   fig.savefig(out, dpi=110)
   return out
-
-
-def _label(workdir: str, workdirs: list[str]) -> str:
-  """The run's directory name, or its whole path when two runs share a name."""
-  name = os.path.basename(os.path.normpath(workdir))
-  same = [w for w in workdirs if os.path.basename(os.path.normpath(w)) == name]
-  return name if len(same) == 1 else workdir
 
 
 def main(argv: list[str]) -> int:

@@ -72,34 +72,27 @@ def load_model(config: Any, workdir: str, step: int | None = None, *, language_m
   from jaxdp import checkpoint  # orbax and the input pipeline: only a restore needs them.
   parts, state, step = restore.restore(config, workdir, step, "jaxdp.sample.load_model", model=model, task=task,
                                        eval_data=eval_data)
-  if language_model:
-    _check_language_model(parts.ds, config.model.get("name", "?"), workdir)
+  ds = parts.ds
+  if language_model and not (ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape)
+                             and ds.num_classes == VOCAB_SIZE):  # Not byte-level next-token text (`gpt`).
+    raise ConfigError(f"the checkpoint in {workdir!r} is model {config.model.get('name', '?')!r} on {ds.name!r} (input "
+                      f"{tuple(ds.input_shape)}, {ds.num_classes} classes), not a byte-level language model: "
+                      f"jaxdp.sample needs a run of the gpt workload (next-token labels over {VOCAB_SIZE} byte "
+                      f"tokens, e.g. --config jaxdp/configs/gpt_tiny_shakespeare.py)")
   # stderr: stdout carries only the sampled text.
   print(f"sampling from checkpoint {checkpoint.directory(workdir)}/{step}", file=sys.stderr)
-  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), parts.ds.input_shape[0]
-
-
-def _check_language_model(ds: Any, model_name: str, workdir: str) -> None:
-  """A ConfigError unless `ds` is byte-level next-token text (the `gpt` workload)."""
-  if ds.integer_inputs and tuple(ds.label_shape) == tuple(ds.input_shape) and ds.num_classes == VOCAB_SIZE:
-    return
-  raise ConfigError(f"the checkpoint in {workdir!r} is model {model_name!r} on {ds.name!r} (input {tuple(ds.input_shape)}, "
-                    f"{ds.num_classes} classes), not a byte-level language model: jaxdp.sample needs a run of the gpt "
-                    f"workload (next-token labels over {VOCAB_SIZE} byte tokens, e.g. --config "
-                    f"jaxdp/configs/gpt_tiny_shakespeare.py)")
+  return parts.model, parts.backend.get(state.params), parts.backend.get(state.model_state), ds.input_shape[0]
 
 
 def main(argv: list[str]) -> int:
   """Prints `prompt` and its continuation; returns the exit status (2 for a config mistake)."""
-  return cli.workdir_tool(argv, prog="python -m jaxdp.sample", usage=USAGE, extra_help=EXTRA_HELP,
-                          flags=_sample_flags, command=_sample_command)
+  return cli.workdir_tool(argv, usage=USAGE, extra_help=EXTRA_HELP, flags=_sample_flags, command=_sample_command)
 
 
 def _sample_flags(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--prompt", default="\n")
-  parser.add_argument("--num_chars", type=int, default=500)
-  parser.add_argument("--temperature", type=float, default=0.8)
-  parser.add_argument("--seed", type=int, default=0)
+  for flag, kind, default in (("--prompt", str, "\n"), ("--num_chars", int, 500), ("--temperature", float, 0.8),
+                              ("--seed", int, 0)):
+    parser.add_argument(flag, type=kind, default=default)
 
 
 def _sample_command(ours: argparse.Namespace, config: Any, workdir: str) -> None:

@@ -162,10 +162,8 @@ def max_batch(config: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
     r = report(trial, name, devs)
     return r if r["fits"] else None
 
-  start = max(1, config.batch_size // unit)  # Multiples of `unit`, searched from the config's batch.
-  best = fits(start)
-  lo, hi = (start, 2 * start) if best else (0, start)
-  while best and (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
+  lo, hi, best = 0, max(1, config.batch_size // unit), None  # Multiples of `unit`, from the config's batch.
+  while (r := fits(hi)) is not None:  # Doubling until it no longer fits, then bisection.
     lo, best, hi = hi, r, hi * 2
   while hi - lo > 1:
     mid = (lo + hi) // 2
@@ -195,15 +193,12 @@ def format_report(r: dict[str, Any]) -> str:
       f"  FLOPs/step  {si(r['flops_per_step']) + 'FLOP per chip' if r['flops_per_step'] else 'unknown'}",
       "  collectives " + (", ".join(f"{k} x{c['count']} {size(c['bytes'])}" for k, c in r["collectives"].items())
                           or "none"),
-      "  roofline    " + ", ".join(f"{label} {_ms(roof[key])}" for label, key in (
-          ("compute", "compute_s"), ("HBM", "hbm_s"), ("ICI", "collectives_s"), ("step >=", "step_s"),
-          ("XLA's estimate", "xla_optimal_s"))),
+      "  roofline    " + ", ".join(
+          f"{label} {'unknown' if roof[key] is None else f'{roof[key] * 1e3:.3g} ms'}" for label, key in (
+              ("compute", "compute_s"), ("HBM", "hbm_s"), ("ICI", "collectives_s"), ("step >=", "step_s"),
+              ("XLA's estimate", "xla_optimal_s"))),
   ]
   return "\n".join(lines)
-
-
-def _ms(seconds: float | None) -> str:
-  return "unknown" if seconds is None else f"{seconds * 1e3:.3g} ms"
 
 
 def slice_report(config: ml_collections.ConfigDict, name: str, search: bool) -> dict[str, Any] | None:

@@ -2,18 +2,23 @@
 
 import sys
 
-from jaxdp.runtime import exits
+from jaxdp.runtime import exits, process
 from jaxdp.tools import cli
 
 USAGE = "python -m jaxdp.train --config CONFIG.py --workdir DIR [--config.key=value ...]"
 
 
 def main(argv: list[str]) -> int:
-  """Runs the CLI; returns the exit status (2 for a config or command-line mistake)."""
+  """Parses `argv`, joins the run, trains; returns the exit status (2 for a config or command-line mistake)."""
   cli.start(argv, USAGE)  # Before JAX, TensorFlow and the loop load: `--help` answers at once.
   from jaxdp.loop import replicas, train
-  return cli.main(argv, train.train_and_evaluate,
-                  failures=(train.NonFiniteError, replicas.ReplicaMismatchError), usage=USAGE)
+
+  def run() -> None:
+    config, workdir = cli.parse(argv, usage=USAGE)
+    process.init(config)
+    train.train_and_evaluate(config, workdir)
+
+  return cli.execute(argv, USAGE, "", run, failures=(train.NonFiniteError, replicas.ReplicaMismatchError))
 
 
 if __name__ == "__main__":
