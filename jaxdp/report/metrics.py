@@ -55,9 +55,9 @@ class TensorBoardWriter(Hook):
       self._writer = None
 
 
-def trackers(workdir: str, tensorboard: bool = True) -> list[Hook]:
-  """The default trackers: metrics.jsonl plus (optionally) TensorBoard event files; both write on process 0 only."""
-  return [JsonlWriter(workdir)] + ([TensorBoardWriter(workdir)] if tensorboard else [])
+def trackers(workdir: str) -> list[Hook]:
+  """The default trackers: metrics.jsonl and TensorBoard event files; both write on process 0 only."""
+  return [JsonlWriter(workdir), TensorBoardWriter(workdir)]
 
 
 def read(workdir: str) -> list[dict]:
@@ -93,20 +93,16 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
 
 def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float]:
   """Eval sums by kind -> `eval/<name>` (a mean over its weight; then the task's `finalize`; "_" names left out)."""
-  scalars = {name: _ratio(float(total), float(sums["weight"][name])) for name, total in sums["mean"].items()}
+  weights = {name: float(w) for name, w in sums["weight"].items()}
+  scalars = {name: float(total) / weights[name] if weights[name] else float("nan")  # NaN where nothing weighs.
+             for name, total in sums["mean"].items()}
   scalars.update({name: float(v) for group in ("sum", "max") for name, v in sums[group].items()})
   scalars = dict(sorted(scalars.items(), key=lambda kv: kv[0] != "loss"))  # The loss first, as ever.
-  finalize = getattr(task, "finalize", None)
-  if finalize is not None:
+  if (finalize := getattr(task, "finalize", None)) is not None:
     scalars.update(finalize(dict(scalars)))
   out: dict[str, float] = {f"eval/{k}": v for k, v in scalars.items() if not k.startswith("_")}
   out["eval/num_examples"] = int(sums["num_examples"])
   return out
-
-
-def _ratio(total: float, weight: float) -> float:
-  """`total / weight`; NaN where nothing weighs."""
-  return total / weight if weight else float("nan")
 
 
 def is_number(value: object) -> bool:
