@@ -134,22 +134,17 @@ def die_with_launcher() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _integer(text: str, default: int, what: str) -> int:
-  """`text` as an integer (`default` when empty); a ConfigError naming `what` and the text otherwise."""
-  try:
-    return int(text) if text.strip() else default
-  except ValueError:
-    raise ConfigError(f"distributed: {what} must be an integer, got {text!r}") from None
-
-
 def settings() -> dict:
   """Coordinator address, process count and id from jaxdp's variables, else JAX's: whichever names an address."""
   ours = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
   names = ours if os.environ.get(ENV_COORDINATOR) or not os.environ.get(JAX_ENV[0]) else JAX_ENV
   address, num_text, pid_text = (os.environ.get(name, "") for name in names)
   address = address or None
-  num = _integer(num_text, 0, "the process count")
-  pid = _integer(pid_text, -1, "the process id")
+  try:  # Unset: no count, no id.
+    num, pid = int(num_text.strip() or 0), int(pid_text.strip() or -1)
+  except ValueError:
+    raise ConfigError(f"distributed: the process count and id must be integers, got {num_text!r} and {pid_text!r} "
+                      f"(from {names[1]} and {names[2]})") from None
   if address and (num < 1 or not 0 <= pid < num):
     raise ConfigError(f"distributed: coordinator {address!r} needs a process count >= 1 and 0 <= process id < "
                       f"count, got num_processes={num!r}, process_id={pid!r} (from {ENV_NUM_PROCESSES} and "
