@@ -33,9 +33,8 @@ class TensorBoardWriter(Hook):
   """TensorBoard event files in the workdir, written without TensorFlow (`EventFile`); a no-op off process 0."""
 
   def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
     self._writer = None
-    if self.enabled:
+    if jax.process_index() == 0:
       from tensorboard.summary import Writer as EventWriter  # Only process 0 pays for the imports.
 
       from jaxdp.report.event_file import EventFile
@@ -74,9 +73,7 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
   """Per-step train metrics over several steps as `prefix/key`: counts summed, state last, a weighted mean's
   Σ w·v / Σ w (left out where nothing weighs), the rest averaged."""
   out = {}
-  for k in history[0]:
-    if k == "weight":
-      continue
+  for k in (k for k in history[0] if k != "weight"):
     values = np.array([h[k] for h in history], np.float64)
     if k in COUNTS:
       out[f"{prefix}/{k}"] = float(values.sum())
