@@ -24,7 +24,9 @@ class JsonlWriter(Hook):
   def on_write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), **{k: _json_value(v) for k, v in scalars.items()}}
+    # A numpy scalar or 0-d array as the Python number json can write.
+    record = {"step": int(step), **{k: v.item() if isinstance(v, np.generic | np.ndarray) else v
+                                    for k, v in scalars.items()}}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -106,8 +108,3 @@ def is_number(value: object) -> bool:
   """Whether `value` is one real number (a bool or an array of more than one is not)."""
   return isinstance(value, numbers.Number | np.generic | np.ndarray) and not isinstance(value, bool) \
       and np.ndim(value) == 0
-
-
-def _json_value(value: object) -> object:
-  """A numpy scalar or 0-d array as the Python number json can write."""
-  return value.item() if isinstance(value, np.generic | np.ndarray) else value

@@ -67,12 +67,12 @@ class Reporter:
     self._loss = scalars.get("train/loss", self._loss)
     head = f"{_step_of(step, self.total_steps)} {100 * step / self.total_steps:3.0f}%"
     eta = self.eta_seconds(step)
-    self._print(" | ".join([head, *figures(scalars, perf, eta, per_device=True, headline=self.headline)]))
+    self.note(" | ".join([head, *figures(scalars, perf, eta, per_device=True, headline=self.headline)]))
     return perf
 
   def on_eval(self, step: int, scalars: Mapping[str, float]) -> None:
     """Prints the eval line; the next timing window starts now, after the eval."""
-    self._print(eval_line(step, self.total_steps, scalars, self.headline))
+    self.note(eval_line(step, self.total_steps, scalars, self.headline))
     self._window = (step, self._clock(), self._untimed())
 
   def close(self) -> None:
@@ -86,18 +86,12 @@ class Reporter:
     """Prints the average throughput of the timed steps (at the end of a run that finished)."""
     if self._timed_steps:
       step_time = self._timed_seconds / self._timed_steps
-      self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
+      self.note(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
                   f"over {self._timed_steps} timed steps ({units.duration(self._timed_seconds)})")
-
-  def note(self, line: str) -> None:
-    """Prints one more line (e.g. where the run's time went), on process 0."""
-    self._print(line)
 
   def eta_seconds(self, step: int) -> float | None:
     """Seconds left for the remaining steps at the average step time so far (None before any timing)."""
-    if not self._timed_steps:
-      return None
-    return (self.total_steps - step) * self._timed_seconds / self._timed_steps
+    return (self.total_steps - step) * self._timed_seconds / self._timed_steps if self._timed_steps else None
 
   def _close_window(self, step: int) -> dict[str, float]:
     """Throughput of the steps since the window began; starts the next window."""
@@ -138,7 +132,8 @@ class Reporter:
     eta = (self.total_steps - step) * (average or live) if live else None
     return " | ".join(figures({} if self._loss is None else {"train/loss": self._loss}, perf, eta, per_device=False))
 
-  def _print(self, line: str) -> None:
+  def note(self, line: str) -> None:
+    """Prints a line (a train or eval line, or e.g. where the run's time went) on process 0, above a bar."""
     if not self.enabled:
       return
     if self._bar is not None:

@@ -48,8 +48,14 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where none was set."""
   global _threads
-  if backends_started():
-    _warn_if_started_unlike(config, cores)
+  if backends_started():  # Too late to set: a warning where XLA's own pool differs from the one wanted.
+    import jax
+    wanted = pool_size(config, cores, os.environ)
+    started = max(_base_pool(os.environ, cores), jax.local_device_count())  # XLA's own choice.
+    if wanted is not None and jax.default_backend() == "cpu" and started != wanted:
+      log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not "
+                  "%d): convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. "
+                  "pass the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
   if ours is not None and os.environ.get(THREADS_ENV) == ours:
@@ -59,17 +65,6 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
       os.environ[THREADS_ENV] = os.environ[THREADS_ADDED] = str(threads)
     _threads = f"; XLA's thread pool: {threads}, as on {config.parallel.invariant_shards} devices (parallel.invariant)"
   return threads
-
-
-def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
-  """Warns when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
-  import jax
-  if (wanted := pool_size(config, cores, os.environ)) is None or jax.default_backend() != "cpu":
-    return
-  if (started := max(_base_pool(os.environ, cores), jax.local_device_count())) != wanted:  # XLA's own choice.
-    log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not %d): "
-                "convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. pass "
-                "the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
 
 
 def _base_pool(environ: Mapping[str, str], cores: int) -> int:

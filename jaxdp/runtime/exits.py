@@ -96,8 +96,7 @@ def _in_chain(error: BaseException, kind: type) -> BaseException | None:
 
 def report(error: Exception) -> None:
   """Prints an unexpected error: an input failure as one `error:` line, anything else with its traceback."""
-  failure = input_failure(error)
-  if failure is None:
+  if (failure := input_failure(error)) is None:
     traceback.print_exception(error)
     return
   summary, kept_traceback = failure
