@@ -93,7 +93,8 @@ def test_the_summary_line_names_where_the_count_came_from(monkeypatch):
   count = jax.local_device_count()
   monkeypatch.setattr(cpu_devices, "_threads", "")
   monkeypatch.setattr(cpu_devices, "_chosen", count)
-  assert cpu_devices.describe() == f"{count}: config.cpu_devices={count}; --cpu_devices N or config.cpu_devices to choose"
+  chosen = f"{count}: config.cpu_devices={count}; --cpu_devices N or config.cpu_devices to choose"
+  assert cpu_devices.describe() == chosen
   monkeypatch.setattr(cpu_devices, "_chosen", count + 1)  # Not the count JAX runs on: why none was set.
   monkeypatch.setattr(cpu_devices, "_left", "JAX's own")
   assert cpu_devices.describe() == f"{count}: JAX's own"

@@ -27,11 +27,13 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
   n_eval = ds.num_examples(config.dataset.eval_split)
   steps_per_epoch = n_train // layout.global_batch
   steps = f"{config.num_train_steps:,} step{'s' * (config.num_train_steps != 1)}"
+  per_process = f" ({layout.process_batch} per process)" if layout.num_processes > 1 else ""
   targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
   return {
       "devices": _devices(backend),
       "backend": _backend(config.parallel.backend, backend),
-      "batch": _batch(layout),
+      "batch": (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}"
+                f"{per_process}; eval global {layout.eval_global_batch}"),
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {targets}"),
@@ -82,12 +84,6 @@ def _devices(backend: parallel.Backend) -> str:
   seen = distributed.devices_seen(taken, device.platform)
   return (f"{backend.num_devices} x {device.device_kind} ({device.platform}); {spread}; this one has {taken} of "
           f"the {'?' if seen is None else seen} devices it can see")
-
-
-def _batch(layout: config_lib.Layout) -> str:
-  per_process = f" ({layout.process_batch} per process)" if layout.num_processes > 1 else ""
-  return (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}{per_process}; "
-          f"eval global {layout.eval_global_batch}")
 
 
 def _backend(name: str, backend: parallel.Backend) -> str:

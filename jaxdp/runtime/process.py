@@ -22,13 +22,7 @@ def setup_logging() -> None:
 class _Stdout(logging.StreamHandler):
   """Writes to `sys.stdout` as it is at each line (a capture or redirect since setup), never to a stale stream."""
 
-  @property
-  def stream(self) -> object:
-    return sys.stdout
-
-  @stream.setter
-  def stream(self, value: object) -> None:  # StreamHandler sets it; the stream is always the current stdout.
-    del value
+  stream = property(lambda self: sys.stdout, lambda self, value: None)  # StreamHandler's own setting is ignored.
 
 
 def use_compilation_cache() -> None:
