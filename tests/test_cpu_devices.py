@@ -19,8 +19,8 @@ def test_auto_is_jaxs_own_count():
 
 
 def test_a_count_in_the_config_is_taken_and_a_bad_one_named():
-  assert cpu_devices.choose("3") == cpu_devices.Choice(3, "config.cpu_devices=3")
-  assert cpu_devices.choose(3).count == 3  # An int from Python.
+  assert cpu_devices.choose("3") == 3
+  assert cpu_devices.choose(3) == 3  # An int from Python.
   for bad in ("0", "-1", True, "two", 1.5, ""):
     with pytest.raises(ConfigError, match=f"config.cpu_devices must be 'auto' or a positive integer, got {bad!r}"):
       cpu_devices.choose(bad)
@@ -86,3 +86,15 @@ def test_a_pool_jax_started_with_before_jaxdp_is_a_warning_where_it_differs(monk
   config.parallel.invariant_shards = 16
   assert cpu_devices.fix_threads(config, 2) is None
   assert "(8 threads, not 16)" in caplog.text and "PJRT_NPROC=16 before JAX starts" in caplog.text, caplog.text
+
+
+def test_the_summary_line_names_where_the_count_came_from(monkeypatch):
+  import jax
+  count = jax.local_device_count()
+  monkeypatch.setattr(cpu_devices, "_threads", "")
+  monkeypatch.setattr(cpu_devices, "_chosen", count)
+  chosen = f"{count}: config.cpu_devices={count}; --cpu_devices N or config.cpu_devices to choose"
+  assert cpu_devices.describe() == chosen
+  monkeypatch.setattr(cpu_devices, "_chosen", count + 1)  # Not the count JAX runs on: why none was set.
+  monkeypatch.setattr(cpu_devices, "_left", "JAX's own")
+  assert cpu_devices.describe() == f"{count}: JAX's own"

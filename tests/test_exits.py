@@ -158,3 +158,17 @@ def test_exit_runs_the_atexit_handlers_and_flushes_before_it_ends():
   """)
   proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
   assert (proc.returncode, proc.stdout, proc.stderr) == (5, "unflushed", "atexit ran\n")
+
+
+def test_a_host_read_failing_in_any_of_jaxdps_packages_keeps_its_traceback():
+  """jaxdp's own code is the whole package (its data code included), not only the module's own folder."""
+  from jaxdp.report import units
+  try:
+    try:
+      units.duration("not seconds")  # Raises in jaxdp/report/, outside jaxdp/runtime/.
+    except TypeError as e:
+      raise exits.InputFailure("a read failed") from e
+  except exits.InputFailure as e:
+    summary, kept = exits.input_failure(e)
+  assert summary.startswith("an input worker failed: TypeError: ") and "units.py" in summary, summary
+  assert kept.startswith("Traceback (most recent call last):"), kept

@@ -14,7 +14,7 @@ from jax import monitoring
 from jaxdp import config as config_lib, feed, train, wrap
 from jaxdp.loop import goodput, preemption, replicas, step_metrics
 from jaxdp.report import metrics
-from jaxdp.runtime import compilation_cache
+from jaxdp.runtime import process
 
 CATEGORIES = ("train", "compile", "input", "eval", "checkpoint", "restore", "setup")
 
@@ -175,17 +175,17 @@ def test_a_program_read_from_the_persistent_cache_is_counted_as_such(tmp_path):
 def test_jaxdp_turns_the_compilation_cache_on_unless_jax_has_a_directory_or_has_it_off(tmp_path, monkeypatch):
   from jax.experimental.compilation_cache import compilation_cache as jax_cache
   before = jax.config.jax_compilation_cache_dir, jax.config.jax_enable_compilation_cache
-  monkeypatch.setattr(compilation_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "default"))
+  monkeypatch.setattr(process, "DEFAULT_CACHE_DIR", str(tmp_path / "default"))
   try:
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))  # JAX_COMPILATION_CACHE_DIR's.
-    compilation_cache.use()
+    process.use_compilation_cache()
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")  # The user's rules ...
     jax.config.update("jax_compilation_cache_dir", None)
     jax.config.update("jax_enable_compilation_cache", False)  # JAX_ENABLE_COMPILATION_CACHE=false.
-    compilation_cache.use()
+    process.use_compilation_cache()
     assert jax.config.jax_compilation_cache_dir is None  # ... off stays off ...
     jax.config.update("jax_enable_compilation_cache", True)
-    compilation_cache.use()
+    process.use_compilation_cache()
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "default")  # ... else jaxdp's directory.
   finally:
     jax.config.update("jax_compilation_cache_dir", before[0])

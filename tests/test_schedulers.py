@@ -142,7 +142,8 @@ def test_kubeflows_jax_variables_join_the_run(joined_with):
 
 
 def test_a_bad_process_count_in_the_environment_is_named(joined_with):
-  with pytest.raises(ConfigError, match="process count must be an integer, got 'four'"):
+  with pytest.raises(ConfigError, match=r"process count and id must be integers, got 'four' and '0' "
+                                        r"\(from JAX_NUM_PROCESSES and JAX_PROCESS_ID\)"):
     joined_with({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "four", "JAX_PROCESS_ID": "0"})
 
 

@@ -14,7 +14,7 @@ import pytest
 import runs
 
 from jaxdp import checkpoint, data, feed, train
-from jaxdp.runtime import compilation_cache
+from jaxdp.runtime import process
 from jaxdp.loop import evaluate, hooks
 from jaxdp.tools import sample
 from jaxdp.report import metrics, progress
@@ -184,7 +184,7 @@ def test_sample_text_takes_what_a_pmap_run_returns(tmp_path):
 
 def test_the_python_api_writes_jaxdps_compilation_cache_after_jax_compiled(config, tmp_path, monkeypatch):
   before = jax.config.jax_compilation_cache_dir
-  monkeypatch.setattr(compilation_cache, "DEFAULT_CACHE_DIR", str(tmp_path / "xla"))
+  monkeypatch.setattr(process, "DEFAULT_CACHE_DIR", str(tmp_path / "xla"))
   jax.config.update("jax_compilation_cache_dir", None)  # No JAX_COMPILATION_CACHE_DIR: jaxdp's directory.
   jax_cache.reset_cache()  # As a process that never had a cache directory (this one's was conftest's).
   jax.jit(lambda x: x * 3 + 1)(np.float32(2)).block_until_ready()  # As in a notebook: JAX's cache is open already.

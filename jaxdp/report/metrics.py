@@ -24,7 +24,9 @@ class JsonlWriter(Hook):
   def on_write(self, step: int, scalars: Mapping[str, float]) -> None:
     if not self.enabled:
       return
-    record = {"step": int(step), **{k: _json_value(v) for k, v in scalars.items()}}
+    # A numpy scalar or 0-d array as the Python number json can write.
+    record = {"step": int(step), **{k: v.item() if isinstance(v, np.generic | np.ndarray) else v
+                                    for k, v in scalars.items()}}
     with open(self.path, "a") as f:
       f.write(json.dumps(record) + "\n")
 
@@ -33,9 +35,8 @@ class TensorBoardWriter(Hook):
   """TensorBoard event files in the workdir, written without TensorFlow (`EventFile`); a no-op off process 0."""
 
   def __init__(self, workdir: str):
-    self.enabled = jax.process_index() == 0
     self._writer = None
-    if self.enabled:
+    if jax.process_index() == 0:
       from tensorboard.summary import Writer as EventWriter  # Only process 0 pays for the imports.
 
       from jaxdp.report.event_file import EventFile
@@ -55,9 +56,9 @@ class TensorBoardWriter(Hook):
       self._writer = None
 
 
-def trackers(workdir: str, tensorboard: bool = True) -> list[Hook]:
-  """The default trackers: metrics.jsonl plus (optionally) TensorBoard event files; both write on process 0 only."""
-  return [JsonlWriter(workdir)] + ([TensorBoardWriter(workdir)] if tensorboard else [])
+def trackers(workdir: str) -> list[Hook]:
+  """The default trackers: metrics.jsonl and TensorBoard event files; both write on process 0 only."""
+  return [JsonlWriter(workdir), TensorBoardWriter(workdir)]
 
 
 def read(workdir: str) -> list[dict]:
@@ -74,9 +75,7 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
   """Per-step train metrics over several steps as `prefix/key`: counts summed, state last, a weighted mean's
   Σ w·v / Σ w (left out where nothing weighs), the rest averaged."""
   out = {}
-  for k in history[0]:
-    if k == "weight":
-      continue
+  for k in (k for k in history[0] if k != "weight"):
     values = np.array([h[k] for h in history], np.float64)
     if k in COUNTS:
       out[f"{prefix}/{k}"] = float(values.sum())
@@ -93,28 +92,19 @@ def mean(history: Sequence[Mapping[str, Any]], prefix: str) -> dict[str, float]:
 
 def summarize_eval(sums: Mapping[str, Any], task: Any = None) -> dict[str, float]:
   """Eval sums by kind -> `eval/<name>` (a mean over its weight; then the task's `finalize`; "_" names left out)."""
-  scalars = {name: _ratio(float(total), float(sums["weight"][name])) for name, total in sums["mean"].items()}
+  weights = {name: float(w) for name, w in sums["weight"].items()}
+  scalars = {name: float(total) / weights[name] if weights[name] else float("nan")  # NaN where nothing weighs.
+             for name, total in sums["mean"].items()}
   scalars.update({name: float(v) for group in ("sum", "max") for name, v in sums[group].items()})
   scalars = dict(sorted(scalars.items(), key=lambda kv: kv[0] != "loss"))  # The loss first, as ever.
-  finalize = getattr(task, "finalize", None)
-  if finalize is not None:
+  if (finalize := getattr(task, "finalize", None)) is not None:
     scalars.update(finalize(dict(scalars)))
   out: dict[str, float] = {f"eval/{k}": v for k, v in scalars.items() if not k.startswith("_")}
   out["eval/num_examples"] = int(sums["num_examples"])
   return out
 
 
-def _ratio(total: float, weight: float) -> float:
-  """`total / weight`; NaN where nothing weighs."""
-  return total / weight if weight else float("nan")
-
-
 def is_number(value: object) -> bool:
   """Whether `value` is one real number (a bool or an array of more than one is not)."""
   return isinstance(value, numbers.Number | np.generic | np.ndarray) and not isinstance(value, bool) \
       and np.ndim(value) == 0
-
-
-def _json_value(value: object) -> object:
-  """A numpy scalar or 0-d array as the Python number json can write."""
-  return value.item() if isinstance(value, np.generic | np.ndarray) else value

@@ -65,12 +65,14 @@ class Reporter:
     """Once every step up to `step` is on the host: prints the train line; returns the `perf/...` scalars."""
     perf = self._close_window(step)
     self._loss = scalars.get("train/loss", self._loss)
-    self._print(train_line(step, self.total_steps, scalars, perf, self.eta_seconds(step), self.headline))
+    head = f"{_step_of(step, self.total_steps)} {100 * step / self.total_steps:3.0f}%"
+    eta = self.eta_seconds(step)
+    self.note(" | ".join([head, *figures(scalars, perf, eta, per_device=True, headline=self.headline)]))
     return perf
 
   def on_eval(self, step: int, scalars: Mapping[str, float]) -> None:
     """Prints the eval line; the next timing window starts now, after the eval."""
-    self._print(eval_line(step, self.total_steps, scalars, self.headline))
+    self.note(eval_line(step, self.total_steps, scalars, self.headline))
     self._window = (step, self._clock(), self._untimed())
 
   def close(self) -> None:
@@ -84,30 +86,31 @@ class Reporter:
     """Prints the average throughput of the timed steps (at the end of a run that finished)."""
     if self._timed_steps:
       step_time = self._timed_seconds / self._timed_steps
-      self._print(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
+      self.note(f"done | {self.global_batch / step_time:,.0f} ex/s on average | {1000 * step_time:.1f} ms/step "
                   f"over {self._timed_steps} timed steps ({units.duration(self._timed_seconds)})")
-
-  def note(self, line: str) -> None:
-    """Prints one more line (e.g. where the run's time went), on process 0."""
-    self._print(line)
 
   def eta_seconds(self, step: int) -> float | None:
     """Seconds left for the remaining steps at the average step time so far (None before any timing)."""
-    if not self._timed_steps:
-      return None
-    return (self.total_steps - step) * self._timed_seconds / self._timed_steps
+    return (self.total_steps - step) * self._timed_seconds / self._timed_steps if self._timed_steps else None
 
   def _close_window(self, step: int) -> dict[str, float]:
     """Throughput of the steps since the window began; starts the next window."""
     now, untimed = self._clock(), self._untimed()
-    if self._window is None or step <= self._window[0]:
-      self._window = (step, now, untimed)
+    window, self._window = self._window, (step, now, untimed)
+    if window is None or step <= window[0]:
       return {}
-    steps, seconds = step - self._window[0], self._timed_since_window(now, untimed)
-    self._window = (step, now, untimed)
+    steps, seconds = step - window[0], _timed_since(window, now, untimed)
     self._timed_steps += steps
     self._timed_seconds += seconds
-    return perf_scalars(seconds / steps, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops)
+    return self._perf(seconds / steps)
+
+  def _perf(self, step_seconds: float) -> dict[str, float]:
+    """Step time, examples per second (total and per device) and, when the peak is known, MFU."""
+    perf = {"perf/step_time": step_seconds, "perf/examples_per_second": self.global_batch / step_seconds,
+            "perf/examples_per_second_per_device": self.global_batch / step_seconds / self.num_devices}
+    if (mfu := flops_lib.mfu(self.flops_per_step, step_seconds, self.peak_flops)) is not None:
+      perf["perf/mfu"] = mfu
+    return perf
 
   def _open_bar(self) -> "_Bar":
     """The terminal's bar: jaxdp's figures in its description, not tqdm's own rate and remaining time."""
@@ -120,25 +123,17 @@ class Reporter:
 
   def _figures(self) -> str:
     """`loss 0.4123 | 5,234 ex/s | 24.5 ms/step | MFU 31.0% | ETA 0:00:07`, from the timing so far."""
-    step, now = self._step, self._clock()
-    # The current window's step time; just after a sync point, the average of the timed steps.
-    live = self._window_step_time(step, now) or (self._timed_seconds / self._timed_steps if self._timed_steps else None)
-    perf = perf_scalars(live, self.global_batch, self.num_devices, self.flops_per_step, self.peak_flops) if live else {}
-    eta = self.eta_seconds(step) if self._timed_steps else ((self.total_steps - step) * live if live else None)
+    step, window = self._step, self._window
+    average = self._timed_seconds / self._timed_steps if self._timed_steps else None
+    live = average  # Just after a sync point; else the current window's step time (dispatch-timed: close enough,
+    if window is not None and step > window[0]:  # as the steps in flight are bounded).
+      live = _timed_since(window, self._clock(), self._untimed()) / (step - window[0]) or average
+    perf = self._perf(live) if live else {}
+    eta = (self.total_steps - step) * (average or live) if live else None
     return " | ".join(figures({} if self._loss is None else {"train/loss": self._loss}, perf, eta, per_device=False))
 
-  def _window_step_time(self, step: int, now: float) -> float | None:
-    """The current window's step time so far (dispatch-timed; the bound on steps in flight keeps it close)."""
-    if self._window is not None and step > self._window[0]:
-      return self._timed_since_window(now, self._untimed()) / (step - self._window[0])
-    return None
-
-  def _timed_since_window(self, now: float, untimed: float) -> float:
-    """Seconds since the window began, less the untimed work done meanwhile."""
-    _, began, untimed_then = self._window
-    return now - began - (untimed - untimed_then)
-
-  def _print(self, line: str) -> None:
+  def note(self, line: str) -> None:
+    """Prints a line (a train or eval line, or e.g. where the run's time went) on process 0, above a bar."""
     if not self.enabled:
       return
     if self._bar is not None:
@@ -161,35 +156,24 @@ class _Bar(tqdm.tqdm):
     return {**super().format_dict, "prefix": self._describe()}
 
 
-def perf_scalars(step_seconds: float, global_batch: int, num_devices: int, flops_per_step: float | None,
-                 peak_flops: float | None) -> dict[str, float]:
-  """Step time, examples per second (total and per device) and, when the peak is known, MFU."""
-  perf = {"perf/step_time": step_seconds, "perf/examples_per_second": global_batch / step_seconds,
-          "perf/examples_per_second_per_device": global_batch / step_seconds / num_devices}
-  if (mfu := flops_lib.mfu(flops_per_step, step_seconds, peak_flops)) is not None:
-    perf["perf/mfu"] = mfu
-  return perf
+def _timed_since(window: tuple[int, float, float], now: float, untimed: float) -> float:
+  """Seconds since `window` (step, time, untimed seconds) began, less the untimed work done meanwhile."""
+  return now - window[1] - (untimed - window[2])
 
 
-def train_line(step: int, total: int, scalars: Mapping[str, float], perf: Mapping[str, float],
-               eta: float | None, headline: tuple[str, ...] = DEFAULT_HEADLINE) -> str:
-  """`step 50/400  12% | loss 0.4123 | acc 87.5% | 5,234 ex/s (654/device) | 24.5 ms/step | ETA 0:00:07`."""
-  head = f"step {step:>{len(str(total))}}/{total} {100 * step / total:3.0f}%"
-  return " | ".join([head, *figures(scalars, perf, eta, per_device=True, headline=headline)])
+def _step_of(step: int, total: int) -> str:
+  """`step  50/400`: the head of every line, the step right-aligned to the total's width."""
+  return f"step {step:>{len(str(total))}}/{total}"
 
 
 def metric_figures(scalars: Mapping[str, float], prefix: str, headline: tuple[str, ...]) -> list[str]:
   """`loss 0.4123`, then each headline metric that is there: `acc 87.5%` or `mse 0.1234` (4 significant digits)."""
-  parts = []
-  if f"{prefix}/loss" in scalars:
-    parts.append(f"loss {scalars[f'{prefix}/loss']:.4f}")
+  parts = [f"loss {scalars[f'{prefix}/loss']:.4f}"] if f"{prefix}/loss" in scalars else []
   for name in headline:
     if name == "loss" or (key := f"{prefix}/{name}") not in scalars:  # The loss is always first, once.
       continue
-    if name in PERCENT_LABELS:
-      parts.append(f"{PERCENT_LABELS[name]} {100 * scalars[key]:.1f}%")
-    else:
-      parts.append(f"{name} {scalars[key]:.4g}")
+    label = PERCENT_LABELS.get(name)
+    parts.append(f"{label} {100 * scalars[key]:.1f}%" if label else f"{name} {scalars[key]:.4g}")
   return parts
 
 
@@ -213,7 +197,7 @@ def figures(scalars: Mapping[str, float], perf: Mapping[str, float], eta: float 
 def eval_line(step: int, total: int, scalars: Mapping[str, float],
               headline: tuple[str, ...] = DEFAULT_HEADLINE) -> str:
   """`step 200/400 eval | loss 0.1234 | acc 97.2% | 360 examples`."""
-  parts = [f"step {step:>{len(str(total))}}/{total} eval", *metric_figures(scalars, "eval", headline)]
+  parts = [f"{_step_of(step, total)} eval", *metric_figures(scalars, "eval", headline)]
   if "eval/num_examples" in scalars:
     parts.append(f"{int(scalars['eval/num_examples']):,} examples")
   return " | ".join(parts)

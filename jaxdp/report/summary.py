@@ -21,31 +21,27 @@ TOPIC_WIDTH = 9  # Fixed, so that lines printed later (e.g. "compute") align wit
 
 def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layout: config_lib.Layout,
              ds: data.Dataset, model: Model, task: str = "") -> dict[str, str]:
-  """Topic -> one line of text, in the order printed (the step's FLOPs come later: see `compute`).
-
-  `task`: which task runs and why (`tasks.Resolved.describe`: "classification (inferred from integer labels)").
-  """
+  """Topic -> one line of text, in the order printed (the step's FLOPs later: `compute`); `task` from `tasks`."""
   count, nbytes = parameter_size(model)
   n_train = ds.num_examples(config.dataset.train_split)
   n_eval = ds.num_examples(config.dataset.eval_split)
   steps_per_epoch = n_train // layout.global_batch
   steps = f"{config.num_train_steps:,} step{'s' * (config.num_train_steps != 1)}"
+  per_process = f" ({layout.process_batch} per process)" if layout.num_processes > 1 else ""
   targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
-  lines = {
+  return {
       "devices": _devices(backend),
       "backend": _backend(config.parallel.backend, backend),
-      "batch": _batch(layout),
+      "batch": (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}"
+                f"{per_process}; eval global {layout.eval_global_batch}"),
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
       "data": (f"{ds.name} {config.dataset.train_split!r} {n_train:,} examples, "
                f"{config.dataset.eval_split!r} {n_eval:,}; input {ds.input_shape}, {targets}"),
+      **({"task": task} if task else {}),  # Which task runs and why, right after the data it reads.
       "features": features(ds),
       "schedule": (f"{steps}, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
   }
-  if not task:
-    return lines
-  at = list(lines).index("data") + 1  # Right after the data the task reads.
-  return {**dict(list(lines.items())[:at]), "task": task, **dict(list(lines.items())[at:])}
 
 
 def features(ds: data.Dataset) -> str:
@@ -55,16 +51,12 @@ def features(ds: data.Dataset) -> str:
   return held + ("; left out: " + ", ".join(f"{k} ({why})" for k, why in left_out.items()) if left_out else "")
 
 
-def format_summary(lines: dict[str, str]) -> str:
-  """The aligned block of text."""
-  return "\n".join(f"  {topic:<{TOPIC_WIDTH}} {text}" for topic, text in lines.items())
-
-
 def report(lines: dict[str, str], stream: TextIO | None = None, title: str | None = "jaxdp") -> None:
   """Prints the summary (or more lines of it) on process 0."""
   if jax.process_index() == 0:
     stream = stream if stream is not None else sys.stdout
-    stream.write((f"{title}\n" if title else "") + format_summary(lines) + "\n")
+    block = "".join(f"  {topic:<{TOPIC_WIDTH}} {text}\n" for topic, text in lines.items())
+    stream.write((f"{title}\n" if title else "") + block)
     stream.flush()
 
 
@@ -76,14 +68,9 @@ def parameter_size(model: Model) -> tuple[int, int]:
 
 def tree_bytes(tree: Any) -> int:
   """Bytes of one device's pieces of every leaf of `tree` (a leaf's shard where it carries a sharding)."""
-  return sum(_leaf_bytes(x) for x in jax.tree.leaves(tree))
-
-
-def _leaf_bytes(x: Any) -> int:
-  """Bytes of one device's piece of array or shape `x`."""
-  sharding = getattr(x, "sharding", None)
-  shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
-  return math.prod(shape) * np.dtype(x.dtype).itemsize
+  leaves = jax.tree.leaves(tree)
+  shapes = [x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape for x in leaves]
+  return sum(math.prod(shape) * np.dtype(x.dtype).itemsize for shape, x in zip(shapes, leaves))
 
 
 def _devices(backend: parallel.Backend) -> str:
@@ -97,12 +84,6 @@ def _devices(backend: parallel.Backend) -> str:
   seen = distributed.devices_seen(taken, device.platform)
   return (f"{backend.num_devices} x {device.device_kind} ({device.platform}); {spread}; this one has {taken} of "
           f"the {'?' if seen is None else seen} devices it can see")
-
-
-def _batch(layout: config_lib.Layout) -> str:
-  per_process = f" ({layout.process_batch} per process)" if layout.num_processes > 1 else ""
-  return (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}{per_process}; "
-          f"eval global {layout.eval_global_batch}")
 
 
 def _backend(name: str, backend: parallel.Backend) -> str:

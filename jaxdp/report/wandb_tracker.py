@@ -1,5 +1,6 @@
 """`jaxdp.WandbTracker`: every scalar record the loop writes, logged to Weights & Biases (the `wandb` extra)."""
 
+import contextlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -33,8 +34,8 @@ class WandbTracker(Hook):
     if "dir" not in kwargs and "WANDB_DIR" not in os.environ:
       kwargs["dir"] = info.workdir
     path = os.path.join(info.workdir, RUN_ID_FILE)
-    if "id" not in kwargs and (stored := _read(path)):
-      kwargs["id"] = stored  # Else W&B makes one, stored below.
+    with contextlib.suppress(OSError), open(path) as f:  # None (W&B makes one, stored below) on a first start.
+      kwargs.setdefault("id", f.read().strip() or None)
     kwargs.setdefault("resume", "allow")
     self.run = wandb.init(**kwargs)
     with open(path, "w") as f:  # After init: an id W&B refused is not kept.
@@ -48,12 +49,4 @@ class WandbTracker(Hook):
     if self.run is not None:
       self.run.finish()
       self.run = None
-
-
-def _read(path: str) -> str | None:
-  try:
-    with open(path) as f:
-      return f.read().strip() or None
-  except OSError:
-    return None
 

@@ -1,6 +1,5 @@
 """CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends."""
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -22,14 +21,7 @@ THREADS_ENV, THREADS_ENV_OLD = "PJRT_NPROC", "NPROC"
 THREADS_ADDED = "JAXDP_PJRT_NPROC"  # The PJRT_NPROC jaxdp set (inherited by child processes), not the user's.
 
 
-@dataclasses.dataclass(frozen=True)
-class Choice:
-  """The device count `config.cpu_devices` gives and why, as the start summary says it."""
-  count: int
-  why: str
-
-
-_choice: Choice | None = None  # This process's, once `use` set one.
+_chosen: int | None = None  # The count `use` set from `config.cpu_devices`, if any.
 _left: str = "JAX's own (jaxdp's process set-up did not run)"  # Else why `use` set none.
 _threads: str = ""  # The thread pool `fix_threads` set, as the start summary says it.
 
@@ -56,8 +48,14 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where none was set."""
   global _threads
-  if backends_started():
-    _warn_if_started_unlike(config, cores)
+  if backends_started():  # Too late to set: a warning where XLA's own pool differs from the one wanted.
+    import jax
+    wanted = pool_size(config, cores, os.environ)
+    started = max(_base_pool(os.environ, cores), jax.local_device_count())  # XLA's own choice.
+    if wanted is not None and jax.default_backend() == "cpu" and started != wanted:
+      log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not "
+                  "%d): convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. "
+                  "pass the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
   if ours is not None and os.environ.get(THREADS_ENV) == ours:
@@ -67,17 +65,6 @@ def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
       os.environ[THREADS_ENV] = os.environ[THREADS_ADDED] = str(threads)
     _threads = f"; XLA's thread pool: {threads}, as on {config.parallel.invariant_shards} devices (parallel.invariant)"
   return threads
-
-
-def _warn_if_started_unlike(config: ml_collections.ConfigDict, cores: int) -> None:
-  """Warns when JAX's CPU backend started (too early for `fix_threads`) with a pool other than `pool_size`."""
-  import jax
-  if (wanted := pool_size(config, cores, os.environ)) is None or jax.default_backend() != "cpu":
-    return
-  if (started := max(_base_pool(os.environ, cores), jax.local_device_count())) != wanted:  # XLA's own choice.
-    log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not %d): "
-                "convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. pass "
-                "the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
 
 
 def _base_pool(environ: Mapping[str, str], cores: int) -> int:
@@ -109,19 +96,19 @@ def _positive(text: str) -> int | None:
   return int(text) if text.strip().isdigit() and int(text) >= 1 else None
 
 
-def choose(setting: object) -> Choice | None:
+def choose(setting: object) -> int | None:
   """The count `config.cpu_devices = setting` asks for; None for "auto", JAX's own (docs/design-notes.md#cpu-devices)."""
   if setting == AUTO:
     return None
   text = str(setting) if isinstance(setting, (int, str)) and not isinstance(setting, bool) else ""
   if (asked := _positive(text)) is None:  # "N" (a string, so that --config.cpu_devices=N overrides it) or N.
     raise ConfigError(f"config.{KEY} must be {AUTO!r} or a positive integer, got {setting!r}")
-  return Choice(asked, f"config.{KEY}={asked}")
+  return asked
 
 
-def use(config: ml_collections.ConfigDict) -> Choice | None:
-  """Sets `config.cpu_devices` CPU devices in one process unless asked elsewhere or too late; the choice, or None."""
-  global _choice, _left
+def use(config: ml_collections.ConfigDict) -> int | None:
+  """Sets `config.cpu_devices` CPU devices in one process unless asked elsewhere or too late; the count, or None."""
+  global _chosen, _left
   import jax
   if (jax.config.jax_num_cpu_devices != -1 or requested([]) is not None
       or DEVICE_COUNT_FLAG in os.environ.get("XLA_FLAGS", "")):
@@ -129,25 +116,20 @@ def use(config: ml_collections.ConfigDict) -> Choice | None:
     return None
   if backends_started():
     _left = "JAX's: it had started before jaxdp could choose"
-    _check_started(config[KEY], jax.local_device_count(), jax.default_backend())
+    count, platform = jax.local_device_count(), jax.default_backend()
+    if platform == "cpu" and (asked := choose(config[KEY])) is not None and asked != count:
+      raise ConfigError(f"config.{KEY}={config[KEY]!r} comes too late: JAX already runs on {count} {platform} "
+                        f"device(s); set it before the first JAX call, or {ENV_VAR} before Python starts")
     return None
   if config.parallel.num_devices:
     _left = "JAX's (config.parallel.num_devices is set)"
     return None
-  if (choice := choose(config[KEY])) is None:
+  if (count := choose(config[KEY])) is None:
     _left = f"JAX's own (config.{KEY} {AUTO!r})"
     return None
-  jax.config.update("jax_num_cpu_devices", choice.count)
-  _choice = choice
-  return choice
-
-
-def _check_started(setting: object, count: int, platform: str) -> None:
-  """A ConfigError when `config.cpu_devices` names a count other than the one JAX's started CPU backend has."""
-  asked = choose(setting)
-  if platform == "cpu" and asked is not None and asked.count != count:
-    raise ConfigError(f"config.{KEY}={setting!r} comes too late: JAX already runs on {count} {platform} device(s); "
-                      f"set it before the first JAX call, or {ENV_VAR} before Python starts")
+  jax.config.update("jax_num_cpu_devices", count)
+  _chosen = count
+  return count
 
 
 def cores() -> int:
@@ -168,6 +150,5 @@ def describe() -> str:
   """The start summary's line: this process's CPU device count and where it came from."""
   import jax
   count = jax.local_device_count()
-  if _choice is not None and _choice.count == count:
-    return f"{count}: {_choice.why}; {FLAG} N or config.{KEY} to choose{_threads}"
-  return f"{count}: {_left}{_threads}"
+  why = f"config.{KEY}={count}; {FLAG} N or config.{KEY} to choose" if _chosen == count else _left
+  return f"{count}: {why}{_threads}"

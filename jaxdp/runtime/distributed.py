@@ -43,15 +43,11 @@ def _cluster() -> type | None:
   return None
 
 
-def _several(cluster: type) -> bool:
-  """Whether this process is one of several in `cluster` (an indexed Kubernetes Job: its size is the API's)."""
-  from jax._src import clusters
-  return cluster is clusters.K8sCluster or cluster.get_process_count() > 1
-
-
 def _cluster_detected() -> bool:
   """Whether JAX's cluster detection finds this process to be one of several (SLURM, Open MPI, Cloud TPU, K8s)."""
-  return (cluster := _cluster()) is not None and _several(cluster)
+  from jax._src import clusters
+  cluster = _cluster()  # An indexed Kubernetes Job's size is the API's: several, as it is a run.
+  return cluster is not None and (cluster is clusters.K8sCluster or cluster.get_process_count() > 1)
 
 
 def _visible_devices() -> int | None:
@@ -73,20 +69,15 @@ def _slurm_node() -> tuple[int, int | None]:
   return counts[node], int(per_task) if per_task.isdigit() else None
 
 
-def _ompi_node() -> tuple[int, int | None]:
-  """(processes on this node, None) from Open MPI's variables."""
-  return int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")), None
-
-
-_NODES = {"slurm": _slurm_node, "ompi": _ompi_node}  # Clusters that start several processes per node.
-
-
 def local_device_ids(cluster: type) -> list[int] | None:
   """The GPUs this process takes (`local_device_ids`): [] for all it sees, its local rank's share of GPUs the node's
   processes all see, or None (JAX's one per process) where the user set JAX_LOCAL_DEVICE_IDS or no local ranks exist."""
-  if os.environ.get(ENV_LOCAL_DEVICE_IDS) or getattr(cluster, "name", "") not in _NODES:
-    return None
-  here, per_task = _NODES[cluster.name]()
+  if os.environ.get(ENV_LOCAL_DEVICE_IDS) or getattr(cluster, "name", "") not in ("slurm", "ompi"):
+    return None  # Only SLURM and Open MPI start several processes per node.
+  if cluster.name == "slurm":
+    here, per_task = _slurm_node()
+  else:  # Open MPI: the processes on this node.
+    here, per_task = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1")), None
   visible, rank = _visible_devices(), cluster.get_local_process_id()
   if here <= 1 or visible == 0:
     return []
@@ -143,28 +134,17 @@ def die_with_launcher() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _from_environment() -> tuple[str, str, str]:
-  """(address, count, id) as text from jaxdp's variables, else JAX's (JAX_ENV): whichever names an address."""
-  for names in ((ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID), JAX_ENV):
-    if os.environ.get(names[0]):
-      return tuple(os.environ.get(name, "") for name in names)
-  return "", os.environ.get(ENV_NUM_PROCESSES, ""), os.environ.get(ENV_PROCESS_ID, "")
-
-
-def _integer(text: str, default: int, what: str) -> int:
-  """`text` as an integer (`default` when empty); a ConfigError naming `what` and the text otherwise."""
-  try:
-    return int(text) if text.strip() else default
-  except ValueError:
-    raise ConfigError(f"distributed: {what} must be an integer, got {text!r}") from None
-
-
 def settings() -> dict:
-  """Coordinator address, process count and id from the environment (`_from_environment`)."""
-  address, num_text, pid_text = _from_environment()
+  """Coordinator address, process count and id from jaxdp's variables, else JAX's: whichever names an address."""
+  ours = (ENV_COORDINATOR, ENV_NUM_PROCESSES, ENV_PROCESS_ID)
+  names = ours if os.environ.get(ENV_COORDINATOR) or not os.environ.get(JAX_ENV[0]) else JAX_ENV
+  address, num_text, pid_text = (os.environ.get(name, "") for name in names)
   address = address or None
-  num = _integer(num_text, 0, "the process count")
-  pid = _integer(pid_text, -1, "the process id")
+  try:  # Unset: no count, no id.
+    num, pid = int(num_text.strip() or 0), int(pid_text.strip() or -1)
+  except ValueError:
+    raise ConfigError(f"distributed: the process count and id must be integers, got {num_text!r} and {pid_text!r} "
+                      f"(from {names[1]} and {names[2]})") from None
   if address and (num < 1 or not 0 <= pid < num):
     raise ConfigError(f"distributed: coordinator {address!r} needs a process count >= 1 and 0 <= process id < "
                       f"count, got num_processes={num!r}, process_id={pid!r} (from {ENV_NUM_PROCESSES} and "
@@ -179,11 +159,10 @@ def initialize() -> bool:
     return True
   die_with_launcher()
   explicit = settings()
-  cluster = _cluster()
   if not explicit["coordinator_address"] and not _cluster_detected():
     return False
-  kwargs = {k: v for k, v in explicit.items() if explicit["coordinator_address"]}
-  if cluster is not None and (ids := local_device_ids(cluster)) is not None:
+  kwargs = dict(explicit) if explicit["coordinator_address"] else {}
+  if (cluster := _cluster()) is not None and (ids := local_device_ids(cluster)) is not None:
     kwargs["local_device_ids"] = ids
   if explicit["coordinator_address"] and explicit["process_id"] != 0:
     wait_for_coordinator(explicit["coordinator_address"], INIT_TIMEOUT_S)

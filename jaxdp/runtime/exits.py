@@ -8,12 +8,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import NoReturn
 
 log = logging.getLogger("jaxdp")
 
 THREAD_GRACE_S = 5.0  # How long non-daemon threads may still run once a command has returned.
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # jaxdp/, this file in jaxdp/runtime/.
 # The last frame of a worker's Python traceback in TensorFlow's message: '  File "PATH", line N, in NAME'.
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
 # What TensorFlow puts around a failed op's cause (its tags, a trailing `name:`, tf.data's prefix), and around a
@@ -26,14 +27,20 @@ _TF_ASSERTION = re.compile(r"^assertion failed: \[(.*)\]$")
 def release(error: BaseException) -> None:
   """Clears the locals of the finished frames that `error`, and every error chained to it, passed through."""
   # A tf.data iterator with calls in flight, kept by a traceback until interpreter shutdown, waits there forever.
+  for e in _chained(error):
+    traceback.clear_frames(e.__traceback__)  # Frames still running (the caller's) are skipped.
+
+
+def _chained(error: BaseException) -> Iterator[BaseException]:
+  """`error`, then each error it was raised from or while handling, and theirs, each once (a cause before a context)."""
   pending, seen = [error], set()
   while pending:
     e = pending.pop()
     if e is None or id(e) in seen:
       continue
     seen.add(id(e))
-    traceback.clear_frames(e.__traceback__)  # Frames still running (the caller's) are skipped.
-    pending += [e.__cause__, e.__context__]
+    yield e
+    pending += [e.__context__, e.__cause__]
 
 
 class InputFailure(Exception):
@@ -43,20 +50,15 @@ class InputFailure(Exception):
 def input_failure(error: BaseException) -> tuple[str, str] | None:
   """(one line, traceback kept only for jaxdp's own code, else "") for an input failure, or an error raised while
   handling one; None for anything else."""
-  read = _in_chain(error, (InputFailure,))
+  read = _in_chain(error, InputFailure)
   if read is not None:  # A read on the host: its cause is the source's own error, with its frames.
-    cause = read.__cause__ or read
-    where = [(f.filename, str(f.lineno), f.name) for f in traceback.extract_tb(cause.__traceback__)[-1:]]
-    return _summary(f"{type(cause).__name__}: {cause}", where, "".join(traceback.format_exception(cause)))
+    return _raised_here(read.__cause__ or read, chain=True)
   tf = sys.modules.get("tensorflow")  # No OpError can exist before TensorFlow loads; importing it would take seconds.
-  op_error = _in_chain(error, (tf.errors.OpError,)) if tf is not None else None
+  op_error = _in_chain(error, tf.errors.OpError) if tf is not None else None
   if op_error is None:
     return None
   if error is not op_error:  # Raised in this process's Python, while handling the worker's failure.
-    frame = traceback.extract_tb(error.__traceback__)[-1:]
-    where = [(f.filename, str(f.lineno), f.name) for f in frame]
-    text = "".join(traceback.format_exception(error, chain=False))
-    return _summary(f"{type(error).__name__}: {error}", where, text)
+    return _raised_here(error, chain=False)
   message = op_error.message or ""
   head, sep, worker = message.partition("Traceback (most recent call last):")
   if not sep:  # A TensorFlow op failed on the data.
@@ -72,6 +74,12 @@ def tf_cause(message: str) -> str:
   return _TF_ASSERTION.sub(r"\1", first)  # Only the assertion's brackets: a cause may end in its own ("[3] vs. [4]").
 
 
+def _raised_here(error: BaseException, chain: bool) -> tuple[str, str]:
+  """`_summary` of an error raised in this process's Python, at its innermost frame."""
+  where = [(f.filename, str(f.lineno), f.name) for f in traceback.extract_tb(error.__traceback__)[-1:]]
+  return _summary(f"{type(error).__name__}: {error}", where, "".join(traceback.format_exception(error, chain=chain)))
+
+
 def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple[str, str]:
   """The one line naming `cause` and its innermost frame; `text` kept only when that frame is jaxdp's."""
   if not frames:
@@ -81,21 +89,14 @@ def _summary(cause: str, frames: list[tuple[str, str, str]], text: str) -> tuple
   return f"an input worker failed: {cause} (at {os.path.relpath(path)}:{line}, in {name})", text if ours else ""
 
 
-def _in_chain(error: BaseException | None, types: tuple[type, ...]) -> BaseException | None:
-  """The first of `types` among `error` and the errors it was raised from or while handling."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    if isinstance(error, types):
-      return error
-    seen.add(id(error))
-    error = error.__cause__ or error.__context__
-  return None
+def _in_chain(error: BaseException, kind: type) -> BaseException | None:
+  """The first error of `kind` among `error` and the errors chained to it."""
+  return next((e for e in _chained(error) if isinstance(e, kind)), None)
 
 
 def report(error: Exception) -> None:
   """Prints an unexpected error: an input failure as one `error:` line, anything else with its traceback."""
-  failure = input_failure(error)
-  if failure is None:
+  if (failure := input_failure(error)) is None:
     traceback.print_exception(error)
     return
   summary, kept_traceback = failure

@@ -1,4 +1,4 @@
-"""What every command sets up in its process: jaxdp's log lines, the compilation cache, a multi-process run."""
+"""What every command sets up in its process: jaxdp's log lines, JAX's compilation cache, a multi-process run."""
 
 import logging
 import os
@@ -6,9 +6,8 @@ import sys
 
 import ml_collections
 
-from jaxdp.runtime import compilation_cache
-
 log = logging.getLogger("jaxdp")
+DEFAULT_CACHE_DIR = "~/.cache/jaxdp/xla"  # Where JAX's compilation cache is when JAX has none.
 
 
 def setup_logging() -> None:
@@ -23,19 +22,25 @@ def setup_logging() -> None:
 class _Stdout(logging.StreamHandler):
   """Writes to `sys.stdout` as it is at each line (a capture or redirect since setup), never to a stale stream."""
 
-  @property
-  def stream(self) -> object:
-    return sys.stdout
+  stream = property(lambda self: sys.stdout, lambda self, value: None)  # StreamHandler's own setting is ignored.
 
-  @stream.setter
-  def stream(self, value: object) -> None:  # StreamHandler sets it; the stream is always the current stdout.
-    del value
+
+def use_compilation_cache() -> None:
+  """Points JAX's compilation cache at DEFAULT_CACHE_DIR for every program, unless JAX has a directory or has it off."""
+  import jax
+  if jax.config.jax_compilation_cache_dir or not jax.config.jax_enable_compilation_cache:
+    return  # The user's (JAX_COMPILATION_CACHE_DIR, or set in Python), or off.
+  # JAX opens its cache at the first compile after a directory is set: a process that already compiled without one
+  # (a notebook) uses it from its next compile.
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(DEFAULT_CACHE_DIR))
+  if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def init(config: ml_collections.ConfigDict) -> None:
   """Turns the compile cache on; joins the run the environment names, else sets the CPU devices; quiets process > 0."""
   import jax
-  compilation_cache.use()
+  use_compilation_cache()
   from jaxdp.runtime import cpu_devices, distributed
   cpu_devices.fix_threads(config, cpu_devices.cores())  # Before JAX starts its CPU backend.
   if not distributed.initialize():
