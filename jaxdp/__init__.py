@@ -1,9 +1,5 @@
-"""jaxdp: data-parallel (DDP) training for JAX.
-
-Importing the package changes nothing in the process and loads neither JAX nor TensorFlow: public names load on
-first use. `python -m jaxdp.train` must not find jaxdp.train already imported by the package (runpy warns and runs
-it twice), and tools like `jaxdp.plot` start without JAX.
-"""
+"""jaxdp: data-parallel (DDP) training for JAX. Importing it loads neither JAX nor TensorFlow (public names load at
+first use), so `python -m jaxdp.train` does not find itself imported and `jaxdp.plot` starts without JAX."""
 
 import importlib
 from typing import Any

@@ -156,7 +156,8 @@ class Checkpointer:
 
   def _check_fits(self, step: int, stored: dict[str, Any], abstract: TrainState) -> None:
     """Raises a ConfigError naming what differs when the checkpoint does not fit the config."""
-    stored, wanted = {k: _describe(v) for k, v in stored.items()}, _shapes(abstract)
+    stored = {k: _describe(v) for k, v in stored.items()}
+    wanted = {k: _describe(v) for k, v in _leaves(abstract).items()}
     diffs = [(k, f"{k} is missing from the checkpoint") for k in wanted.keys() - stored.keys()]
     diffs += [(k, f"{k} is in the checkpoint, not in the config's model") for k in stored.keys() - wanted.keys()]
     diffs += [(k, f"{k} is {stored[k]} in the checkpoint, {wanted[k]} in the config")
@@ -169,14 +170,11 @@ class Checkpointer:
                         " (use another --workdir; the checkpoint is left untouched)")
 
 
-def _shapes(tree: Any) -> dict[str, str]:
-  """'path/to/leaf' -> 'float32[3,4]' for every array leaf of a state or its stored metadata."""
-  return {path: _describe(x) for path, x in _leaves(tree).items()}
-
-
 def _leaves(tree: Any) -> dict[str, Any]:
-  """'path/to/leaf' -> leaf for every array leaf of a state or its stored metadata."""
-  leaves = jax.tree_util.tree_leaves_with_path(_to_dicts(tree), is_leaf=lambda x: hasattr(x, "shape"))
+  """'path/to/leaf' -> leaf for every array leaf of a state (its paths read as the stored metadata's) or metadata."""
+  if isinstance(tree, TrainState):
+    tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+  leaves = jax.tree_util.tree_leaves_with_path(tree, is_leaf=lambda x: hasattr(x, "shape"))
   return {parameter_path(path): x for path, x in leaves}
 
 
@@ -185,13 +183,6 @@ def _describe(x: Any) -> str:
   if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     x = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
   return f"{np.dtype(x.dtype).name}{list(x.shape)}"
-
-
-def _to_dicts(tree: Any) -> Any:
-  """TrainState -> nested dict, so that its paths read like the stored metadata's."""
-  if not isinstance(tree, TrainState):
-    return tree
-  return {f.name: getattr(tree, f.name) for f in tree.__dataclass_fields__.values()}
 
 
 def check_best(config: ml_collections.ConfigDict, eval_metrics: Sequence[str] | None = None) -> None:

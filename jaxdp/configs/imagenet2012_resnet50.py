@@ -1,7 +1,5 @@
-"""ResNet-50 v1.5 on ImageNet (ILSVRC 2012): the data-parallel benchmark recipe of Goyal et al. (2017).
-
-TFDS `imagenet2012`, prepared as ArrayRecord: its build needs the ILSVRC tarballs in its manual_dir.
-"""
+"""ResNet-50 v1.5 on ImageNet (ILSVRC 2012), Goyal et al. (2017)'s data-parallel recipe; TFDS `imagenet2012` as
+ArrayRecord, whose build needs the ILSVRC tarballs in its manual_dir."""
 
 import ml_collections
 

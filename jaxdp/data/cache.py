@@ -1,8 +1,5 @@
-"""Splits that fit `dataset.cache_mb` decoded once, kept in files beside the prepared dataset, read by numpy gathers.
-
-Why: docs/design-notes.md#input-pipeline-choices. The files (`<dataset folder>/jaxdp_decoded/<split>/`: a `.npy` per
-feature, then the `.json`) are renamed into place under a file lock, so a killed writer leaves nothing that is read.
-"""
+"""Splits that fit `dataset.cache_mb` decoded once into files beside the prepared dataset (`jaxdp_decoded/<split>/`,
+renamed into place under a file lock), read by numpy gathers (docs/design-notes.md#input-pipeline-choices)."""
 
 import contextlib
 import fcntl

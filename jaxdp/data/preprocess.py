@@ -1,7 +1,5 @@
-"""Preprocessing: per batch in numpy (augmentation, normalization); per example in TF (crops of varying-size images).
-
-Every random draw is keyed by (seed, step, row in the global batch), never by which process or device reads it.
-"""
+"""Preprocessing: per batch in numpy (augmentation, normalization), per example in TF (crops of varying-size images);
+every random draw keyed by (seed, step, row in the global batch), never by the process or device reading it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""`synthetic_jpegs`: generated JPEGs of varying size, ImageNet-like by default, for the input pipeline (offline).
-
-    --config.dataset.name=synthetic_jpegs --config.dataset.image_size=224    # 256 train, 64 test images
-
-Labels cycle through the classes and carry no signal (as torchvision's FakeData).
-"""
+"""`synthetic_jpegs`: generated JPEGs of varying size (ImageNet-like by default; 256 train, 64 test), labels cycling
+through the classes with no signal (as torchvision's FakeData), for the input pipeline offline."""
 
 import dataclasses
 import io

@@ -1,11 +1,6 @@
-"""The data-order audit's recorder: which examples every step trained on (`config.audit_data=True`).
-
-Each process appends the example ids (positions in the train split) of its rows of every global batch to
-WORKDIR/audit/SEGMENT.pINDEX.ids (int64: step, then the ids), with a JSON header beside it; process 0
-appends every checkpointed step to SEGMENT.saves. A segment is one run of the loop (a start or a resume).
-The ids are those the reader read (`DataParallel.batches(on_ids=)`), in stream order; `python -m jaxdp.audit`
-checks them. The `data/digest` metric is the global order's batch (no process holds the whole batch as read).
-"""
+"""The data-order audit's recorder (`config.audit_data`): each process appends its example ids of every step to
+WORKDIR/audit/SEGMENT.pINDEX.ids (int64: the step, then the ids; a JSON header beside it), process 0 each checkpointed
+step to SEGMENT.saves, a segment per run of the loop; `python -m jaxdp.audit` checks them (docs/faults.md)."""
 
 import collections
 import hashlib

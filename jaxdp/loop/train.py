@@ -79,14 +79,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *, model
                        hooks: Sequence[hooks_lib.Hook] = ()) -> Result:
   """Trains `config` to `num_train_steps`, resuming from WORKDIR/checkpoints/ when it has one.
 
-  Objects override the config's names: `model` an NNX module class or instance (its current parameters are
-  the init) or a linen module; `task` a function or task object `task(model, batch) -> (loss, metrics)`;
-  `train_data`/`eval_data` a dict of numpy arrays or a random-access source; `optimizer` any optax
-  GradientTransformation (its own schedule and decay; config.max_grad_norm still clips the reduced gradient
-  before it). The checkpoints' config records them as "<object ...>", so that `jaxdp.evaluate` on the workdir
-  says which argument to pass. `hooks`: `jaxdp.Hook`s called after log steps, evals, checkpoints and every N
-  steps (docs/hooks.md). In a process of a multi-process run (`python -m jaxdp.launch -- my_train.py`) it joins
-  the run first.
+  Objects replace the config's names (recorded as "<object ...>"): `model` an NNX module class or instance or a linen
+  module, `task` a function or task object, `train_data`/`eval_data` arrays or a random-access source, `optimizer`
+  any optax GradientTransformation; `hooks`: `jaxdp.Hook`s (docs/hooks.md). Under `jaxdp.launch` it joins the run.
   """
   config = config_lib.with_defaults(config)
   given = dict(model=model, task=task, train_data=train_data, eval_data=eval_data, optimizer=optimizer)

@@ -1,7 +1,4 @@
-"""A TensorBoard event file written with Python's own file I/O, for `tensorboard.summary.Writer`.
-
-TensorBoard's own `DirectoryOutput` opens files through `tf.io.gfile`, which imports TensorFlow where installed.
-"""
+"""A TensorBoard event file written with Python's own file I/O (TensorBoard's `DirectoryOutput` imports TensorFlow)."""
 
 import os
 import socket

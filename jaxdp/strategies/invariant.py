@@ -1,8 +1,5 @@
-"""The invariant strategy: fixed micro-shards summed along one fixed binary tree, bitwise alike on 1, 2, 4, ... devices.
-
-Each device sums its subtree, an all-gather brings the N subtree sums to every device, and each finishes the tree
-in the same order; randomness is keyed by the global piece index, never by the device.
-"""
+"""The invariant strategy: fixed micro-shards summed along one fixed binary tree (each device its subtree, then an
+all-gather and the same finish everywhere), bitwise alike on 1, 2, 4, ... devices; randomness by piece, not device."""
 
 import functools
 from typing import Any
