@@ -379,9 +379,7 @@ def cell_report(workload: str, procs: int, cell: dict[str, list[dict]]) -> list[
 def report(runs: list[dict], revision: str, load_before: float, check: dict | None = None) -> list[str]:
   """The markdown: header, acceptance cells, one section per cell."""
   lines = abrun.header("Four-way study: jaxdp CLI vs plain JAX vs eager PyTorch / torchrun DDP, end to end",
-                       load_before, "jaxdp: its defaults (one device per process); "
-                       "; plain JAX and torch: one device per process; 2 processes "
-                       "over gloo (every side)")
+                       load_before, "every side: its defaults, one device per process; 2 processes over gloo")
   lines += [f"- ISA: {isa()}; jaxdp: {revision}; torch {abrun.torch_version()}",
             "- each side with its own defaults (threads, XLA flags); each run a fresh command; sides alternate, "
             "each round starting one side later"]
