@@ -38,6 +38,11 @@ class Resolved:
     """Whether float inputs reach the model in the compute dtype (not for token ids)."""
     return not self.ds.integer_inputs
 
+  @property
+  def headline(self) -> tuple[str, ...]:
+    """The metrics the progress line shows (`tasks.headline`)."""
+    return tasks.headline(self.task)
+
 
 @dataclasses.dataclass
 class Parts(Resolved):
@@ -56,12 +61,13 @@ class Parts(Resolved):
     return self.dp.strategy
 
 
-def resolve(config: ml_collections.ConfigDict, num_devices: int, *, model: Any = None, task: Any = None,
+def resolve(config: ml_collections.ConfigDict, num_devices: int | None = None, *, model: Any = None, task: Any = None,
             train_data: Any = None, eval_data: Any = None,
             optimizer: optax.GradientTransformation | None = None) -> Resolved:
-  """Validates `config` for `num_devices` and resolves its names, the objects given overriding them; ConfigError
-  names any bad value."""
+  """Validates `config` for `num_devices` (default: `parallel.num_devices`, else all) and resolves its names, the
+  objects given overriding them; ConfigError names any bad value."""
   config = config_lib.with_defaults(config)
+  num_devices = num_devices or config.parallel.num_devices or jax.device_count()
   layout = config_lib.validate(config, num_devices, jax.process_count())
   strategies.select(config).validate(config, layout)
   # Data objects only when given: a data.load without those parameters still serves named datasets.
@@ -83,10 +89,9 @@ def resolve(config: ml_collections.ConfigDict, num_devices: int, *, model: Any =
 
 
 def build(config: ml_collections.ConfigDict, devices: list[jax.Device] | None = None, **given: Any) -> Parts:
-  """`resolve`, on `DataParallel.from_config` over `devices` (default: all, or `parallel.num_devices`), with its steps."""
+  """`resolve` on `DataParallel.from_config` over `devices` (default: all, or `parallel.num_devices`), with steps."""
   config = config_lib.with_defaults(config)
-  num_devices = len(devices) if devices else config.parallel.num_devices or jax.device_count()
-  run = resolve(config, num_devices, **given)
+  run = resolve(config, len(devices) if devices else None, **given)
   dp = DataParallel.from_config(run.named, devices)
   init = dp.prepare(run.model, run.tx, seed=config.seed)
   fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(Resolved)}

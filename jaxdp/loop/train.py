@@ -1,4 +1,4 @@
-"""The trainer: `train_and_evaluate(config, workdir)`, one loop on `jaxdp.DataParallel` (the CLI: `jaxdp.tools.train`)."""
+"""The trainer: `train_and_evaluate(config, workdir)`, one loop on `jaxdp.DataParallel` (CLI: `jaxdp.tools.train`)."""
 
 import collections
 import contextlib
@@ -59,6 +59,7 @@ class _Run:
   dp: DataParallel
   workdir: str
   state: Any
+  start: int                # The restored state's step (0: a fresh state).
   recorder: audit.Recorder  # Each step's example ids (config.audit_data) and the logged data/digest.
   clock: goodput.Clock      # Wall time per category (steps, compilation, input, ...), summed over restarts.
   batches: Any = None       # feed.Feeder: the train batches on the devices, from the restored step on.
@@ -109,8 +110,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
            given: dict[str, Any]) -> _Run:
   """The config's objects on its `DataParallel`, reported; the newest checkpoint (or a fresh state); the batches."""
   with clock.span("setup"):
-    num_devices = config.parallel.num_devices or jax.device_count()
-    run = build.resolve(config, num_devices, **given)
+    run = build.resolve(config, **given)
     dp = stack.enter_context(DataParallel.from_config(run.named))
     _check_workdir(workdir)
     stack.enter_context(workdir_lock.hold(workdir))  # Before anything is written there: one run per workdir.
@@ -133,19 +133,19 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
     recorder = stack.enter_context(contextlib.closing(audit.start(
         workdir, config, run.ds, run.layout.global_batch, start, dp.restored_from, jax.process_index(),
         jax.process_count(), dp.num_devices, read)))
-  return _Run(run, dp, workdir, state, recorder, clock, batches)
+  return _Run(run, dp, workdir, state, start, recorder, clock, batches)
 
 
 def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) -> Result:
   """The loop: step, log, check replicas, evaluate, checkpoint; stop cleanly when preempted."""
   config, state, clock, dp, batches = run.config, run.state, run.clock, run.dp, run.batches
-  backend, total = dp.backend, config.num_train_steps
-  start = int(backend.get(state.step))
+  backend, total, start = dp.backend, config.num_train_steps, run.start
   train_step = dp.train_step(run.run.task, cast_inputs=run.run.cast_inputs)
   with clock.span("compile"):  # XLA's compile of the step, and the tracing and lowering before it.
     step_flops = dp.flops(state, batches) if start < total else None
   device = backend.devices[0]
-  summary.report({"compute": summary.compute(step_flops, flops_lib.peak_flops(device), device)}, title=None)
+  peak = flops_lib.peak_flops(device)
+  summary.report({"compute": summary.compute(step_flops, peak, device)}, title=None)
   summary.report({"compile": run.clock.compiles.describe()}, title=None)
   with clock.span("setup"):
     hooks = stack.enter_context(contextlib.closing(hooks_lib.Hooks(  # The trackers write on process 0 only.
@@ -153,8 +153,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
     # The step time leaves out eval and checkpoint saves, as the clock times them (one timer for both).
     reporter = stack.enter_context(contextlib.closing(progress.Reporter(
         total, start, run.run.layout.global_batch, backend.num_devices, flops_per_step=step_flops,
-        peak_flops=flops_lib.peak_flops(device), untimed_seconds=clock.between_steps,
-        headline=tuple(getattr(run.run.task, "headline", ())))))
+        peak_flops=peak, untimed_seconds=clock.between_steps, headline=run.run.headline)))
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
