@@ -120,14 +120,13 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
 
   def _drain(self) -> None:
     """Drops whatever the queue holds, without waiting."""
-    while True:
-      try:
-        self._queue.get_nowait()
-      except queue.Empty:
-        return
+    while not self._queue.empty():  # This thread alone takes from it: what `empty` denies is there to take.
+      self._queue.get_nowait()
 
   def __del__(self) -> None:
-    if hasattr(self, "_thread"):  # Not when __init__ failed before the thread existed.
+    # Not when __init__ failed before the thread existed, nor once closed: at interpreter exit a global feeder is
+    # collected after the modules `close` reads.
+    if hasattr(self, "_thread") and not self._stop.is_set():
       self.close()
 
 

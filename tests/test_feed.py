@@ -3,6 +3,8 @@ on the devices; bitwise the same training as one transfer per step; errors reach
 
 import gc
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -166,6 +168,26 @@ def test_dropping_the_iterator_stops_its_thread():
   while runs.prefetch_threads() and time.monotonic() < deadline:
     time.sleep(0.01)
   assert not runs.prefetch_threads()
+
+
+GLOBAL_FEEDER = """
+import sys
+import numpy as np
+import jaxdp
+batches = jaxdp.DataParallel().batches({"inputs": np.zeros((64, 4), np.float32), "labels": np.zeros(64, np.int32)},
+                                       batch_size=8)
+next(batches)
+if sys.argv[1] == "closed":
+  batches.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["closed", "open"])
+def test_a_script_s_global_batches_end_with_it_silently(how):
+  # A script's feeder lives until interpreter exit, when it is collected after the modules its `close` reads.
+  proc = subprocess.run([sys.executable, "-c", GLOBAL_FEEDER, how], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_device_batches_of_a_real_backend_in_order():
