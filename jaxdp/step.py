@@ -73,7 +73,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
 
   # A NaN/Inf reaches every replica through the reductions: all skip this update alike (the batch is consumed).
   # Inside the cond, the old and new states are never both alive, and no select is fused into the update
-  # (a fused select rounded it differently from program to program).
+  # (a fused select rounded it differently from program to program; docs/design-notes.md#nan-guard).
   new_state = lax.cond(finite & (weight > 0), apply, lambda: state).replace(step=state.step + 1)
   reported = {k: v for k, v in task_lib.flatten({**sums, "mean": means}).items() if not k.startswith("_")}
   out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),

@@ -112,6 +112,35 @@ def test_the_quickstart_is_two_commands_and_its_test_command_is_what_ci_runs():
   assert second == ci_test_command() == "python -m pytest tests"
 
 
+def _anchor(heading: str) -> str:
+  """A Markdown heading's anchor, as GitHub makes it: lower case, spaces to dashes, other punctuation dropped."""
+  return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def cited_sections_missing(root: pathlib.Path = ROOT) -> list[str]:
+  """Each `docs/PAGE.md#anchor` that code under jaxdp/ cites and that no heading of PAGE makes, as `file: cite`."""
+  missing = []
+  for path in sorted((root / "jaxdp").rglob("*.py")):
+    for page, anchor in re.findall(r"docs/([\w-]+\.md)#([\w-]+)", path.read_text()):
+      doc = root / "docs" / page
+      headings = re.findall(r"^#+ (.+)$", doc.read_text(), re.M) if doc.exists() else []
+      if anchor not in map(_anchor, headings):
+        missing.append(f"{path.relative_to(root)}: docs/{page}#{anchor}")
+  return missing
+
+
+def test_every_section_the_code_cites_exists():
+  assert not cited_sections_missing()
+
+
+def test_the_citation_check_catches_a_section_that_is_gone(tmp_path):
+  (tmp_path / "jaxdp").mkdir()
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "notes.md").write_text("# Notes\n\n## Loop host costs\n")
+  (tmp_path / "jaxdp" / "m.py").write_text("# docs/notes.md#loop-host-costs and docs/notes.md#nan-guard\n")
+  assert cited_sections_missing(tmp_path) == ["jaxdp/m.py: docs/notes.md#nan-guard"]
+
+
 def test_config_md_is_generated_from_the_default_config():
   assert (ROOT / "docs" / "config.md").read_text() == config_doc.render(), "run: python tests/config_doc.py"
 
