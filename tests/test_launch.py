@@ -39,30 +39,14 @@ def test_relay_keeps_python_output_as_it_is(capsys):
 
 def test_launched_processes_print_apart_from_native_stdout(monkeypatch):
   script = "from jaxdp.runtime import process; process.setup_logging(); print('python'); process.log.info('log')"
-  env = {**launch._env(0, launch.parse(["--num_processes", "2", "--", "x"]), 1234, None)}
+  env = {**launch._env(0, launch.parse(["--num_processes", "2", "--", "x"]), 1234)}
   out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
   assert (out.stdout, out.stderr) == ("", "python\nlog\n")  # Python's lines never meet gloo's on stdout.
 
 
-def test_cpu_shares_split_the_cores_without_overlap():
-  cores = [0, 1, 2, 3, 4, 5, 6, 7]
-  assert [launch.cpu_share(r, 3, cores) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
-  assert [launch.cpu_share(r, 3, [4, 5]) for r in range(3)] == [[4], [5], [4]]  # More processes than cores.
-
-
-def test_pinned_processes_get_their_share_and_thread_counts(monkeypatch):
-  monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-  args = launch.parse(["--num_processes", "2", "--pin_cpus", "--", "--config", "x.py"])
-  shares = launch._shares(args)
-  cores = sorted(launch.os.sched_getaffinity(0))
-  assert sorted(c for share in shares for c in share) == (cores if len(cores) >= 2 else cores * 2)
-  assert launch._env(1, args, 1234, shares[1])["OMP_NUM_THREADS"] == str(len(shares[1]))
-  assert launch._shares(launch.parse(["--num_processes", "2", "--", "x"])) == [None, None]  # Off by default.
-
-
 def test_the_users_xla_flags_reach_every_process_without_a_device_count(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_cpu_multi_thread_eigen=false")
-  env = launch._env(0, launch.parse(["--num_processes", "2", "--devices_per_process", "2", "--", "x"]), 1234, None)
+  env = launch._env(0, launch.parse(["--num_processes", "2", "--devices_per_process", "2", "--", "x"]), 1234)
   assert env["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false" and env["JAXDP_CPU_DEVICES"] == "2"
 
 
@@ -233,13 +217,11 @@ def test_a_rank_is_left_out_only_when_the_same_process_fails_again_before_joinin
   assert _restarted(launcher, launch.Failure(0, 3, joined=False)) == 2  # ... so the new rank 0 fails a first time.
 
 
-def test_a_process_is_told_it_restarted_only_when_it_did_and_keeps_the_users_thread_count(monkeypatch):
+def test_a_process_is_told_it_restarted_only_when_it_did(monkeypatch):
   monkeypatch.setenv(goodput.ENV_RESTARTED, "1")  # Inherited from a launcher started by a restarted one.
-  monkeypatch.setenv("OMP_NUM_THREADS", "7")
-  args = launch.parse(["--num_processes", "2", "--pin_cpus", "--", "x"])
-  assert goodput.ENV_RESTARTED not in launch._env(0, args, 1234, None)
-  assert launch._env(0, args, 1234, None, restarted=True)[goodput.ENV_RESTARTED] == "1"
-  assert launch._env(0, args, 1234, [0])["OMP_NUM_THREADS"] == "7"  # The user's own count wins over the share's.
+  args = launch.parse(["--num_processes", "2", "--", "x"])
+  assert goodput.ENV_RESTARTED not in launch._env(0, args, 1234)
+  assert launch._env(0, args, 1234, restarted=True)[goodput.ENV_RESTARTED] == "1"
 
 
 def test_the_workdir_is_found_in_either_spelling():

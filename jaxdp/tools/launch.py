@@ -27,7 +27,6 @@ GRACE_S = 10.0  # How long processes stopped by an interrupt get to checkpoint a
 # After a process failed the others cannot finish (their collectives wait for the lost one): waiting only delays.
 LOST_GRACE_S = 0.5
 CONFIG_ERROR = 2  # jaxdp's exit status for a config or command-line mistake: restarting cannot help.
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # Set to a pinned process's cores.
 # gloo's connection lines, written piece by piece to native stdout from several threads: dropped wherever they fall
 # (a launched process prints Python's lines to stderr instead). docs/design-notes.md#launch
 GLOO_PIECES = re.compile(r"\[Gloo\] Rank |is connected to |peer ranks\. |Expected number of connected peer ranks is : ")
@@ -45,13 +44,6 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def cpu_share(rank: int, num_processes: int, cores: list[int]) -> list[int]:
-  """The cores process `rank` runs on: its contiguous 1/P of `cores` (one core, shared, when P > cores)."""
-  if num_processes >= len(cores):
-    return [cores[rank % len(cores)]]
-  return cores[rank * len(cores) // num_processes:(rank + 1) * len(cores) // num_processes]
-
-
 @dataclasses.dataclass
 class Failure:
   """The first process of a group to fail: rank, status (negative: its signal), whether it had joined the run."""
@@ -60,9 +52,9 @@ class Failure:
   joined: bool
 
 
-def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None, size: int = 0,
-         joined_file: str = "", restarted: bool = False) -> dict[str, str]:
-  """Process `rank`'s environment: how it joins the run, its devices, and its thread counts when pinned."""
+def _env(rank: int, args: argparse.Namespace, port: int, size: int = 0, joined_file: str = "",
+         restarted: bool = False) -> dict[str, str]:
+  """Process `rank`'s environment: how it joins the run and its devices."""
   env = dict(os.environ)
   if "XLA_FLAGS" in env:  # The user's flags reach every process; the device count is --devices_per_process.
     env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if not f.startswith(cpu_devices.DEVICE_COUNT_FLAG))
@@ -75,17 +67,7 @@ def _env(rank: int, args: argparse.Namespace, port: int, share: list[int] | None
     env[distributed.ENV_JOINED_FILE] = joined_file
   if restarted:
     env[goodput.ENV_RESTARTED] = "1"
-  for name in THREAD_VARS if share else ():  # XLA and tf.data size their pools from the affinity; BLAS needs these.
-    env.setdefault(name, str(len(share)))
   return env
-
-
-def _shares(args: argparse.Namespace, size: int = 0) -> list[list[int] | None]:
-  """Each process's cores when pinning (Linux), else None for each."""
-  size = size or args.num_processes
-  if not (args.pin_cpus and hasattr(os, "sched_setaffinity")):
-    return [None] * size
-  return [cpu_share(r, size, sorted(os.sched_getaffinity(0))) for r in range(size)]
 
 
 def _relay(rank: int, stream: typing.TextIO, native: bool = False) -> None:
@@ -106,12 +88,10 @@ class Group:
     port = args.port or free_port()
     self.joined_files = [os.path.join(state_dir, f"joined-{attempt}-{r}") for r in range(size)]
     self.procs = []
-    for r, share in enumerate(_shares(args, size)):
-      env = _env(r, args, port, share, size, self.joined_files[r], restarted=attempt > 0)
+    for r in range(size):
+      env = _env(r, args, port, size, self.joined_files[r], restarted=attempt > 0)
       self.procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          start_new_session=True))
-      if share:  # From here, not preexec_fn (unsafe once our relay threads run): before the child starts JAX.
-        os.sched_setaffinity(self.procs[-1].pid, share)
     self.relays = [threading.Thread(target=_relay, args=(r, stream, stream is p.stdout), daemon=True)
                    for r, p in enumerate(self.procs) for stream in (p.stderr, p.stdout)]
     for t in self.relays:
@@ -249,8 +229,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
   add("--num_processes", type=int, required=True, help="Local processes to start.")
   add("--devices_per_process", type=int, default=1, help="CPU devices each process simulates.")
   add("--port", type=int, default=0, help="Coordinator port on 127.0.0.1 (0: a free one).")
-  add("--pin_cpus", action=argparse.BooleanOptionalAction, default=False,  # Off: docs/design-notes.md#launch
-      help="Pin each process to its own 1/P of the cores, with as many BLAS/OpenMP threads (Linux).")
   add("--max_restarts", type=int, default=0, help="Start the whole group again after a process dies (not after "
       "status 2), this many times; the processes resume from the newest checkpoint.")
   add("--min_processes", type=int, default=0, help="Elastic: go on with fewer processes, down to this many, when a "
