@@ -55,20 +55,20 @@ def read_splits(path: str, test_fraction: float) -> dict[str, dict[str, np.ndarr
   names = _batch_names(path, features)
   with np.load(path, allow_pickle=False) as f:
     raw = {s: {k: f[f"{k}_{s}" if both else k] for k in features} for s in (SPLITS if both else ("",))}
-  for split, arrays in raw.items():
-    _check_rows(path, split, arrays, names)
+  for split, columns in raw.items():
+    _check_rows(path, split, columns, names)
   if both:
     splits = raw
   else:
-    arrays = raw[""]
-    n = len(next(iter(arrays.values())))
+    columns = raw[""]
+    n = len(next(iter(columns.values())))
     n_test = int(round(n * test_fraction))
     if not 0 < n_test < n:
       raise ConfigError(f"test_fraction {test_fraction!r} of the {n} examples of {path!r} leaves a split empty")
     order = np.random.RandomState(SPLIT_SEED).permutation(n)
-    splits = {"train": {k: a[order[n_test:]] for k, a in arrays.items()},
-              "test": {k: a[order[:n_test]] for k, a in arrays.items()}}
-  return {s: {names[k]: _as_batched(names[k], a) for k, a in arrays.items()} for s, arrays in splits.items()}
+    splits = {"train": {k: a[order[n_test:]] for k, a in columns.items()},
+              "test": {k: a[order[:n_test]] for k, a in columns.items()}}
+  return {s: {names[k]: _as_batched(names[k], a) for k, a in columns.items()} for s, columns in splits.items()}
 
 
 def _batch_names(path: str, features: tuple[str, ...]) -> dict[str, str]:
