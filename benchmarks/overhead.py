@@ -3,12 +3,14 @@
     python benchmarks/overhead.py [--devices 1,2] [--workloads cnn,mlp] [--rounds 41] [--steps 3] \
         [--out benchmarks/results/overhead.md]
 
-Both contenders train the same model with the same optimizer on the same global batch, over the same
+The contenders train the same model with the same optimizer on the same global batch, over the same
 mesh, donate their state, and are fed the same device-resident batch:
   jaxdp     `parallel.make_backend("mesh", n).map_train(step.train_step)`: jit(shard_map) with an
             explicit `lax.pmean` of the gradients, NaN/Inf guard, loss and accuracy metrics;
   baseline  `jax.jit` of loss -> grad -> optax update over the global batch with in/out shardings
             (state replicated, batch sharded) and donation; XLA's partitioner inserts the all-reduce.
+  unguarded jaxdp's step with its NaN guard's predicate constant (XLA drops the branch): what the guard costs
+            (docs/design-notes.md#nan-guard).
 Contenders alternate every round (A B A B ...); each round yields one median step time per
 contender; the ratios jaxdp / baseline are taken per round and reported as median [interquartile range].
 """
@@ -28,6 +30,7 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
@@ -97,6 +100,14 @@ def jaxdp_contender(env: dict[str, Any], step_fn: Callable | None = None) -> Ste
   return Stepper(train, state, env["item"])  # What a jaxdp step takes: a block of one step and its index.
 
 
+class Unguarded(strategies.DataParallel):
+  """Plain data parallelism whose finite check always passes: XLA compiles the update without its branch."""
+
+  def finite(self, loss: jax.Array, grads: Any, axis: Any) -> jax.Array:
+    del loss, grads, axis
+    return jnp.bool_(True)
+
+
 def baseline_contender(env: dict[str, Any]) -> Stepper:
   """A minimal hand-written data-parallel step: plain jax.jit with shardings and donation, no shard_map."""
   model, tx, mesh = env["model"], env["tx"], env["backend"].mesh
@@ -132,6 +143,7 @@ def measure(workload: str, num_devices: int, rounds: int, steps: int) -> dict[st
   contenders = {
       "jaxdp": jaxdp_contender(env),
       "baseline": baseline_contender(env),
+      "unguarded": jaxdp_contender(env, functools.partial(step_lib.train_step, strategy=Unguarded(env["options"]))),
   }
   return abrun.alternate(contenders, rounds, steps)
 
@@ -147,14 +159,15 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
             "steps), one after the other; step times are that round's median, ratios are per round; shown "
             f"as median [interquartile range] over rounds; clock: {args.clock}. Target: jaxdp / baseline <= "
             f"{TARGET}.", "",
-            "| workload | devices | jaxdp ms | baseline ms | **jaxdp / baseline** | target met |",
-            "| --- " * 6 + "|"]
+            "| workload | devices | jaxdp ms | baseline ms | **jaxdp / baseline** | target met | unguarded / baseline |",
+            "| --- " * 7 + "|"]
   for (workload, n), r in results.items():
     fields, shape, batch = WORKLOADS[workload]
     main = abrun.ratios(r["jaxdp"], r["baseline"])
     met = "yes" if abrun.spread(main)["median"] <= TARGET else "**no**"
     lines.append(f"| {workload} {shape}, batch {batch} | {n} | {abrun.fmt_ms(r['jaxdp'])} | "
-                 f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt_iqr(main)}** | {met} |")
+                 f"{abrun.fmt_ms(r['baseline'])} | **{abrun.fmt_iqr(main)}** | {met} | "
+                 f"{abrun.fmt_iqr(abrun.ratios(r['unguarded'], r['baseline']))} |")
   return lines
 
 

@@ -1,5 +1,6 @@
 """The benchmarks' pieces and their fairness: A/B alternation, same models, same updates, the GPU check (tiny)."""
 
+import functools
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import gpu_check  # noqa: E402
 import overhead  # noqa: E402
 
 from jaxdp import models  # noqa: E402
+from jaxdp import step as step_lib  # noqa: E402
 from jaxdp.tools import launch  # noqa: E402
 from jaxdp.config import ConfigError  # noqa: E402
 
@@ -49,10 +51,12 @@ def test_overhead_contenders_compute_the_same_update(monkeypatch):
   monkeypatch.setitem(overhead.WORKLOADS, "tiny", ({"name": "cnn", "features": (4,), "dense": 8}, (4, 4, 1), 16))
   env = {**overhead.setup("tiny", 2), "tx": optax.sgd(0.5)}
   jaxdp_run, baseline = overhead.jaxdp_contender(env), overhead.baseline_contender(env)
-  for contender in [jaxdp_run, baseline]:
+  unguarded = overhead.jaxdp_contender(env, functools.partial(
+      step_lib.train_step, strategy=overhead.Unguarded(env["options"])))
+  for contender in [jaxdp_run, baseline, unguarded]:
     assert len(contender(3)) == 3
   expected = jax.device_get(jaxdp_run.state.params)
-  for params in [baseline.state[0]]:
+  for params in [baseline.state[0], unguarded.state.params]:
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), jax.device_get(params), expected)
   assert int(jaxdp_run.state.step) == 3
 
