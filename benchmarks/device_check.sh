@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 25's accelerator check as one command for the `device` tool: benchmarks/gpu_check.py (GPT-2 small
 # tokens/s and MFU, ResNet-18 images/s) with XLA's defaults, then with the flags JAX's GPU performance guide
-# recommends, each under its own time limit; results and logs in $OUT.
+# recommends, then benchmarks/overhead.py on one device (what the NaN guard's branch costs there:
+# docs/design-notes.md#nan-guard), each under its own time limit; results and logs in $OUT.
 #
 # The H200 machine has jax (CUDA), flax and optax, but neither ml_collections (which jaxdp's configs import)
 # nor a network. So, here, once per session, fetch it as a wheel for its Python 3.12:
@@ -32,3 +33,6 @@ timeout 270 "$python" benchmarks/gpu_check.py --size "$size" "${extra[@]}" --out
 XLA_FLAGS="--xla_gpu_triton_gemm_any=true --xla_gpu_enable_latency_hiding_scheduler=true" \
   timeout 200 "$python" benchmarks/gpu_check.py --size "$size" "${extra[@]}" --out "$out/gpu_check_guide_flags.json" 2>&1 \
   | tee "$out/gpu_check_guide_flags.log"
+rounds=21; [ "$size" = tiny ] && rounds=1
+timeout 60 "$python" benchmarks/overhead.py --real_devices --devices 1 --workloads mlp,cnn --rounds "$rounds" \
+  --steps 5 --out "$out/overhead.md" 2>&1 | tee "$out/overhead.log"

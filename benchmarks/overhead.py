@@ -1,7 +1,7 @@
 """Framework overhead: jaxdp's train step against a minimal hand-written `jax.jit` step, on 1 and 2 devices.
 
     python benchmarks/overhead.py [--devices 1,2] [--workloads cnn,mlp] [--rounds 41] [--steps 3] \
-        [--out benchmarks/results/overhead.md]
+        [--real_devices] [--out benchmarks/results/overhead.md]
 
 The contenders train the same model with the same optimizer on the same global batch, over the same
 mesh, donate their state, and are fed the same device-resident batch:
@@ -19,7 +19,8 @@ import sys
 
 from jaxdp.runtime import cpu_devices
 
-if __name__ == "__main__":  # Before JAX is imported: XLA reads XLA_FLAGS once.
+REAL_DEVICES = "--real_devices"  # The machine's own devices (an accelerator), not 2 simulated CPU devices.
+if __name__ == "__main__" and REAL_DEVICES not in sys.argv:  # Before JAX starts its backends.
   cpu_devices.simulate(2)
 
 import argparse  # noqa: E402
@@ -153,8 +154,8 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
   """Markdown: header, then per workload and device count the step times and ratios."""
   dev = jax.devices()[0]
   lines = abrun.header("Framework overhead: jaxdp step vs a hand-written jax.jit step", load_before,
-                       f"{jax.device_count()} x {dev.platform} ({dev.device_kind}), fake devices sharing the "
-                       f"cores; jax {jax.__version__}")
+                       f"{jax.device_count()} x {dev.platform} ({dev.device_kind})"
+                       f"{'' if args.real_devices else ', fake devices sharing the cores'}; jax {jax.__version__}")
   lines += [f"{args.rounds} rounds; each round runs every contender for {args.steps} steps (after 3 warm-up "
             "steps), one after the other; step times are that round's median, ratios are per round; shown "
             f"as median [interquartile range] over rounds; clock: {args.clock}. Target: jaxdp / baseline <= "
@@ -174,6 +175,8 @@ def report(results: dict[tuple[str, int], dict[str, list[float]]], args: argpars
 def main(argv: list[str]) -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--devices", default="1,2", help="comma-separated device counts (at most 2)")
+  p.add_argument(REAL_DEVICES, action="store_true", help="run on the machine's devices (e.g. a GPU), not 2 "
+                 "simulated CPU devices")
   p.add_argument("--workloads", default="cnn,mlp", help=f"comma-separated, from {', '.join(WORKLOADS)}")
   p.add_argument("--rounds", type=int, default=41)
   p.add_argument("--steps", type=int, default=3, help="timed steps per contender and round")

@@ -110,7 +110,7 @@ def test_resnet_imagenet_stem_is_an_option_and_a_bad_stem_is_named():
     build(stem="vgg")
 
 
-def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags(tmp_path):
+def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags_then_the_overhead(tmp_path):
   root = os.path.join(os.path.dirname(__file__), os.pardir)
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   env.update(OUT=str(tmp_path), SIZE="tiny", ARGS="--steps 1 --warmup 1 --models gpt", PYTHON=sys.executable)
@@ -122,6 +122,9 @@ def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags(tmp_pat
   assert defaults["device"]["xla_flags"] == "" and "--xla_gpu_triton_gemm_any=true" in guide["device"]["xla_flags"]
   assert defaults["gpt"]["tokens_per_second"] > 0 and guide["gpt"]["tokens_per_second"] > 0
   assert "jax " in (tmp_path / "device.txt").read_text()
+  overhead = (tmp_path / "overhead.md").read_text()
+  assert "- devices: 1 x cpu (cpu); jax" in overhead  # The machine's own device, none simulated.
+  assert len([line for line in overhead.splitlines() if line.startswith("| mlp")]) == 1
 
 
 def test_gpu_check_runs_at_a_tiny_size_on_cpu(tmp_path):
