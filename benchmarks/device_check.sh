@@ -33,6 +33,6 @@ timeout 270 "$python" benchmarks/gpu_check.py --size "$size" "${extra[@]}" --out
 XLA_FLAGS="--xla_gpu_triton_gemm_any=true --xla_gpu_enable_latency_hiding_scheduler=true" \
   timeout 200 "$python" benchmarks/gpu_check.py --size "$size" "${extra[@]}" --out "$out/gpu_check_guide_flags.json" 2>&1 \
   | tee "$out/gpu_check_guide_flags.log"
-rounds=21; [ "$size" = tiny ] && rounds=1
-timeout 60 "$python" benchmarks/overhead.py --real_devices --devices 1 --workloads mlp,cnn --rounds "$rounds" \
-  --steps 5 --out "$out/overhead.md" 2>&1 | tee "$out/overhead.log"
+overhead=(--rounds 21 --steps 5 --workloads mlp,cnn); [ "$size" = tiny ] && overhead=(--rounds 1 --steps 1 --workloads mlp)
+timeout 60 "$python" benchmarks/overhead.py --real_devices --devices 1 "${overhead[@]}" --out "$out/overhead.md" 2>&1 \
+  | tee "$out/overhead.log"
