@@ -64,6 +64,7 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
   """`(device block, index)` for each step of `batches`, one thread placing blocks `depth` ahead; `waited`: the
   seconds `next` waited for it; its errors are raised by the `next` of their step; stopped by `close` or at the end."""
   JOIN_S = 30.0  # How long `close` waits for the thread to finish the block it is reading.
+  _EMPTY = queue.Empty  # Held by the class: at interpreter exit the module's globals may already be gone.
 
   def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int, *,
                on_ids: Callable[[np.ndarray], None] | None = None, abstract: PyTree = None, about: str = ""):
@@ -120,8 +121,11 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
 
   def _drain(self) -> None:
     """Drops whatever the queue holds, without waiting."""
-    while not self._queue.empty():  # This thread alone takes from it: what `empty` denies is there to take.
-      self._queue.get_nowait()
+    while True:
+      try:
+        self._queue.get_nowait()
+      except self._EMPTY:
+        return
 
   def __del__(self) -> None:
     # Not when __init__ failed before the thread existed, nor once closed: at interpreter exit a global feeder is

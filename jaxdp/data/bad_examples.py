@@ -40,8 +40,10 @@ def is_failure(error: BaseException) -> bool:
 
 def swapped(indices: np.ndarray, swaps: Mapping[int, int] | None) -> np.ndarray:
   """`indices` (this process's rows of one step) with the rows in `swaps` replaced."""
+  if not swaps:  # Every step of a clean stream: no copy.
+    return indices
   out = np.array(indices, copy=True)
-  out[list(swaps or {})] = list((swaps or {}).values())
+  out[list(swaps)] = list(swaps.values())
   return out
 
 
