@@ -69,10 +69,15 @@ def _default(config: Any, key: str) -> str:
 
 
 def _configs() -> str:
-  """A table of the ready configs, each described by its module docstring's first line."""
-  rows = [f"| `jaxdp/configs/{path.name}` | {_cell(ast.get_docstring(ast.parse(path.read_text())).splitlines()[0])} |"
+  """A table of the ready configs, each described by its module docstring's first paragraph (wrapped lines joined)."""
+  rows = [f"| `jaxdp/configs/{path.name}` | {_cell(_summary(path))} |"
           for path in sorted(DEFAULT.parent.glob("*.py")) if path.name != "__init__.py"]
   return "\n## Ready configs\n\n| config | what |\n| --- | --- |\n" + "\n".join(rows) + "\n"
+
+
+def _summary(path: pathlib.Path) -> str:
+  """A module docstring's first paragraph, its wrapped lines joined."""
+  return " ".join(ast.get_docstring(ast.parse(path.read_text())).split("\n\n")[0].split())
 
 
 def _cell(text: str) -> str:
