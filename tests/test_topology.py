@@ -10,7 +10,8 @@ from jaxdp.tools import inspect, topology
 from jaxdp.config import ConfigError
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="needs libtpu: pip install -e '.[tpu]' (CI installs it)")
+                                reason="needs libtpu: pip install -e '.[tpu]' (CI's Python 3.11 job installs it; "
+                                       "its job on the newest JAX does not)")
 
 WIDTH, DEPTH = 20_000, 5  # An MLP of 1.6 billion parameters on digits (8x8 inputs, 10 classes).
 P = 64 * WIDTH + WIDTH + (DEPTH - 1) * (WIDTH * WIDTH + WIDTH) + WIDTH * 10 + 10
