@@ -140,7 +140,7 @@ class DataParallel:
     replica = functools.partial(step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task,
                                 cast_inputs=cast_inputs)
     self._train = replica, self.backend.map_train(replica)
-    return wrap.bounded(self._train[1], self.backend)
+    return wrap.train_step(self._train[1], self.backend)
 
   def flops(self, state: step_lib.TrainState, batches: feed.Feeder) -> float | None:
     """FLOPs per device of one step of the last `train_step` on `batches` (XLA's cost analysis; None where the
@@ -233,20 +233,20 @@ class DataParallel:
 
   def step(self, fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]) -> Callable:
     """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
-    `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
+    `state` donated. The state enters as each device's own copy, as in DDP: a bare `jax.grad` is this device's
+    gradient (`lax.pmean` it), `dp.value_and_grad` the global batch's. Returned values must agree on every device
+    (unchecked: docs/your-own-loop.md)."""
     if self.strategy.shards_state:
       raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
-    mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
-                           out_specs=P(), check_vma=self.backend.checked)
-    return wrap.bounded(jax.jit(mapped, donate_argnums=0), self.backend)
+    return wrap.user_step(fn, self.backend)
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
     """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
     weights) becomes `(params, batch, *args) -> (loss, grads)` over the GLOBAL batch: Σw·ℓ/Σw and its gradient,
     reduced across devices by the strategy (micro-batches: grad_accum_steps), the same on every device."""
-    return wrap.value_and_grad(loss_fn, self.strategy, self.backend.axis)
+    return wrap.value_and_grad(loss_fn, self.strategy, strategies.DataAxis(parallel.AXIS, mark_varying=False))
 
   def _open(self, data: Any, split: str | None, train: bool) -> tuple[datalib.Dataset, str]:
     """The dataset of a name or of data objects (opened once per object) and the split to read."""
