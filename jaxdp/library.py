@@ -101,9 +101,10 @@ class DataParallel:
     return self._restore(restore, init, None)[0] if restore else self.backend.init(init)
 
   def replicate(self, tree: PyTree) -> PyTree:
-    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`."""
+    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`.
+    A copy: `@dp.step` donates its state, and the caller's own arrays must outlive it."""
     sharding = NamedSharding(self.backend.mesh, P())
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, jnp.asarray(x)), tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.array(jnp.asarray(x))), tree)
 
   def batches(self, data: Any, *, batch_size: int, seed: int = 0, start_step: int = 0, stop_step: int | None = None,
               split: str | None = None, on_ids: Callable[[np.ndarray], None] | None = None) -> feed.Feeder:

@@ -41,3 +41,118 @@ def test_one_sgd_step_in_dp_step_is_the_full_batch_gradient(num_devices, habit):
 
   state, _ = step(dp.replicate({"p": params, "opt": tx.init(params)}), dp.backend.put_step(batch))
   np.testing.assert_allclose(params["w"] - np.asarray(state["p"]["w"]), np.asarray(want["w"]), rtol=1e-5)
+
+
+def _weighted(model: object, batch: dict) -> tuple:
+  """Cross-entropy weighted by the batch's "weight"."""
+  loss = optax.softmax_cross_entropy_with_integer_labels(model(batch["inputs"]), batch["labels"])
+  return Metric(loss, weights=batch["weight"]), {}
+
+
+def _classes(weight: np.ndarray) -> dict[str, np.ndarray]:
+  rng = np.random.default_rng(1)
+  n = len(weight)
+  return {"inputs": rng.normal(size=(n, 4)).astype(np.float32), "labels": rng.integers(0, 3, n).astype(np.int32),
+          "weight": weight.astype(np.float32)}
+
+
+def _until_refused(step: object, state: object, batches: object) -> str:
+  """The message of the ConfigError a loop over `batches` raises (a later call than the bad one may raise it)."""
+  with pytest.raises(jaxdp.ConfigError) as e:
+    for batch in batches:
+      state = step(state, batch)[0]
+  return str(e.value)
+
+
+def test_negative_weights_are_refused_in_train_step_naming_the_metric_and_the_step():
+  from flax import nnx
+  weight = np.ones(64)
+  weight[40] = -0.5  # Step 3's batch (rows 32..47 of a 16-row batch order 0..3 are step 3's; any one is refused).
+  dp = jaxdp.DataParallel()
+  state = dp.init(nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1))
+  for batch in dp.batches(_classes(np.ones(64)), batch_size=16, stop_step=2):  # Steps are named from the state's.
+    state = dp.train_step(_weighted)(state, batch)[0]
+  data = _classes(weight)
+  ids = []
+  message = _until_refused(dp.train_step(_weighted), state, dp.batches(data, batch_size=16, start_step=2,
+                                                                       stop_step=8, on_ids=lambda i: ids.append(i)))
+  step = next(i for i, rows in enumerate(ids, 3) if 40 in rows)
+  assert message.startswith(f"metric 'loss' has 1 negative weights at step {step}:") and "in the loss" in message
+
+
+def test_negative_weights_are_refused_in_dp_step_naming_the_loss_and_the_call():
+  batch, params = _regression()
+  dp = jaxdp.DataParallel()
+
+  def signed(p: dict, batch: dict) -> Metric:
+    return Metric(_per_example(p, batch), weights=batch["a"])
+
+  @dp.step
+  def step(state: dict, batch: dict) -> tuple:
+    loss, grads = dp.value_and_grad(signed)(state, batch)
+    return jax.tree.map(lambda p, g: p - g, state, grads), {"loss": loss}
+
+  good, bad = {**batch, "a": np.ones(32, np.float32)}, {**batch, "a": np.linspace(-1, 1, 32).astype(np.float32)}
+  put = dp.backend.put_step
+  message = _until_refused(step, dp.replicate(params), [put(good), put(bad)] + [put(good)] * 4)
+  assert message.startswith("metric 'signed' has 16 negative weights at call 2 of step:")
+
+
+@pytest.mark.parametrize("total", [0.32, 0.0])
+def test_value_and_grad_and_train_step_give_the_mean_gradient_of_fractional_weights(total):
+  """Weights summing to less than 1 divide as any other; weights summing to 0 give no gradient and skip the step."""
+  from flax import nnx
+  weight = np.full(32, total / 32)
+  data = _classes(weight)
+  module = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+  graph, params = nnx.split(module)
+
+  def loss_fn(p: object, batch: dict) -> Metric:
+    return _weighted(lambda x: nnx.merge(graph, p)(x), batch)[0]
+
+  def mean(p: object) -> jax.Array:
+    m = loss_fn(p, data)
+    return (m.values * m.weights).sum() / m.weights.sum()
+
+  want = jax.grad(mean)(params) if total else jax.tree.map(jnp.zeros_like, params)
+  dp = jaxdp.DataParallel()
+  tx, decay = optax.sgd(1.0), optax.add_decayed_weights(0.5)  # Decay moves the parameters without a gradient.
+
+  @dp.step
+  def step(state: object, batch: dict) -> tuple:
+    _, grads = dp.value_and_grad(loss_fn)(state, batch)
+    return optax.apply_updates(state, decay.update(grads, decay.init(state), state)[0]), {"grads": grads}
+
+  kept, metrics = step(dp.replicate(params), dp.backend.put_step(data))
+  state = dp.init(module, tx)
+  trained, trained_metrics = dp.train_step(_weighted)(state, dp.backend.put_step(data))
+  stepped = [a - b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(dp.backend.get(trained.params)))]
+  for got in (jax.tree.leaves(metrics["grads"]), stepped):
+    for g, w in zip(got, jax.tree.leaves(want), strict=True):
+      np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-7)
+  assert int(metrics["zero_weight"]) == int(trained_metrics["zero_weight"]) == (total == 0)
+  if not total:  # Skipped as train_step skips it: the state as it came in.
+    for a, b in zip(jax.tree.leaves(dp.backend.get(kept)), jax.tree.leaves(params)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_normalize_gives_no_gradient_where_the_weight_is_not_positive():
+  from jaxdp import step as step_lib
+  grads = {"w": jnp.full((3,), 2.0)}
+  for weight in (0.0, -4.0):
+    np.testing.assert_array_equal(step_lib.normalize(grads, jnp.float32(weight))["w"], 0.0)
+  np.testing.assert_allclose(step_lib.normalize(grads, jnp.float32(0.25))["w"], 8.0)
+
+
+def test_replicate_copies_so_a_donating_step_leaves_the_callers_arrays_alive():
+  dp = jaxdp.DataParallel()
+  mine = {"w": jnp.arange(4.0), "n": np.ones(3, np.float32)}
+
+  @dp.step
+  def step(state: dict, batch: dict) -> tuple:
+    return jax.tree.map(lambda x: x + 1, state), {"rows": batch["x"].sum()}
+
+  state = step(dp.replicate(mine), dp.backend.put_step({"x": np.ones((8, 1), np.float32)}))[0]
+  np.testing.assert_array_equal(np.asarray(mine["w"]), np.arange(4.0))  # Not deleted by the donation.
+  np.testing.assert_array_equal(np.asarray(mine["n"]), 1.0)
+  np.testing.assert_array_equal(dp.backend.get(state)["w"], np.arange(4.0) + 1)

@@ -119,7 +119,7 @@ def per_row(metrics: Mapping[str, Metric], real: jax.Array) -> dict[str, Any]:
 
 def refuse_negative(counts: Mapping[str, Any], where: str) -> None:
   """ConfigError naming the first mean metric with negative weights (`counts`: their number by name) and `where`."""
-  for name, count in counts.items():
+  for name, count in sorted(counts.items(), key=lambda kv: kv[0] != "loss"):  # The loss first, as ever.
     if count > 0:
       raise ConfigError(f"metric {name!r} has {int(count)} negative weights at {where}: a weight is a mean's "
                         "normalizer (a mask, a count); a signed per-example factor (an advantage) belongs in the loss "
