@@ -156,3 +156,80 @@ def test_replicate_copies_so_a_donating_step_leaves_the_callers_arrays_alive():
   np.testing.assert_array_equal(np.asarray(mine["w"]), np.arange(4.0))  # Not deleted by the donation.
   np.testing.assert_array_equal(np.asarray(mine["n"]), 1.0)
   np.testing.assert_array_equal(dp.backend.get(state)["w"], np.arange(4.0) + 1)
+
+
+def _linear(dp: jaxdp.DataParallel, seed: int = 0) -> object:
+  from flax import nnx
+  return dp.init(nnx.Linear(4, 3, rngs=nnx.Rngs(seed)), optax.sgd(0.1))
+
+
+def test_every_batches_call_after_a_restore_is_held_to_the_checkpoints_stream(tmp_path):
+  data = _classes(np.ones(64))
+  dp = jaxdp.DataParallel()
+  state, step = _linear(dp), dp.train_step(_weighted)
+  for batch in dp.batches(data, batch_size=16, seed=0, stop_step=2):
+    state = step(state, batch)[0]
+  dp.save(str(tmp_path), state)
+  again = jaxdp.DataParallel()
+  _, start = again.restore(str(tmp_path), _linear(again, 1))
+  again.batches(data, batch_size=16, seed=0, start_step=start).close()  # The checkpoint's own stream: taken.
+  with pytest.raises(jaxdp.ConfigError, match="seed 0 -> 1"):  # A later call is held too, not only the first.
+    again.batches(data, batch_size=16, seed=1, start_step=start)
+
+
+def test_restore_step_n_restores_that_step_of_two(tmp_path):
+  data = _classes(np.ones(64))
+  dp = jaxdp.DataParallel()
+  state, step = _linear(dp), dp.train_step(_weighted)
+  saved = {}
+  for batch in dp.batches(data, batch_size=16, stop_step=4):
+    state = step(state, batch)[0]
+    if int(dp.backend.get(state.step)) in (2, 4):
+      saved[dp.save(str(tmp_path), state)] = dp.backend.get(state.params)
+  again = jaxdp.DataParallel()
+  for n in (2, 4):
+    restored, at = again.restore(str(tmp_path), _linear(again, 1), step=n)
+    assert at == n
+    for a, b in zip(jax.tree.leaves(again.backend.get(restored.params)), jax.tree.leaves(saved[n]), strict=True):
+      np.testing.assert_array_equal(a, b)
+
+
+def test_evaluate_on_a_named_dataset_reads_its_eval_split(data_dir):
+  from flax import nnx
+  from jaxdp import data as datalib
+  from jaxdp.configs import default
+  from jaxdp.tasks import Classification
+  config = default.get_config().dataset
+  config.update(name="digits", data_dir=data_dir)
+  ds = datalib.load(config)
+  test, train = ds.num_examples(config.eval_split), ds.num_examples(config.train_split)
+  assert test != train
+
+
+  class Flat(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+      self.out = nnx.Linear(64, 10, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+      return self.out(x.reshape(x.shape[0], -1))
+
+  dp = jaxdp.DataParallel(data_dir=data_dir)
+  state = dp.init(Flat, optax.sgd(0.1))
+  assert dp.evaluate(state, Classification(), "digits", batch_size=72)["eval/num_examples"] == test
+
+
+def test_float16_at_loss_scale_1_counts_a_nonfinite_gradient_of_a_finite_loss_as_nonfinite():
+  """At scale 1 halving cannot help: the step is a NaN step the guard counts, not an overflow forever."""
+  import nan_models
+  from flax import nnx
+  from jaxdp.tasks import Classification
+  rng = np.random.default_rng(0)
+  data = {"inputs": rng.normal(size=(16, 64)).astype(np.float32), "labels": rng.integers(0, 10, 16).astype(np.int32)}
+  dp = jaxdp.DataParallel(dtype="float16")
+  state = dp.init(nan_models.OneNaNGradient(rngs=nnx.Rngs(0)), optax.sgd(0.1))
+  step = dp.train_step(Classification())
+  for scale, nonfinite, overflow in ((1.0, 1, 0), (2.0, 0, 1)):
+    state = state.replace(loss_scale=state.loss_scale.replace(scale=dp.replicate(np.float32(scale))))
+    state, metrics = step(state, dp.backend.put_step(data))
+    assert (int(metrics["nonfinite"]), int(metrics["overflow"])) == (nonfinite, overflow), scale
+    assert np.isfinite(float(metrics["loss"]))
