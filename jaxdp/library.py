@@ -69,6 +69,7 @@ class DataParallel:
     self._eval_steps: dict[tuple[int, bool], tuple[Any, Callable]] = {}  # Compiled once per `init`, not per eval.
     self._train: tuple[functools.partial, Callable] | None = None  # The last train_step: per replica, mapped.
     self._stream: dict | None = None    # The stream spec of the last `batches`: saved with each checkpoint.
+    self._train_ds: datalib.Dataset | None = None  # Its dataset: the labels the first train step is checked on.
     self._restored: tuple[str, dict] | None = None  # The restored checkpoint's path and the stream it was trained on.
     self.restored_from: int | None = None  # The step of the checkpoint the last restore read (None: initialized).
     self._savers: dict[str, checkpoint.Checkpointer] = {}  # By workdir: open while saves are in flight.
@@ -121,7 +122,7 @@ class DataParallel:
         datalib.check_resume(stored, spec)
       except ConfigError as e:
         raise ConfigError(f"checkpoint {path}: {e} (the checkpoint is left untouched)") from None
-    self._stream = spec
+    self._stream, self._train_ds = spec, ds
     host = datalib.train_batches(ds, split, seed=seed, global_batch=batch_size, start_step=start_step,
                                  process_index=jax.process_index(), process_count=jax.process_count(),
                                  stop_step=stop_step, with_ids=on_ids is not None)
@@ -141,7 +142,7 @@ class DataParallel:
     replica = functools.partial(step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task,
                                 cast_inputs=cast_inputs)
     self._train = replica, self.backend.map_train(replica)
-    return wrap.train_step(self._train[1], self.backend)
+    return wrap.train_step(self._train[1], self.backend, lambda: wrap.check_outputs(self.model, task, self._train_ds))
 
   def flops(self, state: step_lib.TrainState, batches: feed.Feeder) -> float | None:
     """FLOPs per device of one step of the last `train_step` on `batches` (XLA's cost analysis; None where the

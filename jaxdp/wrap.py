@@ -65,13 +65,14 @@ def _ready(entry: tuple) -> bool:
   return entry[2] is not None and all(x.is_ready() for x in jax.tree.leaves(entry[2]))
 
 
-def train_step(mapped: Callable, backend: parallel.Backend) -> Callable:
+def train_step(mapped: Callable, backend: parallel.Backend, first: Callable[[], None] = lambda: None) -> Callable:
   """`dp.train_step`'s mapped step, bounded, its metrics without `negative_weight`, which refuses negative weights
-  once computed (`tasks.base.refuse_negative`), naming the step."""
+  once computed (`tasks.base.refuse_negative`), naming the step; `first()` checks before the first call."""
   start: list[int] = []  # The state's step at the first call: the steps are named from it.
 
   def step(state: Any, batch: PyTree) -> tuple:
     if not start:
+      first()
       start.append(int(backend.get(state.step)))
     return mapped(state, batch)
 
@@ -82,6 +83,25 @@ def train_step(mapped: Callable, backend: parallel.Backend) -> Callable:
   step.lower = mapped.lower
   return bounded(step, backend, negatives, lambda counts, number: task_lib.refuse_negative(
       jax.device_get(counts), f"step {start[0] + number}"))
+
+
+def check_outputs(model: adapter.Model, task: Any, ds: Any) -> None:
+  """ConfigError where a classification task's labels (0 .. the dataset's classes - 1) run past the model's outputs:
+  their cross-entropy would be NaN. Checked on shapes, on the host: nothing waits for the devices."""
+  spec = ds and ds.element_spec().get("inputs")
+  if spec is None or not hasattr(task, "num_outputs") or ds.float_labels or not ds.num_classes:
+    return
+  try:
+    params, state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+    logits = jax.eval_shape(lambda p, s, x: model.apply(p, s, x, train=False)[0], params, state,
+                            jax.ShapeDtypeStruct((1, *spec.shape), spec.dtype))
+  except Exception:  # noqa: BLE001  (a model this probe cannot call: its step says what fails, as without the probe)
+    return
+  width = jax.tree.leaves(logits)[0].shape[-1] if jax.tree.leaves(logits) else None
+  if width is not None and width < ds.num_classes:
+    raise ConfigError(f"the model gives {width} outputs per example, but the labels of {ds.name} run to "
+                      f"{ds.num_classes - 1} ({ds.num_classes} classes): a label past the logits makes the loss NaN; "
+                      f"give the model {ds.num_classes} outputs")
 
 
 def user_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], backend: parallel.MeshBackend) -> Callable:

@@ -233,3 +233,57 @@ def test_float16_at_loss_scale_1_counts_a_nonfinite_gradient_of_a_finite_loss_as
     state, metrics = step(state, dp.backend.put_step(data))
     assert (int(metrics["nonfinite"]), int(metrics["overflow"])) == (nonfinite, overflow), scale
     assert np.isfinite(float(metrics["loss"]))
+
+
+@pytest.mark.parametrize("num_devices", [1, 8])
+def test_invariant_accumulation_gives_model_state_the_mean_over_its_micro_batches(num_devices):
+  """BatchNorm-like statistics of k micro-batches per shard: the mean of every piece's, not k times it."""
+  import types
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+  from jaxdp import strategies
+  options = strategies.StrategyOptions(accum_steps=2, num_shards=num_devices, invariant_shards=8)
+  invariant = strategies.Invariant(options)
+  x = np.arange(64, dtype=np.float32)
+
+  def grad_fn(params: jax.Array, model_state: dict, micro: dict, rng: jax.Array) -> tuple:
+    loss = (params * micro["x"]).sum()
+    sums = {"mean": {"loss": loss}, "weight": {"loss": jnp.float32(micro["x"].size)}, "sum": {}, "max": {}}
+    running = {"mean": 0.9 * model_state["mean"] + 0.1 * micro["x"].mean()}  # A BatchNorm running mean's update.
+    return (loss, (sums, running)), micro["x"].sum()
+
+  def step(batch: dict) -> jax.Array:
+    holder = types.SimpleNamespace(params=jnp.float32(1), model_state={"mean": jnp.float32(5)})
+    axis = strategies.DataAxis("data")
+    return invariant.gradients(grad_fn, holder, batch, jax.random.PRNGKey(0), axis)[1]["mean"]
+
+  mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+  got = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))({"x": x})
+  np.testing.assert_allclose(float(got), 0.9 * 5 + 0.1 * x.mean(), rtol=1e-6)
+
+
+def test_labels_past_the_models_outputs_are_one_error_naming_both_numbers(tmp_path):
+  from flax import nnx
+  from jaxdp.configs import default
+  from jaxdp.tasks import Classification
+  data = _classes(np.ones(64))  # Labels 0, 1, 2.
+  dp = jaxdp.DataParallel()
+  state = dp.init(nnx.Linear(4, 2, rngs=nnx.Rngs(0)), optax.sgd(0.1))
+  step = dp.train_step(Classification())
+  message = "the model gives 2 outputs per example, but the labels of .* run to 2 \\(3 classes\\)"
+  with pytest.raises(jaxdp.ConfigError, match=message):
+    step(state, next(dp.batches(data, batch_size=16)))
+
+  class Five(nnx.Module):  # 5 outputs for 10 classes, through train_and_evaluate.
+    def __init__(self, rngs: nnx.Rngs):
+      self.out = nnx.Linear(4, 5, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+      return self.out(x)
+
+  rng = np.random.default_rng(0)
+  ten = {"inputs": rng.normal(size=(64, 4)).astype(np.float32), "labels": np.arange(64, dtype=np.int32) % 10}
+  config = default.get_config()
+  config.update(batch_size=16, num_train_steps=2, checkpoint_every_steps=0)
+  with pytest.raises(jaxdp.ConfigError, match=r"the model gives 5 outputs per example, .* \(10 classes\)"):
+    jaxdp.train_and_evaluate(config, str(tmp_path), model=Five, train_data=ten, eval_data=ten)
