@@ -244,6 +244,8 @@ class DataParallel:
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
     return wrap.user_step(fn, self.backend)
 
+  example_keys = staticmethod(wrap.example_keys)  # Randomness in `@dp.step`: docs/your-own-loop.md#randomness.
+
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
     """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
     weights) becomes `(params, batch, *args) -> (loss, grads)` over the GLOBAL batch: Σw·ℓ/Σw and its gradient,

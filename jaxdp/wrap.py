@@ -126,6 +126,15 @@ def user_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], backend: pa
   return bounded(jax.jit(mapped, donate_argnums=0), backend, negatives, refuse)
 
 
+def example_keys(key: jax.Array, batch: PyTree) -> jax.Array:
+  """Inside `@dp.step`: a key per row of this device's `batch`, `fold_in(key, the row's place in the global batch)`:
+  an example's draws are the same on any device count. Fold the step into `key` first."""
+  rows = jax.tree.leaves(batch)[0].shape[0]
+  # Rows are laid out over the devices in order (P('data')): device d holds rows d * rows ... (d + 1) * rows - 1.
+  first = lax.axis_index(parallel.AXIS) * rows
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(first + jnp.arange(rows))
+
+
 # Each `@dp.step` being traced: the (loss name, negative weights, total weight) of every `value_and_grad` in it.
 _TRACING: list[list[tuple[str, jax.Array, jax.Array]]] = []
 

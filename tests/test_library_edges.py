@@ -287,3 +287,26 @@ def test_labels_past_the_models_outputs_are_one_error_naming_both_numbers(tmp_pa
   config.update(batch_size=16, num_train_steps=2, checkpoint_every_steps=0)
   with pytest.raises(jaxdp.ConfigError, match=r"the model gives 5 outputs per example, .* \(10 classes\)"):
     jaxdp.train_and_evaluate(config, str(tmp_path), model=Five, train_data=ten, eval_data=ten)
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_example_keys_draw_the_same_noise_on_1_and_8_devices(accum):
+  batch, params = _regression()
+
+  def noisy(p: dict, batch: dict) -> jax.Array:  # A GAN's noise, dropout: one draw per example from its own key.
+    noise = jax.vmap(lambda k: jax.random.normal(k, (2,)))(batch["key"])
+    return ((batch["x"] @ p["w"] + noise - batch["y"]) ** 2).mean(-1)
+
+  grads = {}
+  for n in (1, 8):
+    dp = jaxdp.DataParallel(num_devices=n, grad_accum_steps=accum)
+
+    @dp.step
+    def step(state: dict, batch: dict) -> tuple:
+      key = jax.random.fold_in(state["key"], state["step"])  # This step's key, then one per example.
+      _, g = dp.value_and_grad(noisy)(state["p"], {**batch, "key": dp.example_keys(key, batch)})
+      return {**state, "step": state["step"] + 1}, {"grads": g}
+
+    state = dp.replicate({"p": params, "key": jax.random.PRNGKey(7), "step": np.int32(3)})
+    grads[n] = np.asarray(step(state, dp.backend.put_step(batch))[1]["grads"]["w"])
+  np.testing.assert_allclose(grads[8], grads[1], rtol=1e-5)
