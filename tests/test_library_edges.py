@@ -310,3 +310,12 @@ def test_example_keys_draw_the_same_noise_on_1_and_8_devices(accum):
     state = dp.replicate({"p": params, "key": jax.random.PRNGKey(7), "step": np.int32(3)})
     grads[n] = np.asarray(step(state, dp.backend.put_step(batch))[1]["grads"]["w"])
   np.testing.assert_allclose(grads[8], grads[1], rtol=1e-5)
+
+
+def test_a_schedule_as_the_configs_learning_rate_is_one_error_naming_optimizer():
+  import ml_collections
+  from jaxdp import config as config_lib
+  config = ml_collections.ConfigDict()
+  config.learning_rate = optax.cosine_decay_schedule(0.1, 100)
+  with pytest.raises(jaxdp.ConfigError, match=r"^learning_rate is a number .* optimizer=optax.adamw\(schedule\)"):
+    config_lib.validate(config_lib.with_defaults(config), 8, 1)
