@@ -140,6 +140,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   """Checks the fields every run needs in a defaults-filled `config` (a strategy checks its own); the batch layout."""
   for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps", "parallel.prefetch"):
     _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
+  if callable(config.learning_rate):  # A schedule object: optax takes it in the optimizer.
+    raise ConfigError("learning_rate is a number (lr_schedule shapes it); pass a schedule object in an optimizer: "
+                      "train_and_evaluate(..., optimizer=optax.adamw(schedule))")
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
   # eval_batch_size 0: the train batch size.

@@ -69,6 +69,7 @@ class DataParallel:
     self._eval_steps: dict[tuple[int, bool], tuple[Any, Callable]] = {}  # Compiled once per `init`, not per eval.
     self._train: tuple[functools.partial, Callable] | None = None  # The last train_step: per replica, mapped.
     self._stream: dict | None = None    # The stream spec of the last `batches`: saved with each checkpoint.
+    self._train_ds: datalib.Dataset | None = None  # Its dataset: the labels the first train step is checked on.
     self._restored: tuple[str, dict] | None = None  # The restored checkpoint's path and the stream it was trained on.
     self.restored_from: int | None = None  # The step of the checkpoint the last restore read (None: initialized).
     self._savers: dict[str, checkpoint.Checkpointer] = {}  # By workdir: open while saves are in flight.
@@ -101,9 +102,10 @@ class DataParallel:
     return self._restore(restore, init, None)[0] if restore else self.backend.init(init)
 
   def replicate(self, tree: PyTree) -> PyTree:
-    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`."""
+    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`.
+    A copy: `@dp.step` donates its state, and the caller's own arrays must outlive it."""
     sharding = NamedSharding(self.backend.mesh, P())
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, jnp.asarray(x)), tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.array(jnp.asarray(x))), tree)
 
   def batches(self, data: Any, *, batch_size: int, seed: int = 0, start_step: int = 0, stop_step: int | None = None,
               split: str | None = None, on_ids: Callable[[np.ndarray], None] | None = None) -> feed.Feeder:
@@ -120,7 +122,7 @@ class DataParallel:
         datalib.check_resume(stored, spec)
       except ConfigError as e:
         raise ConfigError(f"checkpoint {path}: {e} (the checkpoint is left untouched)") from None
-    self._stream = spec
+    self._stream, self._train_ds = spec, ds
     host = datalib.train_batches(ds, split, seed=seed, global_batch=batch_size, start_step=start_step,
                                  process_index=jax.process_index(), process_count=jax.process_count(),
                                  stop_step=stop_step, with_ids=on_ids is not None)
@@ -140,7 +142,7 @@ class DataParallel:
     replica = functools.partial(step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task,
                                 cast_inputs=cast_inputs)
     self._train = replica, self.backend.map_train(replica)
-    return wrap.bounded(self._train[1], self.backend)
+    return wrap.train_step(self._train[1], self.backend, lambda: wrap.check_outputs(self.model, task, self._train_ds))
 
   def flops(self, state: step_lib.TrainState, batches: feed.Feeder) -> float | None:
     """FLOPs per device of one step of the last `train_step` on `batches` (XLA's cost analysis; None where the
@@ -233,20 +235,22 @@ class DataParallel:
 
   def step(self, fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]) -> Callable:
     """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
-    `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
+    `state` donated. The state enters as each device's own copy, as in DDP: a bare `jax.grad` is this device's
+    gradient (`lax.pmean` it), `dp.value_and_grad` the global batch's. Returned values must agree on every device
+    (unchecked: docs/your-own-loop.md)."""
     if self.strategy.shards_state:
       raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
-    mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
-                           out_specs=P(), check_vma=self.backend.checked)
-    return wrap.bounded(jax.jit(mapped, donate_argnums=0), self.backend)
+    return wrap.user_step(fn, self.backend)
+
+  example_keys = staticmethod(wrap.example_keys)  # Randomness in `@dp.step`: docs/your-own-loop.md#randomness.
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
     """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
     weights) becomes `(params, batch, *args) -> (loss, grads)` over the GLOBAL batch: Σw·ℓ/Σw and its gradient,
     reduced across devices by the strategy (micro-batches: grad_accum_steps), the same on every device."""
-    return wrap.value_and_grad(loss_fn, self.strategy, self.backend.axis)
+    return wrap.value_and_grad(loss_fn, self.strategy, strategies.DataAxis(parallel.AXIS, mark_varying=False))
 
   def _open(self, data: Any, split: str | None, train: bool) -> tuple[datalib.Dataset, str]:
     """The dataset of a name or of data objects (opened once per object) and the split to read."""

@@ -15,7 +15,7 @@ from jaxdp.models import Model
 from jaxdp.strategies import DataAxis, DataParallel, GradFn, Strategy
 from jaxdp.tasks import base as task_lib
 
-__all__ = ["DataAxis", "TrainState", "eval_step", "init_state", "train_step"]
+__all__ = ["DataAxis", "TrainState", "eval_step", "init_state", "normalize", "train_step"]
 
 PyTree = Any
 Metrics = dict[str, jax.Array]
@@ -58,10 +58,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   # Σ w·v over the global batch (each replica's micro-batches, then the replicas); one division here makes means.
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
-  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently with the device
-  # count, breaking the invariant mode's bitwise guarantee. Dividing by the scale, a power of two, is exact.
-  inverse = 1 / jnp.where(weight > 0, weight, 1) / (1 if scale is None else scale)
-  grads = jax.tree.map(lambda g: g * inverse, grads)
+  grads = normalize(grads, weight, scale)
   means = task_lib.means(sums)
   finite = strategy.finite(means["loss"], grads, axis)
   if options.max_grad_norm > 0:
@@ -78,7 +75,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   reported = {k: v for k, v in task_lib.flatten({**sums, "mean": means}).items() if not k.startswith("_")}
   out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),
          "zero_weight": (finite & (weight == 0)).astype(jnp.int32),
-         "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")}}
+         "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")},
+         "negative_weight": {k: n.astype(jnp.int32) for k, n in sums["negative"].items()}}  # Refused on the host.
   if scale is not None:
     # A finite loss with a non-finite scaled gradient is the scale's overflow, not a failing run, until the
     # scale is down to 1: it only halves the scale (the NaN guard counts "nonfinite" steps).
@@ -87,6 +85,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
     out.update(nonfinite=(~finite & ~overflow).astype(jnp.int32), overflow=overflow.astype(jnp.int32),
                loss_scale=scale)
   return new_state, out
+
+
+def normalize(grads: PyTree, weight: jax.Array, scale: jax.Array | None = None) -> PyTree:
+  """The gradient of Σ w·ℓ [x scale] as that of the mean Σ w·ℓ / Σ w; zero where Σ w <= 0 (nothing to average)."""
+  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently with the device
+  # count, breaking the invariant mode's bitwise guarantee. Dividing by the scale, a power of two, is exact.
+  inverse = jnp.where(weight > 0, 1 / jnp.where(weight > 0, weight, 1), 0) / (1 if scale is None else scale)
+  return jax.tree.map(lambda g: g * inverse, grads)
 
 
 def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
