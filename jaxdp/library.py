@@ -18,7 +18,7 @@ from jaxdp import data as datalib
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.config import ConfigError
-from jaxdp.loop import evaluate as evaluate_lib
+from jaxdp import evaluation as evaluate_lib
 from jaxdp.models import adapter
 from jaxdp.report import flops as flops_lib
 from jaxdp.runtime import process
