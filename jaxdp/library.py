@@ -1,5 +1,6 @@
 """`jaxdp.DataParallel`: the devices, mesh and gradient strategy for any training loop; the trainer's own pieces."""
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -30,18 +31,19 @@ PyTree = Any
 class DataParallel:
   """The devices (all of every process, or the first `num_devices` of one), their mesh and a gradient strategy.
 
-  `invariant`: bitwise the same training on any power-of-two device count; `shard_optimizer_state`: ZeRO-1.
+  `invariant`: bitwise the same training on any power-of-two device count; `shard_optimizer_state`: ZeRO-1;
+  `shard_params`: parameters, gradients and optimizer state sharded over the devices (FSDP).
   `dataset`: `config.dataset` fields for the data it reads by name (`data_dir=...`). In a process of a
   multi-process run (`python -m jaxdp.launch -- my_loop.py`, or a configured cluster) it joins the run first.
   """
 
   def __init__(self, *, num_devices: int = 0, invariant: bool = False, shard_optimizer_state: bool = False,
-               grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
+               shard_params: bool = False, grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
                max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
     config = config_lib.with_defaults(ml_collections.ConfigDict())
     config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm)
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
-                           allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
+                           shard_params=shard_params, allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
     unknown = sorted(set(dataset) - set(config.dataset))
     if unknown:
       raise ConfigError(f"DataParallel got unknown options {unknown} (dataset fields: {', '.join(config.dataset)})")
@@ -152,7 +154,8 @@ class DataParallel:
       return flops_lib.step_flops(mapped, state, batches.abstract)
     # XLA counts a loop body once: the accumulation loop's FLOPs are counted on one micro-batch of the whole slice,
     # from the program before XLA optimizes it (a compile only to count would cost as much as the step's own).
-    whole = type(self.strategy)(dataclasses.replace(self.strategy.options, accum_steps=1))
+    whole = copy.copy(self.strategy)  # With its layout (`state_specs`), for one micro-batch.
+    whole.options = dataclasses.replace(self.strategy.options, accum_steps=1)
     return flops_lib.lowered_flops(self.backend.map_train(functools.partial(replica, strategy=whole)), state,
                                    batches.abstract)
 
@@ -235,7 +238,8 @@ class DataParallel:
     """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
     `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
     if self.strategy.shards_state:
-      raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
+      raise ConfigError(f"@dp.step takes a replicated state; {self.strategy.flag} ({self.strategy.title}) "
+                        f"serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
     mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
@@ -277,8 +281,8 @@ class DataParallel:
     why = self.strategy.shards_state and zero1_check.refusal(tx, params, self.strategy.options.num_shards)
     if why:
       name = objects.shown(self.config.optimizer if self._given is None else tx)
-      raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
-                        f"each device's slice of a parameter alone: {why}")
+      raise ConfigError(f"optimizer {name} cannot run under parallel.{self.strategy.flag} "
+                        f"({self.strategy.title}), which updates each device's slice of a parameter alone: {why}")
 
   def _check_batch(self, batch_size: int, accum: int) -> None:
     """Raises ConfigError naming a batch size the devices (and strategy) cannot split."""
