@@ -31,19 +31,19 @@ PyTree = Any
 class DataParallel:
   """The devices (all of every process, or the first `num_devices` of one), their mesh and a gradient strategy.
 
-  `invariant`: bitwise the same training on any power-of-two device count; `shard_optimizer_state`: ZeRO-1;
-  `shard_params`: parameters, gradients and optimizer state sharded over the devices (FSDP).
+  `invariant`: bitwise alike on any power-of-two device count; `shard_optimizer_state`: ZeRO-1; `shard_params`: FSDP.
   `dataset`: `config.dataset` fields for the data it reads by name (`data_dir=...`). In a process of a
   multi-process run (`python -m jaxdp.launch -- my_loop.py`, or a configured cluster) it joins the run first.
   """
 
   def __init__(self, *, num_devices: int = 0, invariant: bool = False, shard_optimizer_state: bool = False,
-               shard_params: bool = False, grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
-               max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
+               shard_params: bool = False, grad_accum_steps: int = 1, dtype: str = "float32",
+               allreduce_dtype: str = "float32", max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
     config = config_lib.with_defaults(ml_collections.ConfigDict())
     config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm)
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
-                           shard_params=shard_params, allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
+                           shard_params=shard_params, allreduce_dtype=allreduce_dtype,
+                           invariant_shards=invariant_shards)
     unknown = sorted(set(dataset) - set(config.dataset))
     if unknown:
       raise ConfigError(f"DataParallel got unknown options {unknown} (dataset fields: {', '.join(config.dataset)})")
@@ -197,15 +197,17 @@ class DataParallel:
   def restore(self, workdir: str, state: step_lib.TrainState, step: int | None = None) -> tuple[Any, int]:
     """(the checkpoint `step` of WORKDIR, default the newest, laid out as `state`, its step), or (`state`, 0)
     when there is none; ConfigError when it does not fit `state`."""
-    return self._restore(workdir, lambda: state, step)
+    return self._restore(workdir, lambda: state, step, state)
 
-  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None) -> tuple[Any, int]:
+  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None, given: Any = None) -> tuple[Any, int]:
     saver = self._saver(workdir)
     step = saver.latest_step() if step is None else step
     try:
       if step is not None:
         self._restored = f"{saver.directory}/{step}", saver.stored_meta(step).get("stream", {})
       self.restored_from = step
+      if step is None and given is not None:  # Placed: a jit cannot close over a state sharded across processes.
+        return given, 0
       return saver.restore_or_init(self.backend, init, step, self.strategy), step or 0
     except BaseException:
       self._savers.pop(workdir).close()  # Nothing of a failed restore is left open.
@@ -237,9 +239,8 @@ class DataParallel:
   def step(self, fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]) -> Callable:
     """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
     `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
-    if self.strategy.shards_state:
-      raise ConfigError(f"@dp.step takes a replicated state; {self.strategy.flag} ({self.strategy.title}) "
-                        f"serves dp.train_step")
+    if (sharded := self.strategy).shards_state:
+      raise ConfigError(f"@dp.step takes a replicated state; {sharded.flag} ({sharded.title}) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
     mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),

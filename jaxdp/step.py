@@ -56,7 +56,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
   scale = None if state.loss_scale is None else state.loss_scale.scale
-  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale, functools.partial(strategy.on_shards, axis=axis))
+  on_shards = functools.partial(strategy.on_shards, axis=axis)  # Sharded parameters gathered inside the loss.
+  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale, on_shards)
   # Σ w·v over the global batch (each replica's micro-batches, then the replicas); one division here makes means.
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
