@@ -25,6 +25,7 @@ from jaxdp.config import ConfigError
 from jaxdp.loop import train
 from jaxdp.report import metrics
 from jaxdp.strategies import fsdp
+from jaxdp.tools import inspect
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(TESTS, "fsdp_train.py")
@@ -171,3 +172,38 @@ def test_at_dp_step_and_a_non_elementwise_optimizer_are_refused_naming_shard_par
     dp.step(lambda state, batch: (state, {}))
   with pytest.raises(ConfigError, match=r"cannot run under parallel.shard_params \(FSDP\)"):
     dp.init(weighted_tasks.MLP(rngs=nnx.Rngs(0)), optax.adafactor(1e-2))
+
+
+@pytest.fixture(scope="module")
+def inspected(data_dir):
+  """`inspect.analyze` of an MLP of four 2048-wide layers on 8 devices: plain DDP and shard_params."""
+  def analyze(**overrides):
+    config = runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (2048,) * 4,
+                               "batch_size": 64, **overrides})
+    return inspect.analyze(config)
+  return analyze(), analyze(**{"parallel.shard_params": True})
+
+
+def test_a_device_holds_an_eighth_of_the_parameters_and_optimizer_state(inspected):
+  plain, sharded = inspected
+  whole, dev = sharded["params"]["bytes"], sharded["per_device"]
+  assert dev["params_bytes"] <= (1 / 8 + 0.05) * whole
+  assert dev["opt_state_bytes"] <= (1 / 8 + 0.05) * sharded["optimizer_state_bytes"]
+  assert plain["per_device"]["params_bytes"] == whole  # Plain DDP: a whole copy.
+  assert sharded["memory"]["total_bytes"] < 0.5 * plain["memory"]["total_bytes"]
+  assert sharded["run"]["shard_params"] and "shard_params on" in inspect.format_report(sharded)
+
+
+def test_the_step_gathers_each_sharded_parameter_and_reduce_scatters_its_gradient(inspected):
+  plain, sharded = inspected
+  sharded_leaves = 5 + 4  # The five kernels and four 2048-wide biases; the 10-wide output bias stays replicated.
+  compiled, lowered = sharded["collectives"]["compiled"], sharded["collectives"]["lowered"]
+  sharded_bytes = sharded["params"]["bytes"] - 10 * 4
+  assert compiled["reduce-scatter"]["count"] == lowered["reduce-scatter"]["count"] == sharded_leaves
+  assert compiled["reduce-scatter"]["tensor_bytes"] == sharded_bytes
+  # The backward pass gathers again the four kernels it multiplies by (the remat), rather than keep them.
+  assert lowered["all-gather"]["count"] == sharded_leaves + 4
+  assert compiled["all-gather"]["tensor_bytes"] >= sharded_bytes
+  assert compiled["all-reduce"]["tensor_bytes"] == 10 * 4  # The replicated bias's gradient; metrics are scalars.
+  assert plain["collectives"]["compiled"]["all-reduce"]["tensor_bytes"] == plain["params"]["bytes"]
+  assert any(n.startswith("shard_params: ") for n in sharded["notes"])

@@ -63,6 +63,7 @@ class Strategy(abc.ABC):
   """How gradients are reduced across replicas and applied; one instance per run, chosen in `jaxdp.build`."""
   flag: ClassVar[str | None] = None     # The `config.parallel` flag that picks it (`jaxdp.strategies.select`).
   title: ClassVar[str] = "plain data parallelism"  # How messages name it.
+  holds: ClassVar[str] = "state replicated"  # How it lays the state out over the devices (the start summary).
   checked: ClassVar[bool] = True        # shard_map may check replication (False: the strategy gathers itself).
   shards_state: ClassVar[bool] = False  # Lays the state out other than replicated (needs the mesh backend).
 

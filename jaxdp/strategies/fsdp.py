@@ -42,10 +42,17 @@ def _dim(s: P) -> int | None:
   return list(s).index("data") if "data" in tuple(s) else None
 
 
+def _saved(prim: Any, *_: Any, **params: Any) -> bool:
+  """The remat policy: every residual is saved but a gathered parameter (an all-gather's output, or its name)."""
+  # jax's save_anything_except_these_names saves an all-gather's output under the name's input.
+  return prim is not lax.all_gather_p and params.get("name") != GATHERED
+
+
 class FSDP(DataParallel):
   """Gather each parameter inside the loss (re-gathered in backward), reduce-scatter its gradient, update the shard."""
   flag = "shard_params"
   title = "FSDP"
+  holds = "parameters, gradients and optimizer state sharded (shard_params)"
   checked = False  # The loss all-gathers itself; `grad` then adds no implicit psum.
   shards_state = True
 
@@ -89,8 +96,7 @@ class FSDP(DataParallel):
   def on_shards(self, loss_fn: Callable[..., Any], axis: DataAxis) -> Callable[..., Any]:
     """`loss_fn(params, ...)` of the shards: gathered inside, so that `grad` reduce-scatters each gradient; the
     backward pass gathers again rather than keep every gathered parameter alive (PyTorch's reshard_after_forward)."""
-    policy = jax.checkpoint_policies.save_anything_except_these_names(GATHERED)
-    return jax.checkpoint(lambda params, *rest: loss_fn(self.gather(params, axis), *rest), policy=policy)
+    return jax.checkpoint(lambda params, *rest: loss_fn(self.gather(params, axis), *rest), policy=_saved)
 
   def reduce(self, grads: PyTree, axis: DataAxis) -> PyTree:
     """Sharded leaves came out of `grad` reduce-scattered already; the replicated ones are summed here."""
