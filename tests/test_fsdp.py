@@ -207,3 +207,41 @@ def test_the_step_gathers_each_sharded_parameter_and_reduce_scatters_its_gradien
   assert compiled["all-reduce"]["tensor_bytes"] == 10 * 4  # The replicated bias's gradient; metrics are scalars.
   assert plain["collectives"]["compiled"]["all-reduce"]["tensor_bytes"] == plain["params"]["bytes"]
   assert any(n.startswith("shard_params: ") for n in sharded["notes"])
+
+
+def _resnet(config):
+  """A ResNet with BatchNorm synchronized over the devices, 8 channels wide (its kernels shard on 8 devices)."""
+  config.model = ml_collections.ConfigDict({"name": "resnet", "stage_sizes": (1,), "width": 8,
+                                            "bn_axis_name": "data"})
+  config.optimizer, config.learning_rate = "sgd", 0.05
+
+
+def _dropout(config):
+  config.model = ml_collections.ConfigDict({"name": "dropout_models:DropoutMLP"})
+
+
+def _float16(config):
+  config.dtype = "float16"
+
+
+def _clipping(config):
+  config.max_grad_norm, config.optimizer, config.learning_rate = 0.05, "sgd", 1.0
+
+
+@pytest.mark.parametrize("setup", [_resnet, _dropout, _float16, _clipping],
+                         ids=["synced_batchnorm", "dropout", "float16_loss_scaling", "clipping"])
+def test_shard_params_trains_as_plain_ddp_with(config, tmp_path, setup):
+  setup(config)
+  config.num_train_steps = 4
+  finals = []
+  for shard in (False, True):
+    config.parallel.shard_params = shard
+    result = train.train_and_evaluate(config, str(tmp_path / str(shard)))
+    finals.append(runs.host_state(result) | {"model_state": result.model_state})
+  plain, sharded = finals
+  if setup is _float16:  # The loss scale ran (and parameters stay float32).
+    assert {x.dtype for x in jax.tree.leaves(plain["params"])} == {np.dtype(np.float32)}
+  flat = [{jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(t)
+           if np.issubdtype(np.asarray(v).dtype, np.floating)} for t in (plain, sharded)]
+  assert _rel(flat[1], flat[0]) < 1e-5
+
