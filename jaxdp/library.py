@@ -1,5 +1,6 @@
 """`jaxdp.DataParallel`: the devices, mesh and gradient strategy for any training loop; the trainer's own pieces."""
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -30,18 +31,19 @@ PyTree = Any
 class DataParallel:
   """The devices (all of every process, or the first `num_devices` of one), their mesh and a gradient strategy.
 
-  `invariant`: bitwise the same training on any power-of-two device count; `shard_optimizer_state`: ZeRO-1.
+  `invariant`: bitwise alike on any power-of-two device count; `shard_optimizer_state`: ZeRO-1; `shard_params`: FSDP.
   `dataset`: `config.dataset` fields for the data it reads by name (`data_dir=...`). In a process of a
   multi-process run (`python -m jaxdp.launch -- my_loop.py`, or a configured cluster) it joins the run first.
   """
 
   def __init__(self, *, num_devices: int = 0, invariant: bool = False, shard_optimizer_state: bool = False,
-               grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
-               max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
+               shard_params: bool = False, grad_accum_steps: int = 1, dtype: str = "float32",
+               allreduce_dtype: str = "float32", max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
     config = config_lib.with_defaults(ml_collections.ConfigDict())
     config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm)
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
-                           allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
+                           shard_params=shard_params, allreduce_dtype=allreduce_dtype,
+                           invariant_shards=invariant_shards)
     unknown = sorted(set(dataset) - set(config.dataset))
     if unknown:
       raise ConfigError(f"DataParallel got unknown options {unknown} (dataset fields: {', '.join(config.dataset)})")
@@ -154,7 +156,8 @@ class DataParallel:
       return flops_lib.step_flops(mapped, state, batches.abstract)
     # XLA counts a loop body once: the accumulation loop's FLOPs are counted on one micro-batch of the whole slice,
     # from the program before XLA optimizes it (a compile only to count would cost as much as the step's own).
-    whole = type(self.strategy)(dataclasses.replace(self.strategy.options, accum_steps=1))
+    whole = copy.copy(self.strategy)  # With its layout (`state_specs`), for one micro-batch.
+    whole.options = dataclasses.replace(self.strategy.options, accum_steps=1)
     return flops_lib.lowered_flops(self.backend.map_train(functools.partial(replica, strategy=whole)), state,
                                    batches.abstract)
 
@@ -196,15 +199,17 @@ class DataParallel:
   def restore(self, workdir: str, state: step_lib.TrainState, step: int | None = None) -> tuple[Any, int]:
     """(the checkpoint `step` of WORKDIR, default the newest, laid out as `state`, its step), or (`state`, 0)
     when there is none; ConfigError when it does not fit `state`."""
-    return self._restore(workdir, lambda: state, step)
+    return self._restore(workdir, lambda: state, step, state)
 
-  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None) -> tuple[Any, int]:
+  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None, given: Any = None) -> tuple[Any, int]:
     saver = self._saver(workdir)
     step = saver.latest_step() if step is None else step
     try:
       if step is not None:
         self._restored = f"{saver.directory}/{step}", saver.stored_meta(step).get("stream", {})
       self.restored_from = step
+      if step is None and given is not None:  # Placed: a jit cannot close over a state sharded across processes.
+        return given, 0
       return saver.restore_or_init(self.backend, init, step, self.strategy), step or 0
     except BaseException:
       self._savers.pop(workdir).close()  # Nothing of a failed restore is left open.
@@ -238,8 +243,8 @@ class DataParallel:
     `state` donated. The state enters as each device's own copy, as in DDP: a bare `jax.grad` is this device's
     gradient (`lax.pmean` it), `dp.value_and_grad` the global batch's. Returned values must agree on every device
     (unchecked: docs/your-own-loop.md)."""
-    if self.strategy.shards_state:
-      raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
+    if (sharded := self.strategy).shards_state:
+      raise ConfigError(f"@dp.step takes a replicated state; {sharded.flag} ({sharded.title}) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
     return wrap.user_step(fn, self.backend)
@@ -281,8 +286,8 @@ class DataParallel:
     why = self.strategy.shards_state and zero1_check.refusal(tx, params, self.strategy.options.num_shards)
     if why:
       name = objects.shown(self.config.optimizer if self._given is None else tx)
-      raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
-                        f"each device's slice of a parameter alone: {why}")
+      raise ConfigError(f"optimizer {name} cannot run under parallel.{self.strategy.flag} "
+                        f"({self.strategy.title}), which updates each device's slice of a parameter alone: {why}")
 
   def _check_batch(self, batch_size: int, accum: int) -> None:
     """Raises ConfigError naming a batch size the devices (and strategy) cannot split."""

@@ -1,5 +1,7 @@
 """The training state and the pure per-replica train and eval steps (the `Strategy` crosses devices; unjitted)."""
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -54,7 +56,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
   scale = None if state.loss_scale is None else state.loss_scale.scale
-  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale)
+  on_shards = functools.partial(strategy.on_shards, axis=axis)  # Sharded parameters gathered inside the loss.
+  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale, on_shards)
   # Σ w·v over the global batch (each replica's micro-batches, then the replicas); one division here makes means.
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
@@ -101,8 +104,9 @@ def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
 
 
 def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool,
-             scale: jax.Array | None = None) -> GradFn:
-  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (sums, model_state)), grads) in `compute_dtype`."""
+             scale: jax.Array | None = None, on_shards: Callable = lambda f: f) -> GradFn:
+  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (sums, model_state)), grads) in `compute_dtype`;
+  `on_shards`: the strategy's loss of its parameters as the state holds them (`Strategy.on_shards`)."""
   dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
@@ -112,7 +116,7 @@ def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bo
     loss = sums["mean"]["loss"]
     return (loss if scale is None else loss * scale), (sums, bound.state)
 
-  return jax.value_and_grad(loss_fn, has_aux=True)
+  return jax.value_and_grad(on_shards(loss_fn), has_aux=True)
 
 
 def _cast_floats(tree: PyTree, dtype: jnp.dtype) -> PyTree:
@@ -131,7 +135,8 @@ def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, a
   dtype = jnp.dtype(strategy.options.compute_dtype)
 
   def per_example(rows: dict[str, jax.Array]) -> dict[str, Any]:
-    bound = task_lib.BoundModel(model.apply, _cast_floats(state.params, dtype), state.model_state, train=False,
+    params = strategy.gather(state.params, axis)  # Whole, where the state holds shards.
+    bound = task_lib.BoundModel(model.apply, _cast_floats(params, dtype), state.model_state, train=False,
                                 rng=None, dtype=dtype, cast_inputs=cast_inputs)
     return task_lib.per_row(task_lib.run(task, bound, _task_batch(rows)), rows[REAL])
 

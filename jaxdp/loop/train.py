@@ -122,6 +122,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
   with clock.span("restore"):
     state = dp.init(run.model, run.tx, seed=config.seed, restore=workdir)
   with clock.span("setup"):
+    summary.report({"state": summary.state_size(state, dp.backend)}, title=None)  # As the strategy laid it out.
     start = int(dp.backend.get(state.step))
     read: collections.deque = collections.deque()  # The ids the reader read, for the audit's recorder.
     # The stream of the checkpoint is checked here, before anything is written.

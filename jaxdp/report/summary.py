@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp import config as config_lib
-from jaxdp import data, parallel
+from jaxdp import data, parallel, strategies
 from jaxdp.report import units
 from jaxdp.runtime import distributed
 from jaxdp.models import Model
@@ -31,7 +31,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
   targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
   return {
       "devices": _devices(backend),
-      "backend": _backend(config.parallel.backend, backend),
+      "backend": _backend(config.parallel.backend, backend, strategies.select(config).holds),
       "batch": (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}"
                 f"{per_process}; eval global {layout.eval_global_batch}"),
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
@@ -60,6 +60,17 @@ def report(lines: dict[str, str], stream: TextIO | None = None, title: str | Non
     stream.flush()
 
 
+def state_size(state: Any, backend: parallel.Backend) -> str:
+  """What one device holds of the parameters and of the optimizer state (its shards), against the whole."""
+  def held(tree: Any) -> str:  # A pmap leaf stacks one whole copy per local device.
+    copies = len(backend.local_devices) if isinstance(backend, parallel.PmapBackend) else 1
+    whole = sum(x.nbytes for x in jax.tree.leaves(tree)) // copies
+    mine = tree_bytes(tree)
+    return f"{units.binary_bytes(mine)} of {units.binary_bytes(whole)}" + (
+        f" ({mine / whole:.1%})" if whole and mine < whole else "")
+  return f"per device: parameters {held(state.params)}, optimizer state {held(state.opt_state)}"
+
+
 def parameter_size(model: Model) -> tuple[int, int]:
   """(number, bytes) of the trainable parameters, from shapes alone (nothing is allocated)."""
   params, _ = jax.eval_shape(model.init, jax.random.PRNGKey(0))
@@ -86,11 +97,11 @@ def _devices(backend: parallel.Backend) -> str:
           f"the {'?' if seen is None else seen} devices it can see")
 
 
-def _backend(name: str, backend: parallel.Backend) -> str:
+def _backend(name: str, backend: parallel.Backend, holds: str) -> str:
   axes = ", ".join(f"{axis!r}: {size}" for axis, size in backend.mesh.shape.items())
   if name == "pmap":
     return f"pmap: jax.pmap over {backend.num_devices} devices (axis {axes}), one state copy per device"
-  return f"{name}: jit(shard_map) over Mesh({{{axes}}}), state replicated, batch sharded"
+  return f"{name}: jit(shard_map) over Mesh({{{axes}}}), {holds}, batch sharded"
 
 
 def compute(step_flops: float | None, peak: float | None, device: jax.Device) -> str:

@@ -62,6 +62,8 @@ class StrategyOptions:
 class Strategy(abc.ABC):
   """How gradients are reduced across replicas and applied; one instance per run, chosen in `jaxdp.build`."""
   flag: ClassVar[str | None] = None     # The `config.parallel` flag that picks it (`jaxdp.strategies.select`).
+  title: ClassVar[str] = "plain data parallelism"  # How messages name it.
+  holds: ClassVar[str] = "state replicated"  # How it lays the state out over the devices (the start summary).
   checked: ClassVar[bool] = True        # shard_map may check replication (False: the strategy gathers itself).
   shards_state: ClassVar[bool] = False  # Lays the state out other than replicated (needs the mesh backend).
 
@@ -90,6 +92,16 @@ class Strategy(abc.ABC):
   def state_specs(self, abstract_state: PyTree) -> PyTree:
     """PartitionSpecs of the train state over the data axis: everything replicated."""
     return jax.tree.map(lambda _: P(), abstract_state)
+
+  def gather(self, params: PyTree, axis: DataAxis) -> PyTree:
+    """This replica's parameters as the state holds them -> the whole parameters: the same, unsharded."""
+    del axis
+    return params
+
+  def on_shards(self, loss_fn: Callable[..., Any], axis: DataAxis) -> Callable[..., Any]:
+    """`loss_fn(params, ...)` of whole parameters -> of the parameters as the state holds them: itself, unsharded."""
+    del axis
+    return loss_fn
 
   @abc.abstractmethod
   def gradients(self, grad_fn: GradFn, state: Any, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:

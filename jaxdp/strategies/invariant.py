@@ -16,6 +16,7 @@ from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, S
 class Invariant(Strategy):
   """Fixed micro-shards summed in a fixed order: the same bits on 1, 2, 4, ... devices."""
   flag = "invariant"
+  title = "invariant mode"
   checked = False  # The step gathers and sums across devices itself.
 
   @classmethod
