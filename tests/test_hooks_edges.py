@@ -4,6 +4,7 @@ trackers get numbers and a failing one loses no record of metrics.jsonl, and a f
 import pathlib
 import re
 
+import optax
 import pytest
 
 import jaxdp
@@ -81,3 +82,39 @@ def test_a_run_that_failed_in_this_process_leaves_its_workdir_free_for_the_next(
     train.train_and_evaluate(config, str(tmp_path), hooks=[jaxdp.hook(explode, every=3)])
   result = train.train_and_evaluate(config, str(tmp_path))
   assert int(result.backend.get(result.state.step)) == config.num_train_steps
+
+
+def _logged_rates(workdir) -> dict[int, float]:
+  return {r["step"]: r["train/learning_rate"] for r in metrics.read(str(workdir)) if "train/loss" in r}
+
+
+def test_every_train_record_has_the_learning_rate_of_the_config_schedule(config, tmp_path):
+  """Seen failing with `LearningRate.__call__` returning {}: no record had it."""
+  config.num_train_steps, config.log_every_steps, config.lr_schedule, config.warmup_steps = 10, 2, "cosine", 3
+  train.train_and_evaluate(config, str(tmp_path))
+  schedule = optax.warmup_cosine_decay_schedule(0.0, config.learning_rate, 3, 10)
+  expected = {step: float(schedule(step - 1)) for step in (2, 4, 6, 8, 10)}  # Update N reads count N - 1.
+  assert _logged_rates(tmp_path) == pytest.approx(expected, rel=1e-6, abs=0)
+
+
+def test_an_optax_object_whose_state_carries_the_rate_logs_it(config, tmp_path):
+  """`optax.inject_hyperparams`: the rate read from the state's hyperparams at log steps. Seen failing with
+  `injected_learning_rate` returning None: the records had no `train/learning_rate`."""
+  schedule = optax.linear_schedule(0.1, 0.0, 10)
+  optimizer = optax.inject_hyperparams(optax.sgd)(learning_rate=schedule, momentum=0.9)
+  config.num_train_steps, config.log_every_steps = 10, 5
+  train.train_and_evaluate(config, str(tmp_path), optimizer=optimizer)
+  assert _logged_rates(tmp_path) == pytest.approx({5: float(schedule(4)), 10: float(schedule(9))}, rel=1e-6, abs=0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_start_summary_says_when_float16_loss_scaling_is_on(config, dtype):
+  """Seen failing with the `precision` line left out of `summary.describe`: nothing said the loss was scaled."""
+  from jaxdp import config as config_lib, data, models, parallel
+  from jaxdp.report import summary
+  config.dtype = dtype
+  backend = parallel.make_backend("mesh")
+  ds = data.load(config.dataset)
+  lines = summary.describe(config, backend, config_lib.validate(config, backend.num_devices, 1), ds,
+                           models.get_model(config.model, ds.input_shape, ds.num_classes))
+  assert lines.get("precision", "").startswith("float16 compute under dynamic loss scaling") == (dtype == "float16")

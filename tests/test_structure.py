@@ -139,6 +139,26 @@ def test_the_layer_check_catches_an_import_up_into_the_loop(tmp_path, edit, line
   assert imports_up_into_the_loop(graph(copy)) == {edge}
 
 
+def imports_after_code(root: pathlib.Path = PACKAGE) -> set[str]:
+  """Module-level imports below code (`noqa: E402`): a module's imports come first (a docstring and annotations-only
+  `if TYPE_CHECKING:` imports aside); what must load late is imported inside the function that needs it."""
+  found = set()
+  for name, path in _modules(root).items():
+    code = False
+    for node in ast.parse(path.read_text(), str(path)).body:
+      if isinstance(node, ast.Import | ast.ImportFrom):
+        found |= {f"{name}:{node.lineno}"} if code else set()
+      elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                or isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"):
+        code = True
+  return found
+
+
+def test_every_module_imports_before_its_code():
+  """Seen failing on tools/sample.py as it was (its `--help` check, then JAX imported below it)."""
+  assert imports_after_code() == set()
+
+
 def test_data_never_imports_the_datasets_by_name():
   """It imports one by module path, when a config names it (`tfds_dataset.SHIPPED`)."""
   wrong = {f"{m} -> {t}" for m, targets in graph().items() if _under(m, ("jaxdp.data",))

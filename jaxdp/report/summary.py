@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp import config as config_lib
-from jaxdp import data, parallel, strategies
+from jaxdp import data, loss_scale, parallel, strategies
 from jaxdp.report import units
 from jaxdp.runtime import distributed
 from jaxdp.models import Model
@@ -41,7 +41,15 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "features": features(ds),
       "schedule": (f"{steps}, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
+      **({"precision": scaled_precision()} if config.dtype == "float16" else {}),
   }
+
+
+def scaled_precision() -> str:
+  """The line of a float16 run: its loss scaling is on (`loss_scale`), and how it moves."""
+  return (f"float16 compute under dynamic loss scaling: the loss x {loss_scale.INITIAL_SCALE:g} at first, the scale "
+          f"halved at an overflow (that step skipped), doubled after {loss_scale.GROWTH_INTERVAL} finite steps "
+          "(train/loss_scale)")
 
 
 def features(ds: data.Dataset) -> str:
