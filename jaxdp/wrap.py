@@ -115,7 +115,7 @@ def user_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], backend: pa
 
   def negatives(out: tuple) -> tuple:
     state, (metrics, counts) = out
-    return (state, metrics), counts
+    return (state, metrics), (counts if names else None)  # Named once traced; no loss, nothing to read.
 
   def refuse(counts: jax.Array, number: int) -> None:
     by_name: dict[str, int] = {}  # Two calls of one loss function: one name.
