@@ -115,7 +115,7 @@ def user_step(fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]], backend: pa
 
   def negatives(out: tuple) -> tuple:
     state, (metrics, counts) = out
-    return (state, metrics), counts
+    return (state, metrics), (counts if names else None)  # Named once traced; no loss, nothing to read.
 
   def refuse(counts: jax.Array, number: int) -> None:
     by_name: dict[str, int] = {}  # Two calls of one loss function: one name.
@@ -180,8 +180,8 @@ def value_and_grad(loss_fn: Callable[..., Any], strategy: strategies.Strategy,
       (loss, sums), grads = jax.value_and_grad(total, has_aux=True)(params)
       return (loss, (sums, model_state)), grads
 
-    # The strategy marks the parameters varying itself (`DataAxis.vary`): `grad` then stays local and its
-    # reduction is the only one, never N times the gradient.
+    # In `@dp.step` (unchecked: `axis` marks nothing varying) `grad` stays local, and the strategy's reduction is
+    # the only one, never N times the gradient.
     holder = types.SimpleNamespace(params=params, model_state={})  # What a strategy reads of a state.
     sums, _, grads = strategy.gradients(grad_fn, holder, batch, jax.random.PRNGKey(0), axis)
     weight = sums["weight"]["loss"]

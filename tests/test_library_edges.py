@@ -61,6 +61,8 @@ def _until_refused(step: object, state: object, batches: object) -> str:
   with pytest.raises(jaxdp.ConfigError) as e:
     for batch in batches:
       state = step(state, batch)[0]
+    jax.block_until_ready(state)  # Every call computed: the next call reads what is left.
+    step(state, batch)
   return str(e.value)
 
 
@@ -80,7 +82,12 @@ def test_negative_weights_are_refused_in_train_step_naming_the_metric_and_the_st
   assert message.startswith(f"metric 'loss' has 1 negative weights at step {step}:") and "in the loss" in message
 
 
-def test_negative_weights_are_refused_in_dp_step_naming_the_loss_and_the_call():
+@pytest.mark.parametrize("in_flight", [None, 0])
+def test_negative_weights_are_refused_in_dp_step_naming_the_loss_and_the_call(in_flight, monkeypatch):
+  """On CPU after at most the bounded steps in flight; unbounded (GPU, TPU) once the step is computed."""
+  from jaxdp import wrap
+  if in_flight is not None:
+    monkeypatch.setattr(wrap, "steps_in_flight", lambda backend: in_flight)
   batch, params = _regression()
   dp = jaxdp.DataParallel()
 
@@ -94,7 +101,7 @@ def test_negative_weights_are_refused_in_dp_step_naming_the_loss_and_the_call():
 
   good, bad = {**batch, "a": np.ones(32, np.float32)}, {**batch, "a": np.linspace(-1, 1, 32).astype(np.float32)}
   put = dp.backend.put_step
-  message = _until_refused(step, dp.replicate(params), [put(good), put(bad)] + [put(good)] * 4)
+  message = _until_refused(step, dp.replicate(params), [put(good), put(bad)] + [put(good)] * 16)
   assert message.startswith("metric 'signed' has 16 negative weights at call 2 of step:")
 
 
