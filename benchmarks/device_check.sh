@@ -2,7 +2,8 @@
 # Issue 25's accelerator check as one command for the `device` tool: benchmarks/gpu_check.py (GPT-2 small
 # tokens/s and MFU, ResNet-18 images/s) with XLA's defaults, then with the flags JAX's GPU performance guide
 # recommends, then benchmarks/overhead.py on one device (what the NaN guard's branch costs there:
-# docs/design-notes.md#nan-guard), each under its own time limit; results and logs in $OUT.
+# docs/design-notes.md#nan-guard), then benchmarks/fsdp_step.py on one device, each under its own time limit;
+# results and logs in $OUT.
 #
 # The H200 machine has jax (CUDA), flax and optax, but neither ml_collections (which jaxdp's configs import)
 # nor a network. So, here, once per session, fetch it as a wheel for its Python 3.12:
@@ -36,3 +37,7 @@ XLA_FLAGS="--xla_gpu_triton_gemm_any=true --xla_gpu_enable_latency_hiding_schedu
 overhead=(--rounds 21 --steps 5 --workloads mlp,cnn); [ "$size" = tiny ] && overhead=(--rounds 1 --steps 1 --workloads mlp)
 timeout 60 "$python" benchmarks/overhead.py --real_devices --devices 1 "${overhead[@]}" --out "$out/overhead.md" 2>&1 \
   | tee "$out/overhead.log"
+# FSDP against plain DDP on the one GPU: nothing sharded on one device, so the ratio is what the FSDP path costs.
+fsdp=(--rounds 11 --steps 5 --workloads mlp,mlp4x2048); [ "$size" = tiny ] && fsdp=(--rounds 1 --steps 1 --workloads mlp)
+timeout 60 "$python" benchmarks/fsdp_step.py --real_devices --devices 1 "${fsdp[@]}" --out "$out/fsdp_step.md" 2>&1 \
+  | tee "$out/fsdp_step.log"

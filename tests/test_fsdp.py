@@ -23,7 +23,7 @@ import weighted_tasks
 from jaxdp import build, checkpoint, strategies
 from jaxdp.config import ConfigError
 from jaxdp.loop import train
-from jaxdp.report import metrics
+from jaxdp.report import metrics, summary
 from jaxdp.strategies import fsdp
 from jaxdp.tools import inspect
 
@@ -83,7 +83,7 @@ def test_parameters_and_optimizer_state_are_sharded_and_host_copies_whole():
   np.testing.assert_array_equal(host["hidden"]["kernel"], np.asarray(kernel))
 
 
-def test_hooks_and_the_result_see_whole_parameters(tmp_path):
+def test_hooks_and_the_result_see_whole_parameters_and_the_summary_says_what_a_device_holds(tmp_path, capsys):
   seen = []
 
   class Shapes(jaxdp.Hook):
@@ -91,7 +91,7 @@ def test_hooks_and_the_result_see_whole_parameters(tmp_path):
       seen.append(jax.tree.map(np.shape, info.params))
 
   config = weighted_tasks.config(steps=2)
-  config.parallel.shard_params = True
+  config.parallel.shard_params, config.optimizer = True, "adam"
   result = jaxdp.train_and_evaluate(config, str(tmp_path), model=weighted_tasks.MLP, task=weighted_tasks.weighted,
                                     train_data=weighted_tasks.arrays(), eval_data=weighted_tasks.arrays(),
                                     hooks=[Shapes()])
@@ -99,6 +99,23 @@ def test_hooks_and_the_result_see_whole_parameters(tmp_path):
   assert seen and all(s == whole for s in seen)
   assert jax.tree.map(np.shape, result.params) == whole
   np.testing.assert_array_equal(result.params["hidden"]["kernel"], np.asarray(result.state.params["hidden"]["kernel"]))
+  out = capsys.readouterr().out
+  assert "Mesh({'data': 8}), parameters, gradients and optimizer state sharded (shard_params), batch sharded" in out
+  # Of 2,410 parameters a device holds 310: 1/8 of each leaf but the 10-wide output bias, whole.
+  assert "  state     per device: parameters 1.2 KiB of 9.4 KiB (12.9%), optimizer state 2.4 KiB of 18.8 KiB " \
+         "(12.9%)\n" in out, out
+
+
+@pytest.mark.parametrize("flag, holds", [(None, "state replicated"),
+                                         ("shard_optimizer_state", "optimizer state sharded (ZeRO-1), parameters "
+                                                                   "replicated")])
+def test_the_summary_names_every_strategys_layout(config, flag, holds):
+  if flag:
+    config.parallel[flag] = True
+  run = build.resolve(config)
+  backend = jaxdp.DataParallel.from_config(config).backend
+  line = summary.describe(config, backend, run.layout, run.ds, run.model)["backend"]
+  assert line == f"mesh: jit(shard_map) over Mesh({{'data': 8}}), {holds}, batch sharded"
 
 
 @pytest.mark.parametrize("first, then", [({"shard_params": True}, {"num_devices": 4}),

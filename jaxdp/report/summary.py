@@ -74,8 +74,8 @@ def state_size(state: Any, backend: parallel.Backend) -> str:
     copies = len(backend.local_devices) if isinstance(backend, parallel.PmapBackend) else 1
     whole = sum(x.nbytes for x in jax.tree.leaves(tree)) // copies
     mine = tree_bytes(tree)
-    return f"{units.binary_bytes(mine)} of {units.binary_bytes(whole)}" + (
-        f" ({mine / whole:.1%})" if whole and mine < whole else "")
+    sharded = f" of {units.binary_bytes(whole)} ({mine / whole:.1%})" if mine < whole else ""
+    return units.binary_bytes(mine) + sharded
   return f"per device: parameters {held(state.params)}, optimizer state {held(state.opt_state)}"
 
 

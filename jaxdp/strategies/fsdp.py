@@ -17,7 +17,7 @@ from jaxdp.strategies import zero1_layout
 from jaxdp.strategies.base import DataAxis, PyTree, all_finite
 from jaxdp.strategies.plain import DataParallel, all_reduce_sum
 
-GATHERED = "fsdp_gathered"  # The name the backward pass re-gathers instead of keeping: docs/design-notes.md#fsdp
+GATHERED = "fsdp_gathered"  # The name the backward pass re-gathers instead of keeping: docs/design-notes.md#fully-sharded-data-parallelism
 
 
 def sharded_dim(shape: tuple[int, ...], n: int) -> int | None:

@@ -85,7 +85,7 @@ def _against_plain(compiled: dict, params_bytes: int) -> str:
   """shard_params' gathers and reduce-scatters, in parameter bytes: plain DDP all-reduces them once a step."""
   moved = {kind: compiled[kind]["tensor_bytes"] / max(params_bytes, 1) for kind in ("all-gather", "reduce-scatter")}
   return (f"shard_params: {compiled['all-gather']['count']} all-gathers move {moved['all-gather']:.2f}x the parameter "
-          f"bytes (the forward's, and the backward's again), {compiled['reduce-scatter']['count']} reduce-scatters "
+          f"bytes (the backward pass gathers again what the compiler does not keep), {compiled['reduce-scatter']['count']} reduce-scatters "
           f"{moved['reduce-scatter']:.2f}x; plain DDP all-reduces 1x (an all-reduce moves about twice what a "
           "reduce-scatter or an all-gather does)")
 
