@@ -55,5 +55,5 @@ def join(config: ml_collections.ConfigDict) -> None:
   if distributed.joined():  # The CLI joined before its command: its devices are the run's (global count now).
     return
   if (count := cpu_devices.requested([])) is not None:  # JAXDP_CPU_DEVICES, as the CLI reads it; launched or not.
-    cpu_devices.simulate(count)
+    cpu_devices.simulate(count, cpu_devices.source([]))
   init(config)
