@@ -181,8 +181,9 @@ class PmapBackend(Backend):
 class MeshBackend(Backend):
   """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P() (or as `bind_state` says), batch P('data')."""
 
-  def __init__(self, devices: list[jax.Device], checked: bool = True):
+  def __init__(self, devices: list[jax.Device], checked: bool = True, compiler_options: dict[str, Any] | None = None):
     super().__init__(devices)
+    self.compiler_options = compiler_options  # The strategy's, for every step it compiles (`Strategy.compiler_options`).
     # Unchecked (no implicit psum in `grad`) where the strategy gathers across devices itself, and on one device,
     # where the strategy can skip the all-reduce (a replica's values are the means).
     self.checked = checked and len(devices) > 1
@@ -216,10 +217,10 @@ class MeshBackend(Backend):
 
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
     mapped = self._shard_map(select(step), (self.state_specs, P()), (P(None, AXIS), P()))
-    return jax.jit(mapped, donate_argnums=0)
+    return jax.jit(mapped, donate_argnums=0, compiler_options=self.compiler_options)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    return jax.jit(self._shard_map(step, P()))
+    return jax.jit(self._shard_map(step, P()), compiler_options=self.compiler_options)
 
   def get(self, tree: PyTree) -> PyTree:
     """One whole host copy (numpy) of a tree: a replicated leaf read from one device, a sharded one gathered."""
@@ -255,7 +256,8 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
   if name == "mesh":  # A sharded state is gathered by the step.
-    return MeshBackend(devices, strategy.checked and not strategy.shards_state)
+    return MeshBackend(devices, strategy.checked and not strategy.shards_state,
+                       strategy.compiler_options(devices[0].platform))
   if strategy.shards_state:
     raise ConfigError(f"parallel.{strategy.flag} ({strategy.title}) needs parallel.backend 'mesh', got {name!r}")
   return PmapBackend(devices)

@@ -26,16 +26,18 @@ _left: str = "JAX's own (jaxdp's process set-up did not run)"  # Else why `use` 
 _threads: str = ""  # The thread pool `fix_threads` set, as the start summary says it.
 
 
-def simulate(count: int) -> None:
-  """Makes JAX see `count` CPU devices; must run before JAX first uses a device (any JAX import is fine)."""
+def simulate(count: int, asked: str = "") -> None:
+  """Makes JAX see `count` CPU devices, as `asked` (`source`) says; must run before JAX first uses a device."""
   import jax
   try:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError:  # JAX already started its backends: fine if it already has what was asked.
     if jax.device_count() != count or jax.devices()[0].platform != "cpu":
-      raise ConfigError(f"{FLAG}={count} comes too late: JAX already runs on {jax.device_count()} "
-                        f"{jax.devices()[0].platform} device(s)") from None
+      # JAX reads XLA's own flag when it starts, whenever that is: what works after a JAX call in the script.
+      raise ConfigError(f"{asked or f'{FLAG}={count}'} comes too late: a JAX call ran first, and JAX runs on "
+                        f"{jax.device_count()} {jax.devices()[0].platform} device(s); set "
+                        f"XLA_FLAGS={DEVICE_COUNT_FLAG}={count} before Python starts instead") from None
 
 
 def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[str, str]) -> int | None:
@@ -82,6 +84,16 @@ def requested(argv: list[str]) -> int | None:
       return count_of(arg.split("=", 1)[1])
   value = os.environ.get(ENV_VAR)
   return count_of(value) if value else None
+
+
+def source(argv: list[str]) -> str:
+  """How `requested(argv)` was asked, as the user wrote it: `--cpu_devices N` or JAXDP_CPU_DEVICES=N."""
+  for i, arg in enumerate(argv):
+    if arg == FLAG and i + 1 < len(argv):
+      return f"{FLAG} {argv[i + 1]}"
+    if arg.startswith(FLAG + "="):
+      return arg
+  return f"{ENV_VAR}={os.environ.get(ENV_VAR, '')}"
 
 
 def count_of(text: str) -> int:

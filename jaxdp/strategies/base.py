@@ -75,6 +75,12 @@ class Strategy(abc.ABC):
     """Raises ConfigError naming a value this strategy cannot serve (after `config.validate`); default: none."""
     del config, layout
 
+  @classmethod
+  def compiler_options(cls, platform: str) -> dict[str, Any] | None:
+    """XLA options this strategy's steps compile with on `platform` ('cpu', 'gpu', 'tpu'); default: none."""
+    del platform
+    return None
+
   def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
     """`wanted.opt_state` (of an abstract TrainState) as a checkpoint holds it: a replicated state, as it is."""
     del stored_leaf  # `stored_leaf(path)`: the stored (shape, dtype) of the opt_state leaf at `path`, or None.

@@ -12,6 +12,8 @@ from jax import lax
 from jaxdp.config import ConfigError, Layout
 from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, is_float, micro_batches
 
+DETERMINISTIC_GPU = "xla_gpu_deterministic_ops"  # XLA's name in jax 0.10.2 (also a flag: --xla_gpu_deterministic_ops).
+
 
 class Invariant(Strategy):
   """Fixed micro-shards summed in a fixed order: the same bits on 1, 2, 4, ... devices."""
@@ -43,6 +45,12 @@ class Invariant(Strategy):
     if config.model.get("bn_axis_name", None):  # Statistics over the devices' micro-shards at once depend on N.
       raise ConfigError(f"parallel.invariant cannot serve synchronized BatchNorm (model.bn_axis_name="
                         f"{config.model.bn_axis_name!r}); set model.bn_axis_name=None")
+
+  @classmethod
+  def compiler_options(cls, platform: str) -> dict[str, Any] | None:
+    """On GPUs, XLA's deterministic ops (no atomics in scatters and reductions): per program, so they hold however
+    late JAX started; the CLI also sets them in XLA_FLAGS (`runtime.process.deterministic_gpu`)."""
+    return {DETERMINISTIC_GPU: True} if platform == "gpu" else None
 
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
     m, k = self.options.invariant_shards, self.options.accum_steps

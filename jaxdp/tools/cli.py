@@ -51,7 +51,7 @@ def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
 def _simulate_devices(argv: list[str]) -> None:
   """Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES), set up before JAX starts."""
   if (count := cpu_devices.requested(argv)) is not None:
-    cpu_devices.simulate(count)
+    cpu_devices.simulate(count, cpu_devices.source(argv))
 
 
 def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
