@@ -83,7 +83,7 @@ def train_step(mapped: Callable, backend: parallel.Backend,
 
   step.lower = mapped.lower
   return bounded(step, backend, negatives, lambda counts, number: task_lib.refuse_negative(
-      jax.device_get(counts), f"step {start[0] + number}"))
+      backend.get(counts), f"step {start[0] + number}"))
 
 
 def check_outputs(model: adapter.Model, task: Any, ds: Any, state: Any, backend: parallel.Backend) -> None:
