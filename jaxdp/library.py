@@ -104,8 +104,7 @@ class DataParallel:
     return self._restore(restore, init, None)[0] if restore else self.backend.init(init)
 
   def replicate(self, tree: PyTree) -> PyTree:
-    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`.
-    A copy: `@dp.step` donates its state, and the caller's own arrays must outlive it."""
+    """Host values (the same in every process) copied to every device: a state for `@dp.step`, which donates it."""
     sharding = NamedSharding(self.backend.mesh, P())
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.array(jnp.asarray(x))), tree)
 
@@ -144,7 +143,8 @@ class DataParallel:
     replica = functools.partial(step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task,
                                 cast_inputs=cast_inputs)
     self._train = replica, self.backend.map_train(replica)
-    return wrap.train_step(self._train[1], self.backend, lambda: wrap.check_outputs(self.model, task, self._train_ds))
+    return wrap.train_step(self._train[1], self.backend,
+                           lambda state: wrap.check_outputs(self.model, task, self._train_ds, state, self.backend))
 
   def flops(self, state: step_lib.TrainState, batches: feed.Feeder) -> float | None:
     """FLOPs per device of one step of the last `train_step` on `batches` (XLA's cost analysis; None where the

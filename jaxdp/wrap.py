@@ -65,14 +65,15 @@ def _ready(entry: tuple) -> bool:
   return entry[2] is not None and all(x.is_ready() for x in jax.tree.leaves(entry[2]))
 
 
-def train_step(mapped: Callable, backend: parallel.Backend, first: Callable[[], None] = lambda: None) -> Callable:
+def train_step(mapped: Callable, backend: parallel.Backend,
+               first: Callable[[Any], None] = lambda state: None) -> Callable:
   """`dp.train_step`'s mapped step, bounded, its metrics without `negative_weight`, which refuses negative weights
-  once computed (`tasks.base.refuse_negative`), naming the step; `first()` checks before the first call."""
+  once computed (`tasks.base.refuse_negative`), naming the step; `first(state)` checks before the first call."""
   start: list[int] = []  # The state's step at the first call: the steps are named from it.
 
   def step(state: Any, batch: PyTree) -> tuple:
     if not start:
-      first()
+      first(state)
       start.append(int(backend.get(state.step)))
     return mapped(state, batch)
 
@@ -82,18 +83,20 @@ def train_step(mapped: Callable, backend: parallel.Backend, first: Callable[[], 
 
   step.lower = mapped.lower
   return bounded(step, backend, negatives, lambda counts, number: task_lib.refuse_negative(
-      jax.device_get(counts), f"step {start[0] + number}"))
+      backend.get(counts), f"step {start[0] + number}"))
 
 
-def check_outputs(model: adapter.Model, task: Any, ds: Any) -> None:
+def check_outputs(model: adapter.Model, task: Any, ds: Any, state: Any, backend: parallel.Backend) -> None:
   """ConfigError where a classification task's labels (0 .. the dataset's classes - 1) run past the model's outputs:
   their cross-entropy would be NaN. Checked on shapes, on the host: nothing waits for the devices."""
   spec = ds and ds.element_spec().get("inputs")
   if spec is None or not hasattr(task, "num_outputs") or ds.float_labels or not ds.num_classes:
     return
+  stacked = isinstance(backend, parallel.PmapBackend)  # Its leaves carry a leading [local_devices] axis.
+  shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:] if stacked else x.shape, x.dtype),
+                        (state.params, state.model_state))
   try:
-    params, state = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-    logits = jax.eval_shape(lambda p, s, x: model.apply(p, s, x, train=False)[0], params, state,
+    logits = jax.eval_shape(lambda p, s, x: model.apply(p, s, x, train=False)[0], *shapes,
                             jax.ShapeDtypeStruct((1, *spec.shape), spec.dtype))
   except Exception:  # noqa: BLE001  (a model this probe cannot call: its step says what fails, as without the probe)
     return

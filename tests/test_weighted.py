@@ -124,9 +124,11 @@ def test_a_log_window_weighs_each_step_by_its_weight():
                                             "train/zero_weight": 1.0}
 
 
-def test_negative_weights_stop_train_and_evaluate_naming_the_metric_and_the_step(tmp_path):
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_negative_weights_stop_train_and_evaluate_naming_the_metric_and_the_step(tmp_path, backend):
   """Advantages passed as weights would be rescaled by their signed sum: refused, naming where."""
   config = weighted_tasks.config(steps=6)
+  config.parallel.backend = backend
   data = weighted_tasks.arrays()
   rows = sampler.GlobalOrder(len(data["labels"]), config.batch_size, config.seed, "train").rows(2, 0, config.batch_size)
   data["weight"][rows[:3]] = -1.0
