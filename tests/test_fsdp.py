@@ -22,7 +22,7 @@ import runs
 import weighted_tasks
 from jaxdp import build, checkpoint, strategies
 from jaxdp.config import ConfigError
-from jaxdp.loop import train
+from jaxdp.loop import replicas, train
 from jaxdp.report import metrics, summary
 from jaxdp.strategies import fsdp
 from jaxdp.tools import inspect
@@ -262,3 +262,20 @@ def test_shard_params_trains_as_plain_ddp_with(config, tmp_path, setup):
            if np.issubdtype(np.asarray(v).dtype, np.floating)} for t in (plain, sharded)]
   assert _rel(flat[1], flat[0]) < 1e-5
 
+
+
+def test_the_replica_check_compares_the_replicated_leaves_of_a_sharded_state(config):
+  config.parallel.shard_params = True
+  parts = build.build(config)
+  state = parts.backend.init(parts.init)
+  sentinel = replicas.Sentinel(parts.backend)
+  sentinel.check(state.params)  # Every device holds other shards: no replica of them differs.
+  # Nor is a sharded leaf gathered whole to be compared (a model that fits no device whole stays so).
+  assert [x.shape for x in parts.backend.replicated(state.params)] == [(10,)]
+  leaves = jax.tree.leaves(state.params)
+  k = next(i for i, x in enumerate(leaves) if x.is_fully_replicated)  # The 10-wide output bias.
+  shards = [jax.device_put(np.asarray(s.data) + np.float32(s.device.id == 5), s.device)
+            for s in leaves[k].addressable_shards]
+  leaves[k] = jax.make_array_from_single_device_arrays(leaves[k].shape, leaves[k].sharding, shards)
+  with pytest.raises(replicas.ReplicaMismatchError, match=r"device 5 \(process 0\) differ from the other 7 of 8"):
+    sentinel.check(jax.tree.unflatten(jax.tree.structure(state.params), leaves))
