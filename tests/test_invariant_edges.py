@@ -26,6 +26,19 @@ def _stats(config, workdir):
   return result.backend.get(result.state.model_state)["batch_stats"]["BatchNorm_0"]
 
 
+def test_batchnorm_statistics_and_eval_metrics_are_bitwise_on_1_and_8_devices(bn_config, tmp_path):
+  """Three steps (the running averages nonzero from the second on), then an eval on the statistics."""
+  bn_config.num_train_steps, bn_config.eval_batch_size, bn_config.dataset.eval_split = 3, 40, "test[:80]"
+  runs = {}
+  for n in (1, 8):
+    bn_config.parallel.num_devices = n
+    result = train.train_and_evaluate(bn_config, str(tmp_path / str(n)))
+    runs[n] = result.backend.get((result.state.params, result.state.model_state)), result.eval_metrics
+  for a, b in zip(jax.tree.leaves(runs[1][0]), jax.tree.leaves(runs[8][0])):
+    assert a.tobytes() == b.tobytes(), np.abs(a - b).max()
+  assert runs[1][1] == runs[8][1]
+
+
 def test_batchnorm_statistics_under_accumulation_are_the_mean_over_micro_batches(bn_config, tmp_path):
   """After one step from running mean 0, the running mean is 0.1 x the batch's mean, however the batch is cut."""
   whole = _stats(bn_config, tmp_path / "whole")
