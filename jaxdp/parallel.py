@@ -183,7 +183,7 @@ class MeshBackend(Backend):
 
   def __init__(self, devices: list[jax.Device], checked: bool = True, compiler_options: dict[str, Any] | None = None):
     super().__init__(devices)
-    self.compiler_options = compiler_options  # The strategy's, for every step it compiles (`Strategy.compiler_options`).
+    self.compiler_options = compiler_options  # The strategy's, for every step compiled (`Strategy.compiler_options`).
     # Unchecked (no implicit psum in `grad`) where the strategy gathers across devices itself, and on one device,
     # where the strategy can skip the all-reduce (a replica's values are the means).
     self.checked = checked and len(devices) > 1

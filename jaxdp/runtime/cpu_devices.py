@@ -1,14 +1,11 @@
 """CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends."""
 
-import logging
 import os
 from collections.abc import Mapping
 
 import ml_collections
 
 from jaxdp.config import ConfigError
-
-log = logging.getLogger("jaxdp")
 
 ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
@@ -50,14 +47,15 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where none was set."""
   global _threads
-  if backends_started():  # Too late to set: a warning where XLA's own pool differs from the one wanted.
+  if backends_started():  # Too late to set: refused where XLA's own pool is not the one the mode needs.
     import jax
     wanted = pool_size(config, cores, os.environ)
     started = max(_base_pool(os.environ, cores), jax.local_device_count())  # XLA's own choice.
     if wanted is not None and jax.default_backend() == "cpu" and started != wanted:
-      log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not "
-                  "%d): convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. "
-                  "pass the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
+      # No compile option reaches XLA:CPU's Eigen convolutions (xla_cpu_multi_thread_eigen changes no bit): refused.
+      raise ConfigError(f"parallel.invariant: JAX started before jaxdp, with XLA:CPU's thread pool at {started} "
+                        f"threads, not {wanted}, and convolutions round by it, so the bits would depend on the device "
+                        f"count; set {THREADS_ENV}={wanted} before Python starts")
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
   if ours is not None and os.environ.get(THREADS_ENV) == ours:

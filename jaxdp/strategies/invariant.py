@@ -59,8 +59,10 @@ class Invariant(Strategy):
     first = lax.axis_index(axis.name) * m_local * k  # Global index of this device's first piece.
 
     def one(p: int, model_state: PyTree) -> tuple:
-      piece = jax.tree.map(lambda x: x[p], pieces)
-      (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, jax.random.fold_in(rng, first + p))
+      piece, key = jax.tree.map(lambda x: x[p], pieces), jax.random.fold_in(rng, first + p)
+      zero = 0.0 * jax.random.uniform(jax.random.fold_in(key, 1))  # 0, but no value XLA can fold or share.
+      model_state = jax.tree.map(lambda x: x + zero.astype(x.dtype) if is_float(x) else x, model_state)
+      (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, key)
       return metrics, model_state, grads
 
     # Unrolled, not a loop: XLA:CPU compiles a convolution in a loop differently, by a trip count that depends on N.
