@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 
-import equivalence
+import same_training
 import jax
 import pytest
 import runs
@@ -192,7 +192,7 @@ def _assert_like_one_by_eight(data_dir, workdir, reference) -> None:
   backend = parallel.make_backend("mesh")
   state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, mp._init_for(config))
   # gloo's sums across processes round in another order.
-  equivalence.assert_same_training(backend.get(state.params), ref_params)
+  same_training.assert_same_training(backend.get(state.params), ref_params)
   assert audit.main(["audit", str(workdir)]) == 0  # Every example once per epoch.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
 

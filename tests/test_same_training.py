@@ -1,10 +1,10 @@
-"""The suite's standard for two trainings being the same (tests/equivalence.py): rounding passes, a training
+"""The suite's standard for two trainings being the same (tests/same_training.py): rounding passes, a training
 that differs does not."""
 
 import numpy as np
 import pytest
 
-import equivalence
+import same_training
 
 
 @pytest.fixture
@@ -21,17 +21,17 @@ def _map(tree: dict, f) -> dict:
 def test_float_rounding_passes_and_so_does_a_near_zero_weight_off_in_its_fourth_digit(params):
   rng = np.random.RandomState(1)
   rounded = _map(params, lambda k, x: x * (1 + 1e-6 * rng.randn(*x.shape)).astype(np.float32))
-  equivalence.assert_same_training(rounded, params)
+  same_training.assert_same_training(rounded, params)
   kernel = params["hidden"]["kernel"]
   kernel[0, 0] = -0.0088390  # As on jax 0.12: -0.0088313 where one process had -0.0088390.
   rounded["hidden"]["kernel"][0, 0] = -0.0088313
-  assert abs(-0.0088313 / -0.0088390 - 1) > equivalence.RTOL
-  equivalence.assert_same_training(rounded, params)
+  assert abs(-0.0088313 / -0.0088390 - 1) > same_training.RTOL
+  same_training.assert_same_training(rounded, params)
 
 
 def test_every_weight_off_by_1e_4_is_another_training(params):
   with pytest.raises(AssertionError, match="relative L2 distance"):
-    equivalence.assert_same_training(_map(params, lambda k, x: x * np.float32(1 + 1e-4)), params)
+    same_training.assert_same_training(_map(params, lambda k, x: x * np.float32(1 + 1e-4)), params)
 
 
 def test_one_large_weight_of_a_small_leaf_off_by_1_percent_is_another_training(params):
@@ -39,11 +39,11 @@ def test_one_large_weight_of_a_small_leaf_off_by_1_percent_is_another_training(p
   changed = _map(params, lambda k, x: x.copy())
   bias = changed["head"]["bias"]
   bias[np.abs(bias).argmax()] *= 1.01
-  assert equivalence.distance(changed, params) < equivalence.REL_L2
+  assert same_training.distance(changed, params) < same_training.REL_L2
   with pytest.raises(AssertionError, match="head.*bias"):
-    equivalence.assert_same_training(changed, params)
+    same_training.assert_same_training(changed, params)
 
 
 def test_another_tree_fails(params):
   with pytest.raises(AssertionError):
-    equivalence.assert_same_training({**params, "extra": np.zeros(3, np.float32)}, params)
+    same_training.assert_same_training({**params, "extra": np.zeros(3, np.float32)}, params)

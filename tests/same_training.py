@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 # Float32 sums taken in another order, over the suite's runs of a few dozen steps: the bound the suite holds one
-# device against eight to (test_library), far under what a different training moves (test_equivalence).
+# device against eight to (test_library), far under what a different training moves (test_same_training).
 REL_L2 = 1e-5
 # An element is compared on its own where its magnitude is at least this share of its leaf's root mean square.
 NEAR_ZERO = 0.5
