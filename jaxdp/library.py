@@ -197,8 +197,7 @@ class DataParallel:
     return step
 
   def restore(self, workdir: str, state: step_lib.TrainState, step: int | None = None) -> tuple[Any, int]:
-    """(the checkpoint `step` of WORKDIR, default the newest, laid out as `state`, its step), or (`state`, 0)
-    when there is none; ConfigError when it does not fit `state`."""
+    """(checkpoint `step` of WORKDIR, default the newest, laid out as `state`; its step), or (`state`, 0) if none."""
     return self._restore(workdir, lambda: state, step, state)
 
   def _restore(self, workdir: str, init: Callable[[], Any], step: int | None, given: Any = None) -> tuple[Any, int]:
@@ -239,10 +238,8 @@ class DataParallel:
     self.close()
 
   def step(self, fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]) -> Callable:
-    """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
-    `state` donated. The state enters as each device's own copy, as in DDP: a bare `jax.grad` is this device's
-    gradient (`lax.pmean` it), `dp.value_and_grad` the global batch's. Returned values must agree on every device
-    (unchecked: docs/your-own-loop.md)."""
+    """`fn(state, batch) -> (state, metrics)` on every device, compiled, `state` donated and entering as each device's
+    own copy, as in DDP: `lax.pmean` a bare `jax.grad`; outputs must agree on every device (docs/your-own-loop.md)."""
     if (sharded := self.strategy).shards_state:
       raise ConfigError(f"@dp.step takes a replicated state; {sharded.flag} ({sharded.title}) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
@@ -252,9 +249,8 @@ class DataParallel:
   example_keys = staticmethod(wrap.example_keys)  # Randomness in `@dp.step`: docs/your-own-loop.md#randomness.
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
-    """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
-    weights) becomes `(params, batch, *args) -> (loss, grads)` over the GLOBAL batch: Σw·ℓ/Σw and its gradient,
-    reduced across devices by the strategy (micro-batches: grad_accum_steps), the same on every device."""
+    """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a weighted `tasks.Metric`) as
+    `(params, batch, *args) -> (loss, grads)` of the GLOBAL batch's Σw·ℓ/Σw, the same on every device."""
     return wrap.value_and_grad(loss_fn, self.strategy, strategies.DataAxis(parallel.AXIS, mark_varying=False))
 
   def _open(self, data: Any, split: str | None, train: bool) -> tuple[datalib.Dataset, str]:
