@@ -55,7 +55,7 @@ def test_a_billion_parameter_mlp_fits_only_with_zero1(data_dir):
 
 
 def test_twenty_16384_wide_layers_fit_a_v5e_4x4_only_with_shard_params(data_dir):
-  """5.4 B parameters (21.5 GB in float32): each chip holds 1/16 of them and of Adam's moments, plus what it gathers."""
+  """5.1 B parameters (20.4 GB in float32): each chip holds 1/16 of them and of Adam's moments, plus what it gathers."""
   width, depth = 16_384, 20
   config = lambda **more: runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp",  # noqa: E731
                                             "model.hidden": (width,) * depth, "batch_size": 64, **more})
