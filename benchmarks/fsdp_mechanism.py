@@ -65,7 +65,8 @@ class Setup:
     config = default.get_config()
     config.model.update(fields)
     config.batch_size = self.batch
-    self.model, self.tx, self.devices = models.get_model(config.model, self.shape, NUM_CLASSES), optax.adam(1e-3), devices
+    self.model, self.tx = models.get_model(config.model, self.shape, NUM_CLASSES), optax.adam(1e-3)
+    self.devices = devices
     self.options = strategies.StrategyOptions.from_config(config, len(devices))
     self.init = functools.partial(step_lib.init_state, jax.random.PRNGKey(0), model=self.model, tx=self.tx)
     self.mesh = parallel.make_backend("mesh", 0, devices=devices).mesh
@@ -218,9 +219,9 @@ def main(argv: list[str]) -> None:
     devices = jax.devices()
   dev = devices[0]
   lines = abrun.header("FSDP mechanisms: explicit gathers under shard_map vs jit with NamedSharding", load_before,
-                       f"{len(devices)} x {dev.platform} ({dev.device_kind})"
-                       f"{', compiled ahead of time with libtpu' if args.topology else ', fake devices sharing the cores'}"
-                       f"; jax {jax.__version__}")
+                       f"{len(devices)} x {dev.platform} ({dev.device_kind}), "
+                       + ("compiled ahead of time with libtpu" if args.topology else "fake devices sharing the cores")
+                       + f"; jax {jax.__version__}")
   for workload in args.workloads.split(","):
     s = Setup(workload, devices)
     built = build(s)
