@@ -1,0 +1,101 @@
+"""uint8 images reach the devices as uint8 and are scaled there: the batches a step takes are bitwise the host's
+float32 batches of before, on the tf.data path (JPEGs cropped per example) and on the host path (numpy gathers)."""
+
+import itertools
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import jaxdp
+import jpeg_dataset  # noqa: F401  Registers "varsize_jpegs".
+from jaxdp import data, feed
+from jaxdp.data import preprocess
+from jaxdp.data.source import INPUTS
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+FIELDS = {"image_size": 16, "flip": True, "mean": MEAN, "std": STD, "cache_mb": 0}
+
+
+@pytest.fixture(scope="module")
+def jpeg_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("jpegs"))
+  data.load(ml_collections.ConfigDict({"name": "varsize_jpegs", "data_dir": path, "image_size": 16}))
+  return path
+
+
+def _host(ds, steps, batch, seed=0):
+  """The host's float32 batches of steps 0..steps-1 (one process), as `data.train_batches` gives them."""
+  return list(itertools.islice(data.train_batches(ds, "train", seed=seed, global_batch=batch, start_step=0,
+                                                  process_index=0, process_count=1), steps))
+
+
+def _placed(dp, data_, steps, batch, seed=0):
+  """What the step takes from `dp.batches`: each step's inputs from its block on the devices, and the blocks."""
+  feeder = dp.batches(data_, batch_size=batch, seed=seed)
+  inputs, blocks = [], []
+  try:
+    for _ in range(steps):
+      block, index = next(feeder)
+      blocks.append(block)
+      inputs.append(np.asarray(jax.device_get(block[INPUTS]))[int(np.asarray(jax.device_get(index)).ravel()[0])])
+  finally:
+    feeder.close()
+  return inputs, blocks
+
+
+def test_cropped_jpegs_reach_the_step_as_the_hosts_float32_batches_bit_for_bit(jpeg_dir):
+  dp = jaxdp.DataParallel(num_devices=2, data_dir=jpeg_dir, **FIELDS)
+  ds = data.load(ml_collections.ConfigDict({"name": "varsize_jpegs", "data_dir": jpeg_dir, **FIELDS}))
+  host = _host(ds, 3, 8)
+  placed, blocks = _placed(dp, "varsize_jpegs", 3, 8)
+  for h, p, block in zip(host, placed, blocks):
+    assert block[INPUTS].dtype == np.float32 and h[INPUTS].dtype == np.float32
+    np.testing.assert_array_equal(p.reshape(h[INPUTS].shape), h[INPUTS])
+
+
+def test_uint8_arrays_reach_the_step_as_the_hosts_float32_batches_bit_for_bit():
+  images = np.random.RandomState(0).randint(0, 256, (64, 8, 8, 3)).astype(np.uint8)
+  arrays = {"inputs": images, "labels": np.arange(64) % 4}
+  dp = jaxdp.DataParallel(num_devices=2, mean=MEAN, std=STD, flip=True, crop_padding=2)
+  ds = dp._open(arrays, None, train=True)[0]
+  host = _host(ds, 5, 8)
+  feeder = dp.batches(arrays, batch_size=8)
+  try:
+    for h in host:
+      block, index = next(feeder)
+      step = np.asarray(jax.device_get(block[INPUTS]))[int(np.asarray(jax.device_get(index)).ravel()[0])]
+      np.testing.assert_array_equal(step.reshape(h[INPUTS].shape), h[INPUTS])
+  finally:
+    feeder.close()
+
+
+def test_uint8_inputs_are_what_is_placed(jpeg_dir, monkeypatch):
+  """The property that made the difference: the transfer carries uint8 (a quarter of float32's bytes), and the host
+  does no float arithmetic on the images."""
+  dp = jaxdp.DataParallel(num_devices=2, data_dir=jpeg_dir, **FIELDS)
+  placed = []
+  put = dp.backend.put_block
+  monkeypatch.setattr(dp.backend, "put_block", lambda block: placed.append(block[INPUTS].dtype) or put(block))
+  _placed(dp, "varsize_jpegs", 2, 8)
+  assert placed and set(placed) == {np.dtype(np.uint8)}
+
+
+def test_the_device_scaling_rounds_as_numpy_does():
+  """x * scale - offset, each rounded: the same bits as the host's `finish` for every uint8 value and channel."""
+  pre = preprocess.Preprocess(mean=MEAN, std=STD)
+  x = np.tile(np.arange(256, dtype=np.uint8)[:, None], (1, 3)).reshape(1, 256, 1, 3)
+  host = pre.finish({INPUTS: x})[INPUTS]
+  device = np.asarray(preprocess.scale_on_device(pre)({INPUTS: jax.numpy.asarray(x)})[INPUTS])
+  np.testing.assert_array_equal(device, host)
+
+
+def test_other_inputs_pass_the_device_finish_untouched():
+  pre = preprocess.Preprocess(mean=MEAN, std=STD)
+  x = jax.numpy.arange(6, dtype=np.float32).reshape(1, 2, 3)
+  assert preprocess.scale_on_device(pre)({INPUTS: x})[INPUTS] is x
+  ds = data.load(ml_collections.ConfigDict({"name": "x"}), train_data={"inputs": np.zeros((8, 3), np.float32),
+                                                                        "labels": np.zeros(8, np.int32)})
+  read, _ = feed.uint8_to_devices(ds)
+  assert read.options.preprocess.uint8_out and not ds.options.preprocess.uint8_out
