@@ -14,7 +14,8 @@ the device (`jax.device_put`, blocked on). Each run is a fresh process pinned wi
           batched, with one worker process per core;
   before  (--before) a checkout's jaxdp, the same as `jaxdp`.
 Rounds alternate the pipelines (A B C, B C A, ...); reported: median images/s over rounds (min..max), the
-per-round ratio to tf.data, and each run's peak RSS (the main process's; Grain's workers are added).
+per-round ratio to tf.data, images per CPU-second (all the process's threads and workers: less disturbed by other
+jobs on a shared machine), and each run's peak RSS (the main process's; Grain's workers are added).
 """
 
 import argparse
@@ -146,14 +147,22 @@ def one_run(pipeline: str, folder: str, data_dir: str, batches: int, warmup: int
   it = make(folder, data_dir)
   for _ in range(warmup):
     jax.block_until_ready(next(it))
-  start = time.perf_counter()
+  start, cpu = time.perf_counter(), cpu_seconds()
   for _ in range(batches):
     jax.block_until_ready(next(it))
   rate = batches * BATCH / (time.perf_counter() - start)
+  per_cpu = batches * BATCH / (cpu_seconds() - cpu)
   rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   if pipeline == "grain":  # Its worker processes hold the decoded images: the largest child's peak, per worker.
     rss += resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024 * len(os.sched_getaffinity(0))
-  return {"images_per_s": rate, "peak_rss_mib": rss}
+  return {"images_per_s": rate, "images_per_cpu_s": per_cpu, "peak_rss_mib": rss}
+
+
+def cpu_seconds() -> float:
+  """CPU seconds of this process's threads and of its live child processes (Grain's workers)."""
+  import psutil
+  me = psutil.Process()
+  return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
 
 
 def measure(pipeline: str, tree: str, cores: int, folder: str, data_dir: str, batches: int, warmup: int) -> dict:
@@ -187,12 +196,14 @@ def report(runs: dict, cores: list[int], load_before: float) -> list[str]:
   """The results table: per core count and pipeline, images/s, the ratio to tf.data per round, peak RSS."""
   lines = abrun.header("Loader only: images/s of the JPEG pipeline (224 crop, flip, mean/std, batch 64)",
                        load_before, "CPU (jax.device_put of each batch)")
-  lines += ["| cores | pipeline | images/s | / tf.data (per round) | peak RSS, MiB |", "|---|---|---|---|---|"]
+  lines += ["| cores | pipeline | images/s | / tf.data (per round) | images per CPU-second | peak RSS, MiB |",
+            "|---|---|---|---|---|---|"]
   for (n, name), rs in runs.items():
     rate = [r["images_per_s"] for r in rs]
     vs = abrun.fmt(abrun.ratios(rate, [r["images_per_s"] for r in runs[(n, "tfdata")]])) if (n, "tfdata") in runs else ""
     rss = statistics.median(r["peak_rss_mib"] for r in rs)
-    lines.append(f"| {n} | {name} | {abrun.fmt_rate(rate)} | {vs} | {rss:,.0f} |")
+    per_cpu = abrun.fmt_rate([r["images_per_cpu_s"] for r in rs])
+    lines.append(f"| {n} | {name} | {abrun.fmt_rate(rate)} | {vs} | {per_cpu} | {rss:,.0f} |")
   return lines
 
 
