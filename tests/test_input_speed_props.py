@@ -2,6 +2,8 @@
 float32 batches of before, on the tf.data path (JPEGs cropped per example) and on the host path (numpy gathers)."""
 
 import itertools
+import logging
+import time
 
 import jax
 import ml_collections
@@ -99,3 +101,36 @@ def test_other_inputs_pass_the_device_finish_untouched():
                                                                         "labels": np.zeros(8, np.int32)})
   read, _ = feed.uint8_to_devices(ds)
   assert read.options.preprocess.uint8_out and not ds.options.preprocess.uint8_out
+
+
+class _Put:
+  """A backend stand-in that places blocks as they are."""
+
+  def put_block(self, block):
+    return block
+
+  def put_index(self, index):
+    return index
+
+
+def _slow(n, delay_s):
+  for i in range(n):
+    time.sleep(delay_s)
+    yield {"x": np.full([8], i)}
+
+
+def test_the_input_rate_is_the_pipelines_not_the_slower_steps(caplog):
+  """Logged once warm: the feeding thread's examples/s, its waits for room (a slow step) left out."""
+  blocks = feed.WARM_BLOCKS + feed.TIMED_BLOCKS
+  feeder = feed.Feeder(_Put(), _slow(blocks + 2, 0.01), 1, 1)
+  try:
+    with caplog.at_level(logging.INFO, logger="jaxdp"):
+      for _ in range(blocks + 1):
+        next(feeder)
+        time.sleep(0.05)  # A step five times slower than the input.
+  finally:
+    feeder.close()
+  assert 8 / 0.035 < feeder.rate.per_second <= 8 / 0.01  # Not 8 / 0.06: the step's pace.
+  assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("input |")] == [
+      f"input | {feeder.rate.per_second:,.0f} examples/s once warm (read and placed by the feeding thread, blocks "
+      f"{feed.WARM_BLOCKS + 1}-{blocks})"]
