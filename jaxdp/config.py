@@ -1,6 +1,7 @@
 """Config validation with clear errors, and the values derived from a config."""
 
 import dataclasses
+import difflib
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,9 @@ class Layout:
 # Sub-configs that are someone else's keyword arguments (the model's, the builder's): a default there
 # would be an argument the user never gave.
 _OWN_FIELDS = ("model", "builder_kwargs", "optimizer_kwargs")
+# Sections whose keys are anyone's (a model's, a task's, an optimizer's, a TFDS builder's keyword arguments): every
+# other key a config sets must be one of configs/default.py's, or it would be ignored.
+OPEN_SECTIONS = ("model", "task", "optimizer_kwargs", "dataset.builder_kwargs")
 # Keys jaxdp no longer has, and what took their place. A config that sets one is a ConfigError naming it; the
 # config a checkpoint stores drops them (`drop_removed`), so that older runs still evaluate and resume.
 REMOVED = {
@@ -81,14 +85,41 @@ def with_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   for key in REMOVED:
     if _drop(dict(as_dict), key.split(".")):  # On a copy: `_drop` copies each section it enters.
       raise removed(key)
+  defaults = default.get_config()
+  _check_known(as_dict, defaults.to_dict(), "")
   full = ml_collections.ConfigDict(as_dict)
-  _fill(full, default.get_config())
+  _fill(full, defaults)
   return full
 
 
 def removed(key: str) -> ConfigError:
   """The one error of a config that sets `key`, a key of REMOVED."""
   return ConfigError(f"config key {key!r} was removed ({REMOVED[key]}): delete it from the config")
+
+
+def unknown(key: str, known: list[str] | None = None) -> ConfigError:
+  """The one error of a config (Python's or the command line's) that sets `key` ("parallel.shard_paramz"), which
+  jaxdp does not know and would ignore: it names the nearest of `known` (default: its neighbours in the defaults)."""
+  if known is None:
+    *section, _ = key.split(".")
+    node = default.get_config().to_dict()
+    for part in section:
+      node = node.get(part) if isinstance(node.get(part), dict) else {}
+    known = [".".join([*section, k]) for k in node]
+  hint = difflib.get_close_matches(key, known, n=1)
+  return ConfigError(f"unknown config key 'config.{key}'" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+
+
+def _check_known(node: dict[str, Any], defaults: dict[str, Any], prefix: str) -> None:
+  """A ConfigError (`unknown`) for the first key of `node` that `defaults` lacks, outside OPEN_SECTIONS."""
+  for key, value in node.items():
+    path = prefix + key
+    if path in OPEN_SECTIONS:
+      continue
+    if key not in defaults:
+      raise unknown(path, [prefix + k for k in defaults])
+    if isinstance(value, dict) and isinstance(defaults[key], dict):
+      _check_known(value, defaults[key], path + ".")
 
 
 def drop_removed(stored: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +171,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   """Checks the fields every run needs in a defaults-filled `config` (a strategy checks its own); the batch layout."""
   for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps", "parallel.prefetch"):
     _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
+  if callable(config.learning_rate):  # A schedule object: optax takes it in the optimizer.
+    raise ConfigError("learning_rate is a number (lr_schedule shapes it); pass a schedule object in an optimizer: "
+                      "train_and_evaluate(..., optimizer=optax.adamw(schedule))")
   if not config.learning_rate > 0:
     raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
   # eval_batch_size 0: the train batch size.

@@ -1,5 +1,6 @@
 """`jaxdp.DataParallel`: the devices, mesh and gradient strategy for any training loop; the trainer's own pieces."""
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from jaxdp import data as datalib
 from jaxdp import config as config_lib
 from jaxdp import step as step_lib
 from jaxdp.config import ConfigError
-from jaxdp.loop import evaluate as evaluate_lib
+from jaxdp import evaluation as evaluate_lib
 from jaxdp.models import adapter
 from jaxdp.report import flops as flops_lib
 from jaxdp.runtime import process
@@ -30,18 +31,19 @@ PyTree = Any
 class DataParallel:
   """The devices (all of every process, or the first `num_devices` of one), their mesh and a gradient strategy.
 
-  `invariant`: bitwise the same training on any power-of-two device count; `shard_optimizer_state`: ZeRO-1.
+  `invariant`: bitwise alike on any power-of-two device count; `shard_optimizer_state`: ZeRO-1; `shard_params`: FSDP.
   `dataset`: `config.dataset` fields for the data it reads by name (`data_dir=...`). In a process of a
   multi-process run (`python -m jaxdp.launch -- my_loop.py`, or a configured cluster) it joins the run first.
   """
 
   def __init__(self, *, num_devices: int = 0, invariant: bool = False, shard_optimizer_state: bool = False,
-               grad_accum_steps: int = 1, dtype: str = "float32", allreduce_dtype: str = "float32",
-               max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
+               shard_params: bool = False, grad_accum_steps: int = 1, dtype: str = "float32",
+               allreduce_dtype: str = "float32", max_grad_norm: float = 0.0, invariant_shards: int = 8, **dataset: Any):
     config = config_lib.with_defaults(ml_collections.ConfigDict())
     config.update(grad_accum_steps=grad_accum_steps, dtype=dtype, max_grad_norm=max_grad_norm)
     config.parallel.update(num_devices=num_devices, invariant=invariant, shard_optimizer_state=shard_optimizer_state,
-                           allreduce_dtype=allreduce_dtype, invariant_shards=invariant_shards)
+                           shard_params=shard_params, allreduce_dtype=allreduce_dtype,
+                           invariant_shards=invariant_shards)
     unknown = sorted(set(dataset) - set(config.dataset))
     if unknown:
       raise ConfigError(f"DataParallel got unknown options {unknown} (dataset fields: {', '.join(config.dataset)})")
@@ -69,6 +71,7 @@ class DataParallel:
     self._eval_steps: dict[tuple[int, bool], tuple[Any, Callable]] = {}  # Compiled once per `init`, not per eval.
     self._train: tuple[functools.partial, Callable] | None = None  # The last train_step: per replica, mapped.
     self._stream: dict | None = None    # The stream spec of the last `batches`: saved with each checkpoint.
+    self._train_ds: datalib.Dataset | None = None  # Its dataset: the labels the first train step is checked on.
     self._restored: tuple[str, dict] | None = None  # The restored checkpoint's path and the stream it was trained on.
     self.restored_from: int | None = None  # The step of the checkpoint the last restore read (None: initialized).
     self._savers: dict[str, checkpoint.Checkpointer] = {}  # By workdir: open while saves are in flight.
@@ -101,9 +104,9 @@ class DataParallel:
     return self._restore(restore, init, None)[0] if restore else self.backend.init(init)
 
   def replicate(self, tree: PyTree) -> PyTree:
-    """Host values (the same in every process) as arrays replicated on every device: a state for `@dp.step`."""
+    """Host values (the same in every process) copied to every device: a state for `@dp.step`, which donates it."""
     sharding = NamedSharding(self.backend.mesh, P())
-    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, jnp.asarray(x)), tree)
+    return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.array(jnp.asarray(x))), tree)
 
   def batches(self, data: Any, *, batch_size: int, seed: int = 0, start_step: int = 0, stop_step: int | None = None,
               split: str | None = None, on_ids: Callable[[np.ndarray], None] | None = None) -> feed.Feeder:
@@ -120,13 +123,12 @@ class DataParallel:
         datalib.check_resume(stored, spec)
       except ConfigError as e:
         raise ConfigError(f"checkpoint {path}: {e} (the checkpoint is left untouched)") from None
-    self._stream = spec
+    self._stream, self._train_ds = spec, ds
     read, finish = feed.uint8_to_devices(ds)  # uint8 inputs placed as uint8, scaled on the devices.
     host = datalib.train_batches(read, split, seed=seed, global_batch=batch_size, start_step=start_step,
                                  process_index=jax.process_index(), process_count=jax.process_count(),
                                  stop_step=stop_step, with_ids=on_ids is not None)
-    rows = batch_size // jax.process_count()
-    steps = feed.steps_per_block(ds, rows)
+    steps = feed.steps_per_block(ds, rows := batch_size // jax.process_count())
     return feed.Feeder(self.backend, host, steps, self.config.parallel.prefetch, on_ids=on_ids,
                        abstract=self.backend.abstract_item(ds.element_spec(), rows, steps),
                        about=feed.describe(ds, rows, steps, self.config.parallel.prefetch), finish=finish)
@@ -141,7 +143,8 @@ class DataParallel:
     replica = functools.partial(step_lib.train_step, model=self.model, tx=self.tx, strategy=self.strategy, task=task,
                                 cast_inputs=cast_inputs)
     self._train = replica, self.backend.map_train(replica)
-    return wrap.bounded(self._train[1], self.backend)
+    return wrap.train_step(self._train[1], self.backend,
+                           lambda state: wrap.check_outputs(self.model, task, self._train_ds, state, self.backend))
 
   def flops(self, state: step_lib.TrainState, batches: feed.Feeder) -> float | None:
     """FLOPs per device of one step of the last `train_step` on `batches` (XLA's cost analysis; None where the
@@ -153,7 +156,8 @@ class DataParallel:
       return flops_lib.step_flops(mapped, state, batches.abstract)
     # XLA counts a loop body once: the accumulation loop's FLOPs are counted on one micro-batch of the whole slice,
     # from the program before XLA optimizes it (a compile only to count would cost as much as the step's own).
-    whole = type(self.strategy)(dataclasses.replace(self.strategy.options, accum_steps=1))
+    whole = copy.copy(self.strategy)  # With its layout (`state_specs`), for one micro-batch.
+    whole.options = dataclasses.replace(self.strategy.options, accum_steps=1)
     return flops_lib.lowered_flops(self.backend.map_train(functools.partial(replica, strategy=whole)), state,
                                    batches.abstract)
 
@@ -193,17 +197,18 @@ class DataParallel:
     return step
 
   def restore(self, workdir: str, state: step_lib.TrainState, step: int | None = None) -> tuple[Any, int]:
-    """(the checkpoint `step` of WORKDIR, default the newest, laid out as `state`, its step), or (`state`, 0)
-    when there is none; ConfigError when it does not fit `state`."""
-    return self._restore(workdir, lambda: state, step)
+    """(checkpoint `step` of WORKDIR, default the newest, laid out as `state`; its step), or (`state`, 0) if none."""
+    return self._restore(workdir, lambda: state, step, state)
 
-  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None) -> tuple[Any, int]:
+  def _restore(self, workdir: str, init: Callable[[], Any], step: int | None, given: Any = None) -> tuple[Any, int]:
     saver = self._saver(workdir)
     step = saver.latest_step() if step is None else step
     try:
       if step is not None:
         self._restored = f"{saver.directory}/{step}", saver.stored_meta(step).get("stream", {})
       self.restored_from = step
+      if step is None and given is not None:  # Placed: a jit cannot close over a state sharded across processes.
+        return given, 0
       return saver.restore_or_init(self.backend, init, step, self.strategy), step or 0
     except BaseException:
       self._savers.pop(workdir).close()  # Nothing of a failed restore is left open.
@@ -233,21 +238,20 @@ class DataParallel:
     self.close()
 
   def step(self, fn: Callable[[PyTree, PyTree], tuple[PyTree, PyTree]]) -> Callable:
-    """`fn(state, batch) -> (state, metrics)` run on every device (state replicated, batch sharded), compiled,
-    `state` donated; take gradients in it with `dp.value_and_grad` only. Returned values must be replicated."""
-    if self.strategy.shards_state:
-      raise ConfigError("@dp.step takes a replicated state; shard_optimizer_state (ZeRO-1) serves dp.train_step")
+    """`fn(state, batch) -> (state, metrics)` on every device, compiled, `state` donated and entering as each device's
+    own copy, as in DDP: `lax.pmean` a bare `jax.grad`; outputs must agree on every device (docs/your-own-loop.md)."""
+    if (sharded := self.strategy).shards_state:
+      raise ConfigError(f"@dp.step takes a replicated state; {sharded.flag} ({sharded.title}) serves dp.train_step")
     if not isinstance(self.backend, parallel.MeshBackend):
       raise ConfigError("@dp.step runs on the mesh backend (parallel.backend 'mesh')")
-    mapped = jax.shard_map(parallel.select(fn), mesh=self.backend.mesh, in_specs=(P(), (P(None, parallel.AXIS), P())),
-                           out_specs=P(), check_vma=self.backend.checked)
-    return wrap.bounded(jax.jit(mapped, donate_argnums=0), self.backend)
+    return wrap.user_step(fn, self.backend)
+
+  example_keys = staticmethod(wrap.example_keys)  # Randomness in `@dp.step`: docs/your-own-loop.md#randomness.
 
   def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[jax.Array, PyTree]]:
-    """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a `tasks.Metric` with
-    weights) becomes `(params, batch, *args) -> (loss, grads)` over the GLOBAL batch: Σw·ℓ/Σw and its gradient,
-    reduced across devices by the strategy (micro-batches: grad_accum_steps), the same on every device."""
-    return wrap.value_and_grad(loss_fn, self.strategy, self.backend.axis)
+    """Inside `@dp.step`: `loss_fn(params, batch, *args)` -> per-example losses [B] (or a weighted `tasks.Metric`) as
+    `(params, batch, *args) -> (loss, grads)` of the GLOBAL batch's Σw·ℓ/Σw, the same on every device."""
+    return wrap.value_and_grad(loss_fn, self.strategy, strategies.DataAxis(parallel.AXIS, mark_varying=False))
 
   def _open(self, data: Any, split: str | None, train: bool) -> tuple[datalib.Dataset, str]:
     """The dataset of a name or of data objects (opened once per object) and the split to read."""
@@ -278,8 +282,8 @@ class DataParallel:
     why = self.strategy.shards_state and zero1_check.refusal(tx, params, self.strategy.options.num_shards)
     if why:
       name = objects.shown(self.config.optimizer if self._given is None else tx)
-      raise ConfigError(f"optimizer {name} cannot run under parallel.shard_optimizer_state (ZeRO-1), which updates "
-                        f"each device's slice of a parameter alone: {why}")
+      raise ConfigError(f"optimizer {name} cannot run under parallel.{self.strategy.flag} "
+                        f"({self.strategy.title}), which updates each device's slice of a parameter alone: {why}")
 
   def _check_batch(self, batch_size: int, accum: int) -> None:
     """Raises ConfigError naming a batch size the devices (and strategy) cannot split."""

@@ -103,3 +103,19 @@ def _optax_function(name: Any) -> tuple[Callable[..., optax.GradientTransformati
                       f"(e.g. {', '.join(OPTIMIZERS)}), or is an optax GradientTransformation "
                       f"(config.optimizer = optax.lion(1e-4))")
   return fn, takes
+
+
+def injected_learning_rate(opt_state: PyTree) -> Any | None:
+  """The `hyperparams['learning_rate']` an optimizer state carries (`optax.inject_hyperparams`: the rate its last
+  update used), where it is (on the devices); None where the state carries none, or several (a chain of two)."""
+  found = []
+
+  def carries(node: Any) -> bool:
+    hyperparams = getattr(node, "hyperparams", None)
+    if isinstance(hyperparams, dict) and "learning_rate" in hyperparams:
+      found.append(hyperparams["learning_rate"])
+      return True  # A leaf: its own states (`hyperparams_states`: a schedule's count) are not searched.
+    return False
+
+  jax.tree.leaves(opt_state, is_leaf=carries)
+  return found[0] if len(found) == 1 else None

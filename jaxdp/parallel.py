@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax import lax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -75,6 +76,10 @@ class Backend(abc.ABC):
   def get(self, tree: PyTree) -> PyTree:
     """One host copy (numpy) of a replicated tree, e.g. metrics or parameters (read from one device only)."""
     return jax.tree.map(lambda x: self._host(x.addressable_data(0)), tree)
+
+  def replicated(self, tree: PyTree) -> list[jax.Array]:
+    """The leaves of a state tree that every device holds whole (what replicas compare): all of them here."""
+    return jax.tree.leaves(tree)
 
   def replicas(self, tree: PyTree) -> PyTree:
     """Every local replica of a replicated tree, stacked on a leading axis (numpy)."""
@@ -176,8 +181,9 @@ class PmapBackend(Backend):
 class MeshBackend(Backend):
   """`jax.jit` of `jax.shard_map` over Mesh('data'): state replicated P() (or as `bind_state` says), batch P('data')."""
 
-  def __init__(self, devices: list[jax.Device], checked: bool = True):
+  def __init__(self, devices: list[jax.Device], checked: bool = True, compiler_options: dict[str, Any] | None = None):
     super().__init__(devices)
+    self.compiler_options = compiler_options  # The strategy's, for every step compiled (`Strategy.compiler_options`).
     # Unchecked (no implicit psum in `grad`) where the strategy gathers across devices itself, and on one device,
     # where the strategy can skip the all-reduce (a replica's values are the means).
     self.checked = checked and len(devices) > 1
@@ -211,15 +217,27 @@ class MeshBackend(Backend):
 
   def map_train(self, step: Callable[..., Any]) -> Callable[..., Any]:
     mapped = self._shard_map(select(step), (self.state_specs, P()), (P(None, AXIS), P()))
-    return jax.jit(mapped, donate_argnums=0)
+    return jax.jit(mapped, donate_argnums=0, compiler_options=self.compiler_options)
 
   def map_eval(self, step: Callable[..., Any]) -> Callable[..., Any]:
-    return jax.jit(self._shard_map(step, P()))
+    return jax.jit(self._shard_map(step, P()), compiler_options=self.compiler_options)
+
+  def get(self, tree: PyTree) -> PyTree:
+    """One whole host copy (numpy) of a tree: a replicated leaf read from one device, a sharded one gathered."""
+    return jax.tree.map(lambda x: self._host(x.addressable_data(0)) if x.is_fully_replicated else _whole(x), tree)
+
+  def replicated(self, tree: PyTree) -> list[jax.Array]:
+    return [x for x in jax.tree.leaves(tree) if x.is_fully_replicated]  # A sharded leaf has no replicas.
 
   def map_per_device(self, fn: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
     # Unchecked: each device must see its own buffer, not what replication says it should hold.
     return jax.jit(jax.shard_map(lambda t: fn(t)[None], mesh=self.mesh, in_specs=P(), out_specs=P(AXIS),
                                  check_vma=False))
+
+
+def _whole(x: jax.Array) -> np.ndarray:
+  """A sharded global array on the host, whole (gathered from every process)."""
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True) if jax.process_count() > 1 else x)
 
 
 BACKENDS: dict[str, type[Backend]] = {"pmap": PmapBackend, "mesh": MeshBackend}
@@ -238,9 +256,10 @@ def make_backend(name: str, num_devices: int = 0, strategy: type[Strategy] = Dat
       raise ConfigError(f"parallel.num_devices ({num_devices}) exceeds the {len(devices)} available devices")
     devices = devices[:num_devices]
   if name == "mesh":  # A sharded state is gathered by the step.
-    return MeshBackend(devices, strategy.checked and not strategy.shards_state)
+    return MeshBackend(devices, strategy.checked and not strategy.shards_state,
+                       strategy.compiler_options(devices[0].platform))
   if strategy.shards_state:
-    raise ConfigError(f"parallel.shard_optimizer_state (ZeRO-1) needs parallel.backend 'mesh', got {name!r}")
+    raise ConfigError(f"parallel.{strategy.flag} ({strategy.title}) needs parallel.backend 'mesh', got {name!r}")
   return PmapBackend(devices)
 
 

@@ -1,5 +1,7 @@
 """The training state and the pure per-replica train and eval steps (the `Strategy` crosses devices; unjitted)."""
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -15,7 +17,7 @@ from jaxdp.models import Model
 from jaxdp.strategies import DataAxis, DataParallel, GradFn, Strategy
 from jaxdp.tasks import base as task_lib
 
-__all__ = ["DataAxis", "TrainState", "eval_step", "init_state", "train_step"]
+__all__ = ["DataAxis", "TrainState", "eval_step", "init_state", "normalize", "train_step"]
 
 PyTree = Any
 Metrics = dict[str, jax.Array]
@@ -54,14 +56,12 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   options = strategy.options
   rng = jax.random.fold_in(state.rng, state.step)
   scale = None if state.loss_scale is None else state.loss_scale.scale
-  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale)
+  on_shards = functools.partial(strategy.on_shards, axis=axis)  # Sharded parameters gathered inside the loss.
+  grad_fn = _grad_fn(model, task, options.compute_dtype, cast_inputs, scale, on_shards)
   # Σ w·v over the global batch (each replica's micro-batches, then the replicas); one division here makes means.
   sums, model_state, grads = strategy.gradients(grad_fn, state, _task_batch(batch), rng, axis)
   weight = sums["weight"]["loss"]
-  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently with the device
-  # count, breaking the invariant mode's bitwise guarantee. Dividing by the scale, a power of two, is exact.
-  inverse = 1 / jnp.where(weight > 0, weight, 1) / (1 if scale is None else scale)
-  grads = jax.tree.map(lambda g: g * inverse, grads)
+  grads = normalize(grads, weight, scale)
   means = task_lib.means(sums)
   finite = strategy.finite(means["loss"], grads, axis)
   if options.max_grad_norm > 0:
@@ -78,7 +78,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   reported = {k: v for k, v in task_lib.flatten({**sums, "mean": means}).items() if not k.startswith("_")}
   out = {"loss": means["loss"], **reported, "nonfinite": 1 - finite.astype(jnp.int32),
          "zero_weight": (finite & (weight == 0)).astype(jnp.int32),
-         "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")}}
+         "weight": {k: w for k, w in sums["weight"].items() if not k.startswith("_")},
+         "negative_weight": {k: n.astype(jnp.int32) for k, n in sums["negative"].items()}}  # Refused on the host.
   if scale is not None:
     # A finite loss with a non-finite scaled gradient is the scale's overflow, not a failing run, until the
     # scale is down to 1: it only halves the scale (the NaN guard counts "nonfinite" steps).
@@ -89,14 +90,23 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model,
   return new_state, out
 
 
+def normalize(grads: PyTree, weight: jax.Array, scale: jax.Array | None = None) -> PyTree:
+  """The gradient of Σ w·ℓ [x scale] as that of the mean Σ w·ℓ / Σ w; zero where Σ w <= 0 (nothing to average)."""
+  # One scalar reciprocal, then products: XLA:CPU's vectorized division rounded differently with the device
+  # count, breaking the invariant mode's bitwise guarantee. Dividing by the scale, a power of two, is exact.
+  inverse = jnp.where(weight > 0, 1 / jnp.where(weight > 0, weight, 1), 0) / (1 if scale is None else scale)
+  return jax.tree.map(lambda g: g * inverse, grads)
+
+
 def _clip(grads: PyTree, norm: jax.Array, max_norm: float) -> PyTree:
   """`optax.clip_by_global_norm` given the norm of the whole (reduced) gradient, however it is laid out."""
   return jax.tree.map(lambda g: lax.select(norm < max_norm, g, (g / norm.astype(g.dtype)) * max_norm), grads)
 
 
 def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bool,
-             scale: jax.Array | None = None) -> GradFn:
-  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (sums, model_state)), grads) in `compute_dtype`."""
+             scale: jax.Array | None = None, on_shards: Callable = lambda f: f) -> GradFn:
+  """(params, model_state, batch, rng) -> ((Σ w·loss [x scale], (sums, model_state)), grads) in `compute_dtype`;
+  `on_shards`: the strategy's loss of its parameters as the state holds them (`Strategy.on_shards`)."""
   dtype = jnp.dtype(compute_dtype)
 
   def loss_fn(params: PyTree, model_state: PyTree, micro: dict, micro_rng: jax.Array) -> tuple:
@@ -106,7 +116,7 @@ def _grad_fn(model: Model, task: tasks.Task, compute_dtype: str, cast_inputs: bo
     loss = sums["mean"]["loss"]
     return (loss if scale is None else loss * scale), (sums, bound.state)
 
-  return jax.value_and_grad(loss_fn, has_aux=True)
+  return jax.value_and_grad(on_shards(loss_fn), has_aux=True)
 
 
 def _cast_floats(tree: PyTree, dtype: jnp.dtype) -> PyTree:
@@ -125,7 +135,8 @@ def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model: Model, a
   dtype = jnp.dtype(strategy.options.compute_dtype)
 
   def per_example(rows: dict[str, jax.Array]) -> dict[str, Any]:
-    bound = task_lib.BoundModel(model.apply, _cast_floats(state.params, dtype), state.model_state, train=False,
+    params = strategy.gather(state.params, axis)  # Whole, where the state holds shards.
+    bound = task_lib.BoundModel(model.apply, _cast_floats(params, dtype), state.model_state, train=False,
                                 rng=None, dtype=dtype, cast_inputs=cast_inputs)
     return task_lib.per_row(task_lib.run(task, bound, _task_batch(rows)), rows[REAL])
 

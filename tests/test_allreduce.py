@@ -8,7 +8,7 @@ from jaxdp import build, data
 from jaxdp.tools import inspect
 from jaxdp.configs import mlp_digits
 
-SCALARS = 16  # Loss and accuracy, each a float32 sum and its float32 weight.
+SCALARS = 24  # Loss and accuracy, each a float32 sum, its float32 weight and its count of negative weights.
 
 
 def _config(data_dir, **parallel):
@@ -35,7 +35,7 @@ def analyzed(data_dir):
 
 def test_one_all_reduce_per_gradient_leaf_and_metric_sum(analyzed):
   lowered = analyzed()["collectives"]["lowered"]["all-reduce"]
-  assert lowered["count"] == 4 + 4  # Loss and accuracy, sum and weight each; one per leaf (two kernels, two biases).
+  assert lowered["count"] == 4 + 6  # One per leaf (two kernels, two biases); loss and accuracy: sum, weight, negatives.
   assert (lowered["tensor_bytes"], lowered["scalar_bytes"]) == (analyzed()["params"]["bytes"], SCALARS)
 
 

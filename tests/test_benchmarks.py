@@ -125,6 +125,9 @@ def test_device_check_runs_gpu_check_with_defaults_then_the_guides_flags_then_th
   overhead = (tmp_path / "overhead.md").read_text()
   assert "- devices: 1 x cpu (cpu); jax" in overhead  # The machine's own device, none simulated.
   assert len([line for line in overhead.splitlines() if line.startswith("| mlp")]) == 1
+  fsdp = (tmp_path / "fsdp_step.md").read_text()
+  assert "- devices: 1 x cpu (cpu); jax" in fsdp
+  assert len([line for line in fsdp.splitlines() if line.startswith("| mlp")]) == 1
 
 
 def test_gpu_check_runs_at_a_tiny_size_on_cpu(tmp_path):

@@ -2,6 +2,8 @@
 every N steps, restored however the loop ends."""
 
 import gc
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -63,9 +65,23 @@ def test_a_caller_s_frozen_objects_stay_frozen():
     gc.unfreeze()
 
 
+def test_objects_frozen_before_jaxdp_started_are_not_a_caller_s():
+  """CPython 3.12.1 starts with objects frozen (3.10, 3.11, 3.13 with none): here a fresh interpreter that froze its
+  heap before importing jaxdp, as 3.12.1 does before running anything. The loop still unfreezes what it froze."""
+  code = ("import gc; gc.freeze()\n"
+          "from jaxdp.loop.collector import Collector\n"
+          "with Collector(5):\n"
+          "  made = [[] for _ in range(1000)]\n"
+          "print(gc.get_freeze_count())")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr
+  assert int(result.stdout) == 0  # Else every train_and_evaluate leaves the whole heap frozen for good.
+
+
 def test_zero_leaves_python_s_automatic_collection_alone(collections):
+  frozen = gc.get_freeze_count()  # As the interpreter started, or as the tests before left it.
   with Collector(0) as garbage:
-    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
     garbage.after(0)
   assert collections == []
 
@@ -105,7 +121,9 @@ def test_the_loop_trains_with_automatic_collection_off_and_restores_it(tmp_path,
   enabled: list[bool] = []
   jaxdp.train_and_evaluate(config, str(tmp_path), model=Linear, train_data=Rows(64, enabled),
                            eval_data={"inputs": np.zeros((8, 4), np.float32), "labels": np.zeros(8, np.float32)})
-  assert gc.isenabled() and gc.get_freeze_count() == 0
+  # No more frozen than when jaxdp started: CPython 3.12.1 starts with objects frozen, and a full collection freezes
+  # them again after an unfreeze.
+  assert gc.isenabled() and gc.get_freeze_count() <= jaxdp._FROZEN_AT_START
   if every:
     assert False in enabled and collections.count(1) >= 40 // every  # The loop's reads ran with it off.
   else:

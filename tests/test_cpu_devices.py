@@ -76,7 +76,7 @@ def test_a_pool_size_a_parent_set_is_not_taken_for_the_users(monkeypatch):
   assert cpu_devices.fix_threads(config, 1) is None and cpu_devices.THREADS_ENV not in os.environ
 
 
-def test_a_pool_jax_started_with_before_jaxdp_is_a_warning_where_it_differs(monkeypatch, caplog):
+def test_a_pool_jax_started_with_before_jaxdp_is_refused_where_it_differs(monkeypatch, caplog):
   """Here JAX started on 8 devices (conftest): its pool, max(cores, 8), serves 8 shards on up to 8 cores."""
   for name in (cpu_devices.THREADS_ENV, cpu_devices.THREADS_ENV_OLD):
     monkeypatch.delenv(name, raising=False)
@@ -84,8 +84,8 @@ def test_a_pool_jax_started_with_before_jaxdp_is_a_warning_where_it_differs(monk
   config.parallel.invariant, config.parallel.invariant_shards = True, 8
   assert cpu_devices.fix_threads(config, 2) is None and not caplog.records
   config.parallel.invariant_shards = 16
-  assert cpu_devices.fix_threads(config, 2) is None
-  assert "(8 threads, not 16)" in caplog.text and "PJRT_NPROC=16 before JAX starts" in caplog.text, caplog.text
+  with pytest.raises(ConfigError, match=r"thread pool at 8 threads, not 16, .* set PJRT_NPROC=16 before Python starts"):
+    cpu_devices.fix_threads(config, 2)
 
 
 def test_the_summary_line_names_where_the_count_came_from(monkeypatch):

@@ -93,3 +93,19 @@ def test_a_process_id_outside_the_run_is_named(monkeypatch, num, pid):
   _environment(monkeypatch, names, ("here:2", str(num), str(pid)))
   with pytest.raises(config_lib.ConfigError, match=f"num_processes={num}, process_id={pid}"):
     distributed.settings()
+
+
+@pytest.mark.parametrize("names", [distributed.JAX_ENV,
+                                   (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES,
+                                    distributed.ENV_PROCESS_ID)])
+@pytest.mark.parametrize("values, missing", [(("here:2", "2", ""), 2), (("here:2", "", "1"), 1),
+                                             (("here:2", "", ""), None)])
+def test_a_missing_process_count_or_id_is_named(monkeypatch, names, values, missing):
+  """JAX_NUM_PROCESSES without JAX_PROCESS_ID: one error naming the unset variable, not every process as id 0."""
+  _environment(monkeypatch, names, values)
+  for name, value in zip(names, values):
+    if not value:
+      monkeypatch.delenv(name, raising=False)
+  unset = [names[1], names[2]] if missing is None else [names[missing]]
+  with pytest.raises(config_lib.ConfigError, match=f"{names[0]}='here:2' is set but {' and '.join(unset)} not"):
+    distributed.settings()

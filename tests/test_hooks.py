@@ -177,6 +177,8 @@ def _wandb_history(wandb_dir) -> dict[int, dict]:
         pos += 32768 - pos % 32768
         continue
       _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+      if pos + 7 + length > len(raw):  # A chunk W&B is still writing.
+        break
       pending, pos = pending + raw[pos + 7:pos + 7 + length], pos + 7 + length
       if kind in (1, 4):
         record = wandb_internal_pb2.Record.FromString(pending)
@@ -201,7 +203,14 @@ def test_wandb_offline_holds_every_train_and_eval_record_and_a_restart_resumes_i
   train.train_and_evaluate(config, workdir, hooks=[jaxdp.WandbTracker(project="jaxdp-test", mode="offline")])
   offline = glob.glob(str(tmp_path / "wandb" / "wandb" / "offline-run-*"))
   assert len(offline) == 2 and all(path.endswith(f"-{run_id}") for path in offline)  # The restart resumed it.
-  history = _wandb_history(tmp_path / "wandb")
   logged = {(r["step"], k): v for r in metrics.read(workdir) for k, v in r.items() if k.startswith(("train/", "eval/"))}
   assert {s for s, _ in logged} == {2, 4, 6}
+  # W&B's service may still be writing the run's last records when `finish()` returns: wait until every logged key
+  # is there (a missing one times out), then compare the values.
+  history: dict[int, dict] = {}
+
+  def arrived() -> bool:
+    history.update(_wandb_history(tmp_path / "wandb"))
+    return all(key in history.get(step, {}) for step, key in logged)
+  runs.wait_for(arrived, timeout=120, every=0.1)
   assert {key: history.get(key[0], {}).get(key[1]) for key in logged} == pytest.approx(logged, rel=1e-12)

@@ -1,5 +1,7 @@
 """The NaN guard's stop rule counts CONSECUTIVE skipped steps: isolated NaN steps never stop a run."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,23 @@ def test_without_log_steps_the_guard_still_reads_the_metrics_every_fetch_every_s
 def test_steps_in_flight_are_bounded_on_cpu_only():
   assert steps_in_flight(_HostBackend("cpu")) == MAX_STEPS_IN_FLIGHT > 0
   assert steps_in_flight(_HostBackend("gpu")) == steps_in_flight(_HostBackend("tpu")) == 0
+
+
+def test_the_nan_guard_names_the_example_ids_of_the_skipped_batches(config, tmp_path, monkeypatch, caplog):
+  """NaN rows in in-memory arrays: the error and the log name the ids (row positions) of each skipped batch. Seen
+  failing with `StepMetrics(backend)` in loop/train.py (no ids given): the error said "step 1: unknown"."""
+  rng = np.random.default_rng(0)
+  inputs = rng.normal(size=(256, 8)).astype(np.float32)
+  bad = [17, 200]
+  inputs[bad] = np.nan
+  arrays = {"inputs": inputs, "labels": rng.integers(0, 3, 256)}
+  config.num_train_steps, config.batch_size = 8, 32  # One epoch: each row in exactly one step's batch.
+  monkeypatch.setattr(step_metrics, "MAX_CONSECUTIVE_NONFINITE", 1)  # The first skipped step stops the run.
+  with caplog.at_level("WARNING", logger="jaxdp"), pytest.raises(NonFiniteError) as raised:
+    train.train_and_evaluate(config, str(tmp_path), train_data=arrays, eval_data=arrays)
+  named = re.search(r"step (\d+): ([\d, ]+)$", str(raised.value))
+  ids = {int(i) for i in named.group(2).split(", ")}
+  assert len(ids) == 32 and ids & set(bad)  # The whole batch of the step, which holds a NaN row.
+  logged = [r.getMessage() for r in caplog.records if "update skipped" in r.getMessage()]
+  assert logged == [f"step {named.group(1)}: loss or gradients NaN/Inf, update skipped; its batch's example ids: "
+                    f"{named.group(2)}"]

@@ -219,13 +219,13 @@ def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   assert "\r" not in out and "\x1b" not in out  # No bar in a log file.
   lines = out.splitlines()
   assert lines[0] == "jaxdp"
-  topics = [line.split()[0] for line in lines[1:14]]
+  topics = [line.split()[0] for line in lines[1:15]]
   assert topics == ["devices", "backend", "batch", "model", "data", "task", "features", "schedule", "cpu_devs",
-                    "input", "compute", "compile"] + ["step"], out
+                    "state", "input", "compute", "compile"] + ["step"], out
   assert lines[1].split()[1:3] == ["4", "x"]
   assert "global 32 = 4 devices x 8" in lines[3]
   assert lines[9].split()[1:4] == ["4:", "asked", "for"], out  # JAXDP_CPU_DEVICES, not config.cpu_devices.
-  progress_lines = lines[13:]
+  progress_lines = lines[14:]
   assert [line.split()[1] for line in progress_lines[:-2]] == ["2/6", "4/6", "6/6", "6/6"], out
   assert all(TRAIN_LINE.match(line) for line in progress_lines[:3]), out
   assert EVAL_LINE.match(progress_lines[3]), out

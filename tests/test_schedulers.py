@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 
+import same_training
 import jax
-import numpy as np
 import pytest
 import runs
 import test_multiprocess as mp
@@ -191,9 +191,8 @@ def _assert_like_one_by_eight(data_dir, workdir, reference) -> None:
   config = runs.config_with(_overrides(data_dir))
   backend = parallel.make_backend("mesh")
   state = checkpoint.Checkpointer(str(workdir), config).restore_or_init(backend, mp._init_for(config))
-  # test_multiprocess's standard for 2 x 4 against 1 x 8: gloo's sums across processes round in another order.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), backend.get(state.params),
-               ref_params)
+  # gloo's sums across processes round in another order.
+  same_training.assert_same_training(backend.get(state.params), ref_params)
   assert audit.main(["audit", str(workdir)]) == 0  # Every example once per epoch.
   assert audit.main(["audit", str(ref_dir), str(workdir)]) == 0  # The same global batches, step by step.
 
@@ -349,3 +348,19 @@ def test_a_workdir_without_locks_is_trained_with_a_warning(tmp_path, monkeypatch
   with caplog.at_level(logging.WARNING, logger="jaxdp"), workdir_lock.hold(str(tmp_path)):
     pass
   assert "not taken (No locks available): a second run there would not be refused" in caplog.text
+
+
+@pytest.mark.parametrize("per_node, node, procid, local, ids", [
+    ("2,1", 1, 2, 0, []),                           # The lone task of the second node: all 8 of its GPUs.
+    ("2,1", 0, 1, 1, [4, 5, 6, 7]),                 # Two on the first node: half each.
+    ("2(x3),1", 3, 6, 0, []),                       # SLURM's compressed form: the fourth node's one task.
+    ("2(x3),1", 2, 5, 1, [4, 5, 6, 7])])
+def test_slurm_uneven_nodes_give_each_task_its_node_s_share(joined_with, per_node, node, procid, local, ids):
+  """`sbatch -n 3` over two nodes: SLURM_TASKS_PER_NODE="2,1"; a node's share is by its own task count."""
+  nodes = len(per_node.split(",")) if "(x" not in per_node else 4
+  env = {**_slurm(int(procid) + 1, 2, procid, SLURM_GPUS_ON_NODE="8", CUDA_VISIBLE_DEVICES=EIGHT),
+         "SLURM_NTASKS": str(2 * nodes - 1), "SLURM_TASKS_PER_NODE": per_node, "SLURM_STEP_TASKS_PER_NODE": per_node,
+         "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local), "SLURM_NNODES": str(nodes),
+         "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_NODELIST": f"gpu[001-{nodes:03d}]",
+         "SLURM_STEP_NODELIST": f"gpu[001-{nodes:03d}]"}
+  assert joined_with(env)["local_device_ids"] == ids

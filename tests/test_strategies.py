@@ -31,10 +31,11 @@ def _full_batch_grads(parts, params, model_state, batch):
   return jax.grad(loss)(params)
 
 
-@pytest.mark.parametrize("zero1", [False, True])
-def test_clipping_matches_optax_on_the_full_batch_gradient(config, zero1):
+@pytest.mark.parametrize("flag", [None, "shard_optimizer_state", "shard_params"])
+def test_clipping_matches_optax_on_the_full_batch_gradient(config, flag):
   config.optimizer, config.learning_rate, config.max_grad_norm = "sgd", 1.0, 0.05
-  config.parallel.shard_optimizer_state = zero1
+  if flag:
+    config.parallel[flag] = True
   parts = build.build(config)
   state = parts.backend.init(parts.init)
   params0, model_state = parts.backend.get((state.params, state.model_state))
@@ -61,10 +62,11 @@ def test_zero1_devices_agree_when_one_slice_is_nonfinite():
   assert np.asarray(decide(grads)).tolist() == [False] * 8
 
 
-@pytest.mark.parametrize("zero1", [False, True])
-def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(config, zero1):
+@pytest.mark.parametrize("flag", [None, "shard_optimizer_state", "shard_params"])
+def test_a_nonfinite_gradient_element_on_one_device_skips_the_step_everywhere(config, flag):
   config.model = ml_collections.ConfigDict({"name": "nan_models:OneNaNGradient"})  # Probe slice 1 of 8.
-  config.parallel.shard_optimizer_state = zero1
+  if flag:
+    config.parallel[flag] = True
   parts = build.build(config)
   state = parts.backend.init(parts.init)
   before = parts.backend.replicas(state.params)
@@ -100,9 +102,10 @@ def _three_steps(config, **parallel):
 
 @pytest.mark.parametrize("parallel", [{"num_devices": 8}, {"num_devices": 8, "accum": 2},
                                       {"num_devices": 8, "shard_optimizer_state": True, "accum": 2},
+                                      {"num_devices": 8, "shard_params": True, "accum": 2},
                                       {"invariant": True, "num_devices": 1}, {"invariant": True, "num_devices": 8},
                                       {"invariant": True, "num_devices": 8, "accum": 2}],
-                         ids=["ddp", "ddp-accum2", "zero1-accum2", "invariant-1", "invariant-8", "invariant-8-accum2"])
+                         ids=["ddp", "ddp-accum2", "zero1-accum2", "fsdp-accum2", "invariant-1", "invariant-8", "invariant-8-accum2"])
 def test_an_integer_model_state_counts_calls_as_plain_ddp_does(config, parallel):
   """A counter is state, not a statistic: +1 per micro-batch a replica runs, never summed over replicas or shards."""
   accum = parallel.get("accum", 1)
@@ -177,10 +180,11 @@ def test_a_replicated_strategy_of_its_own_reads_a_zero1_optimizer_state_as_store
   assert _as_stored(strategy, wanted, stored) is wanted.opt_state
 
 
-@pytest.mark.parametrize("zero1", [False, True])
-def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config, zero1):
+@pytest.mark.parametrize("flag", [None, "shard_optimizer_state", "shard_params"])
+def test_accumulated_micro_batches_report_the_metrics_of_the_whole_batch(config, flag):
   """The first step's loss and accuracy (before any update) are the batch's, however many micro-batches ran."""
-  config.parallel.shard_optimizer_state = zero1
+  if flag:
+    config.parallel[flag] = True
   reported = []
   for accum in (1, 2, 4):
     config.grad_accum_steps = accum

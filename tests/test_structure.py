@@ -113,6 +113,52 @@ def test_the_trainer_check_catches_a_reach_past_the_library(tmp_path):
   assert trainer_reaches_past_the_library(graph(copy)) == {"jaxdp.loop.train -> jaxdp.checkpoint"}
 
 
+def imports_up_into_the_loop(edges: dict[str, set[str]]) -> set[str]:
+  """Imports of the loop from below it: the library (`DataParallel` and its parts), the reports, the runtime, the
+  data, the models, the tasks and the strategies stand under the loop, which is built on them."""
+  return {f"{m} -> {t}" for m, targets in edges.items()
+          if not _under(m, ("jaxdp.loop", "jaxdp.tools")) and m not in ENTRY_POINTS and m != "jaxdp"
+          for t in targets if _under(t, ("jaxdp.loop",))}
+
+
+def test_nothing_below_the_loop_imports_it():
+  assert imports_up_into_the_loop(graph()) == set()
+
+
+@pytest.mark.parametrize("edit, line, edge", [
+    ("library.py", "from jaxdp.loop import evaluate", "jaxdp.library -> jaxdp.loop.evaluate"),
+    ("report/metrics.py", "from jaxdp.loop.hooks import Hook", "jaxdp.report.metrics -> jaxdp.loop.hooks"),
+])
+def test_the_layer_check_catches_an_import_up_into_the_loop(tmp_path, edit, line, edge):
+  """Seen failing: the library's exact evaluation and the reports' `Hook` imported from the loop, as they were."""
+  import shutil
+  copy = tmp_path / "jaxdp"
+  shutil.copytree(PACKAGE, copy)
+  with open(copy / edit, "a") as f:
+    f.write(f"\n\ndef _late():\n  {line}  # noqa\n")
+  assert imports_up_into_the_loop(graph(copy)) == {edge}
+
+
+def imports_after_code(root: pathlib.Path = PACKAGE) -> set[str]:
+  """Module-level imports below code (`noqa: E402`): a module's imports come first (a docstring and annotations-only
+  `if TYPE_CHECKING:` imports aside); what must load late is imported inside the function that needs it."""
+  found = set()
+  for name, path in _modules(root).items():
+    code = False
+    for node in ast.parse(path.read_text(), str(path)).body:
+      if isinstance(node, ast.Import | ast.ImportFrom):
+        found |= {f"{name}:{node.lineno}"} if code else set()
+      elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                or isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"):
+        code = True
+  return found
+
+
+def test_every_module_imports_before_its_code():
+  """Seen failing on tools/sample.py as it was (its `--help` check, then JAX imported below it)."""
+  assert imports_after_code() == set()
+
+
 def test_data_never_imports_the_datasets_by_name():
   """It imports one by module path, when a config names it (`tfds_dataset.SHIPPED`)."""
   wrong = {f"{m} -> {t}" for m, targets in graph().items() if _under(m, ("jaxdp.data",))

@@ -388,7 +388,8 @@ def test_weighted_metrics_reduce_by_kind_to_sums_and_a_mean_over_its_total_weigh
   sums = task_lib.by_kind({"loss": tasks.Metric(values, weights), "s": tasks.Metric(values, weights, reduce="sum"),
                            "n": tasks.Metric(values, reduce="sum"), "m": tasks.Metric(values, reduce="max")})
   assert {k: {n: float(v) for n, v in g.items()} for k, g in sums.items()} == {
-      "mean": {"loss": 10.0}, "weight": {"loss": 4.0}, "sum": {"s": 10.0, "n": 6.0}, "max": {"m": 3.0}}
+      "mean": {"loss": 10.0}, "weight": {"loss": 4.0}, "sum": {"s": 10.0, "n": 6.0}, "max": {"m": 3.0},
+      "negative": {"loss": 0.0}}  # A mean's negative weights, counted to be refused.
   assert float(task_lib.means(sums)["loss"]) == 2.5
   empty = {**sums, "weight": {"loss": jnp.float32(0)}, "mean": {"loss": jnp.float32(0)}}
   assert float(task_lib.means(empty)["loss"]) == 0.0  # Nothing to average: 0, never NaN.

@@ -10,7 +10,8 @@ from jaxdp.tools import inspect, topology
 from jaxdp.config import ConfigError
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                reason="needs libtpu: pip install -e '.[tpu]' (CI installs it)")
+                                reason="needs libtpu: pip install -e '.[tpu]' (CI's Python 3.11 job installs it; "
+                                       "its job on the newest JAX does not)")
 
 WIDTH, DEPTH = 20_000, 5  # An MLP of 1.6 billion parameters on digits (8x8 inputs, 10 classes).
 P = 64 * WIDTH + WIDTH + (DEPTH - 1) * (WIDTH * WIDTH + WIDTH) + WIDTH * 10 + 10
@@ -53,9 +54,23 @@ def test_a_billion_parameter_mlp_fits_only_with_zero1(data_dir):
   assert sum(c["bytes"] for c in zero["collectives"].values()) >= 4 * P
 
 
+def test_twenty_16384_wide_layers_fit_a_v5e_4x4_only_with_shard_params(data_dir):
+  """5.4 B parameters (21.5 GB in float32): each chip holds 1/16 of them and of Adam's moments, plus what it gathers."""
+  width, depth = 16_384, 20
+  config = lambda **more: runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp",  # noqa: E731
+                                            "model.hidden": (width,) * depth, "batch_size": 64, **more})
+  params = 64 * width + width + (depth - 1) * (width * width + width) + width * 10 + 10
+  sharded = topology.report(config(**{"parallel.shard_params": True}), "v5e:4x4")
+  assert sharded["fits"] is True and sharded["num_devices"] == 16
+  assert sharded["memory"]["argument_bytes"] == pytest.approx(4 * 3 * params / 16, rel=0.01)
+  assert sharded["per_device_bytes"] < 16 * 2**30 < 4 * params  # Not even the parameters fit one chip whole.
+  for more in ({}, {"parallel.shard_optimizer_state": True}):
+    assert topology.report(config(**more), "v5e:4x4")["fits"] is False, more
+
+
 @pytest.mark.parametrize("option", [{"grad_accum_steps": 2}, {"dtype": "bfloat16"},
                                     {"parallel.allreduce_dtype": "bfloat16"}, {"parallel.invariant": True},
-                                    {"parallel.shard_optimizer_state": True}])
+                                    {"parallel.shard_optimizer_state": True}, {"parallel.shard_params": True}])
 def test_memory_changing_options_compile_for_a_slice(data_dir, option):
   base = {"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (512,), "batch_size": 64}
   plain = topology.report(runs.config_with(base), "v5e:2x2")
@@ -63,7 +78,7 @@ def test_memory_changing_options_compile_for_a_slice(data_dir, option):
   assert r["fits"] and r["num_devices"] == 4
   if "parallel.allreduce_dtype" in option:  # TPUs keep the bfloat16 all-reduce (XLA:CPU would promote it).
     assert r["collectives"]["all-reduce"]["bytes"] < 0.6 * plain["collectives"]["all-reduce"]["bytes"]
-  if "parallel.shard_optimizer_state" in option:
+  if "parallel.shard_optimizer_state" in option or "parallel.shard_params" in option:
     assert r["memory"]["argument_bytes"] < 0.6 * plain["memory"]["argument_bytes"]
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import runs
 
-from jaxdp import checkpoint, data, feed, train
+from jaxdp import checkpoint, data, evaluation, feed, train
 from jaxdp.runtime import process
-from jaxdp.loop import evaluate, hooks
+from jaxdp.loop import hooks
 from jaxdp.tools import sample
 from jaxdp.report import metrics, progress
 from jaxdp.loop import preemption, step_metrics
@@ -123,7 +123,7 @@ def test_every_way_out_closes_the_writers_the_display_and_the_checkpointer(confi
     monkeypatch.setattr(preemption.Watcher, "should_stop", lambda self, step: step == 2)
     assert train.train_and_evaluate(config, str(tmp_path)).preempted
   else:
-    monkeypatch.setattr(*((evaluate, "exact") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
+    monkeypatch.setattr(*((evaluation, "exact") if how == "exception" else (checkpoint.Checkpointer, "restore_or_init")),
                         _boom)
     with pytest.raises(RuntimeError, match="boom"):
       train.train_and_evaluate(config, str(tmp_path))

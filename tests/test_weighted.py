@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+import jaxdp
 import runs
 import weighted_tasks
 from jaxdp import build
@@ -121,3 +122,15 @@ def test_a_log_window_weighs_each_step_by_its_weight():
              {"loss": 2.0, "hits": 4.0, "nonfinite": 1, "zero_weight": 1, "weight": {"loss": 1.0}}]
   assert metrics.mean(history, "train") == {"train/loss": 1.25, "train/hits": 3.0, "train/nonfinite": 1.0,
                                             "train/zero_weight": 1.0}
+
+
+@pytest.mark.parametrize("backend", ["mesh", "pmap"])
+def test_negative_weights_stop_train_and_evaluate_naming_the_metric_and_the_step(tmp_path, backend):
+  """Advantages passed as weights would be rescaled by their signed sum: refused, naming where."""
+  config = weighted_tasks.config(steps=6)
+  config.parallel.backend = backend
+  data = weighted_tasks.arrays()
+  rows = sampler.GlobalOrder(len(data["labels"]), config.batch_size, config.seed, "train").rows(2, 0, config.batch_size)
+  data["weight"][rows[:3]] = -1.0
+  with pytest.raises(jaxdp.ConfigError, match="^metric 'loss' has 3 negative weights at step 3: .* belongs in the loss"):
+    weighted_tasks.train(config, str(tmp_path), data)

@@ -42,6 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.parallel.backend = "mesh"   # mesh: jit + shard_map over a 1-D Mesh('data'); pmap: jax.pmap.
   config.parallel.allreduce_dtype = "float32"  # Dtype of the gradient all-reduce; bfloat16 halves the bytes sent.
   config.parallel.shard_optimizer_state = False  # ZeRO-1 (mesh backend): optimizer state sharded over devices.
+  config.parallel.shard_params = False  # FSDP (mesh backend): parameters, gradients, optimizer state sharded over devices.
   config.parallel.invariant = False  # Bitwise-identical results on any power-of-two device count (ordered gradient sum).
   config.parallel.invariant_shards = 8  # Invariant mode: fixed micro-shards of the global batch (a power of two >= devices).
   config.parallel.num_devices = 0    # Devices to use (single process only); 0 means all.

@@ -64,11 +64,16 @@ class Recorder:
       self._saves.write(f"{step}\n")
       self._saves.flush()
 
-  def digest(self, step: int) -> str | None:
-    """The digest of global batch `step`; None when no order was given."""
+  def ids(self, step: int) -> np.ndarray | None:
+    """The example ids of global batch `step` (positions in the split, in row order); None when no order was given."""
     if self.global_order is None:
       return None
-    return batch_digest(self.global_order.rows(step - 1, 0, self.header["global_batch"]))
+    return self.global_order.rows(step - 1, 0, self.header["global_batch"])
+
+  def digest(self, step: int) -> str | None:
+    """The digest of global batch `step`; None when no order was given."""
+    ids = self.ids(step)
+    return None if ids is None else batch_digest(ids)
 
   def metrics(self, step: int) -> dict[str, str]:
     """{"data/digest": ...} for a logged step's metrics (empty when the digest is unknown)."""

@@ -2,6 +2,8 @@
 
 import gc
 
+import jaxdp
+
 # The loop collects the young generations every this many steps. Why: docs/design-notes.md#garbage-collection
 EVERY_STEPS = 50
 
@@ -15,7 +17,7 @@ class Collector:
 
   def __enter__(self) -> "Collector":
     if self.every_steps > 0:
-      self._was_enabled, self._was_frozen = gc.isenabled(), gc.get_freeze_count() > 0
+      self._was_enabled, self._was_frozen = gc.isenabled(), gc.get_freeze_count() > jaxdp._FROZEN_AT_START
       gc.disable()
       gc.freeze()  # O(1): no full collection here (docs/design-notes.md#garbage-collection).
     return self

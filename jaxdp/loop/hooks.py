@@ -1,6 +1,5 @@
 """Hooks: user code the loop calls at log, eval, checkpoint and every N steps, alike everywhere (docs/hooks.md)."""
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -8,6 +7,8 @@ from typing import Any
 import numpy as np
 
 from jaxdp.config import ConfigError
+from jaxdp.report.metrics import is_number
+from jaxdp.report.hook import Hook, StepInfo
 
 EVENTS = ("on_log", "on_eval", "on_checkpoint", "on_step")  # The calls whose STOP is honoured.
 
@@ -24,44 +25,6 @@ STOP = _Stop()
 
 class HookError(ConfigError):
   """A hook raised: the CLI reports it in one `error:` line naming the hook (the original error is its cause)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInfo:
-  """What a hook is called with: `metrics` as host floats, the same on every process (docs/hooks.md)."""
-  step: int
-  metrics: Mapping[str, float]
-  state: Any
-  workdir: str
-  host: Callable[[Any], Any] = dataclasses.field(default=lambda tree: tree, repr=False, compare=False)
-
-  @property
-  def params(self) -> Any:
-    """The parameters on the host, one copy (numpy)."""
-    return self.host(self.state.params)
-
-
-class Hook:
-  """Override the calls you need; each may return `jaxdp.STOP` (the run stops at this step, checkpointed).
-
-  `on_step` runs at the multiples of `every` (0: never). `on_start` runs once before the first step,
-  `on_write(step, scalars)` with every record the loop writes (a tracker), `close` when the run ends.
-  """
-  every: int = 0
-
-  def on_start(self, info: StepInfo) -> Any: ...
-
-  def on_log(self, info: StepInfo) -> Any: ...
-
-  def on_eval(self, info: StepInfo) -> Any: ...
-
-  def on_checkpoint(self, info: StepInfo) -> Any: ...
-
-  def on_step(self, info: StepInfo) -> Any: ...
-
-  def on_write(self, step: int, scalars: Mapping[str, float]) -> None: ...
-
-  def close(self) -> None: ...
 
 
 class _FunctionHook(Hook):
@@ -127,10 +90,12 @@ class Hooks:
     self.ran = False  # Whether a hook's event ran since the last agreement (the same steps on every process).
     self.stopped_by: str | None = None  # The hook that asked to stop (on this process).
 
-  def write(self, step: int, scalars: Mapping[str, float]) -> None:
-    """Every tracker's `on_write` with one record."""
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Every tracker's `on_write` with one record: its numbers, and its identifiers (`data/digest`) too where the
+    tracker keeps them (metrics.jsonl)."""
+    numbers = {k: v for k, v in scalars.items() if is_number(v)}
     for h in self.hooks:
-      _call(h, "on_write", step, h.on_write, step, scalars)
+      _call(h, "on_write", step, h.on_write, step, scalars if getattr(h, "keeps_identifiers", False) else numbers)
 
   def call(self, event: str, step: int, state: Any, metrics: Mapping[str, float] | None = None) -> None:
     """`event` of every hook overriding it; a STOP is remembered for `should_stop`."""

@@ -15,6 +15,7 @@ from jax.experimental import multihost_utils
 from jaxdp.loop import hooks as hooks_lib, replicas
 from jaxdp.loop.step_metrics import NonFiniteError, StepMetrics
 from jaxdp.report import progress
+from jaxdp.report.learning_rate import LearningRate
 
 log = logging.getLogger("jaxdp")
 # `train/skipped_examples` through each checkpointed step (process 0 writes it): a resumed run counts on.
@@ -34,12 +35,15 @@ class Periodic:
   completed: tuple[int, Any] | None = None  # The last step dispatched whose metrics were taken (a TrainState).
   skipped_before: int = 0  # Bad examples replaced in the steps before this run's first (earlier runs').
 
+  def __post_init__(self) -> None:
+    self.learning_rate = LearningRate(self.run.run.named, self.run.dp.backend.get)
+
   def periodic(self, step: int, state: Any) -> None:
     """Whatever is due after `step`: train metrics, replica check, eval, checkpoint."""
     config, total, clock = self.run.config, self.run.config.num_train_steps, self.run.clock
     if itstime(step, config.log_every_steps, total):
       with clock.span("train"):  # Fetching the metrics waits for the steps in flight.
-        train_metrics = self.tracker.flush()
+        train_metrics = {**self.tracker.flush(), **self.learning_rate(step, state)}
       skipped = self._skipped(step)
       self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
                                **self.run.recorder.metrics(step), **skipped, **clock.scalars()})

@@ -32,11 +32,11 @@ class Sentinel:
   """Compares a fingerprint of every replica of a replicated tree (the step compiles once)."""
 
   def __init__(self, backend: Backend):
-    self.per_device = backend.map_per_device(_fingerprint)
+    self.per_device, self.backend = backend.map_per_device(_fingerprint), backend
 
   def check(self, tree: PyTree) -> None:
     """Raises ReplicaMismatchError naming the replicas (devices) whose copy differs from the majority."""
-    shards = self.per_device(tree).addressable_shards
+    shards = self.per_device(self.backend.replicated(tree)).addressable_shards
     pairs = np.array([[s.device.id, int(np.asarray(s.data).reshape(-1)[0])] for s in shards], dtype=np.int64)
     if jax.process_count() > 1:
       pairs = np.asarray(multihost_utils.process_allgather(pairs)).reshape(-1, 2)

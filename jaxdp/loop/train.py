@@ -122,6 +122,7 @@ def _setup(config: ml_collections.ConfigDict, workdir: str, stack: contextlib.Ex
   with clock.span("restore"):
     state = dp.init(run.model, run.tx, seed=config.seed, restore=workdir)
   with clock.span("setup"):
+    summary.report({"state": summary.state_size(state, dp.backend)}, title=None)  # As the strategy laid it out.
     start = int(dp.backend.get(state.step))
     read: collections.deque = collections.deque()  # The ids the reader read, for the audit's recorder.
     # The stream of the checkpoint is checked here, before anything is written.
@@ -157,7 +158,7 @@ def _train(run: _Run, watcher: preemption.Watcher, stack: contextlib.ExitStack) 
   profiler = profiling.Profiler(run.workdir, config.profile_steps)
   stack.callback(profiler.stop)  # A run stopped inside the profiled steps still leaves its trace.
   garbage = stack.enter_context(collector.Collector(collector.EVERY_STEPS))
-  loop = periodic.Periodic(run, hooks, reporter, StepMetrics(backend), replicas.Sentinel(backend),
+  loop = periodic.Periodic(run, hooks, reporter, StepMetrics(backend, run.recorder.ids), replicas.Sentinel(backend),
                            skipped_before=periodic.skipped_at(run.workdir, start))
   if start:  # The status lines are printed (not logged): a script or notebook sees them as the command line does.
     reporter.note(f"resumed from step {start} ({dp.checkpoints(run.workdir)}/{start})"

@@ -9,13 +9,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdp.loop.hooks import Hook
+from jaxdp.report.hook import Hook
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class JsonlWriter(Hook):
   """Appends one JSON object per line ({"step": ..., "train/loss": ...}); a no-op off process 0."""
+  keeps_identifiers = True  # The records' strings (`data/digest`) too: other trackers get numbers only.
 
   def __init__(self, workdir: str):
     self.path = os.path.join(workdir, METRICS_FILE)

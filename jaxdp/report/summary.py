@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 
 from jaxdp import config as config_lib
-from jaxdp import data, parallel
+from jaxdp import data, loss_scale, parallel, strategies
 from jaxdp.report import units
 from jaxdp.runtime import distributed
 from jaxdp.models import Model
@@ -31,7 +31,7 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
   targets = f"float labels {tuple(ds.label_shape)}" if ds.float_labels else f"{ds.num_classes} classes"
   return {
       "devices": _devices(backend),
-      "backend": _backend(config.parallel.backend, backend),
+      "backend": _backend(config.parallel.backend, backend, strategies.select(config).holds),
       "batch": (f"global {layout.global_batch} = {layout.num_devices} devices x {layout.per_device_batch}"
                 f"{per_process}; eval global {layout.eval_global_batch}"),
       "model": f"{config.model.name}: {count:,} parameters, {units.binary_bytes(nbytes)}",
@@ -41,7 +41,15 @@ def describe(config: ml_collections.ConfigDict, backend: parallel.Backend, layou
       "features": features(ds),
       "schedule": (f"{steps}, {steps_per_epoch:,} per epoch "
                    f"(= {config.num_train_steps / max(steps_per_epoch, 1):.1f} epochs)"),
+      **({"precision": scaled_precision()} if config.dtype == "float16" else {}),
   }
+
+
+def scaled_precision() -> str:
+  """The line of a float16 run: its loss scaling is on (`loss_scale`), and how it moves."""
+  return (f"float16 compute under dynamic loss scaling: the loss x {loss_scale.INITIAL_SCALE:g} at first, the scale "
+          f"halved at an overflow (that step skipped), doubled after {loss_scale.GROWTH_INTERVAL} finite steps "
+          "(train/loss_scale)")
 
 
 def features(ds: data.Dataset) -> str:
@@ -58,6 +66,17 @@ def report(lines: dict[str, str], stream: TextIO | None = None, title: str | Non
     block = "".join(f"  {topic:<{TOPIC_WIDTH}} {text}\n" for topic, text in lines.items())
     stream.write((f"{title}\n" if title else "") + block)
     stream.flush()
+
+
+def state_size(state: Any, backend: parallel.Backend) -> str:
+  """What one device holds of the parameters and of the optimizer state (its shards), against the whole."""
+  def held(tree: Any) -> str:  # A pmap leaf stacks one whole copy per local device.
+    copies = len(backend.local_devices) if isinstance(backend, parallel.PmapBackend) else 1
+    whole = sum(x.nbytes for x in jax.tree.leaves(tree)) // copies
+    mine = tree_bytes(tree)
+    sharded = f" of {units.binary_bytes(whole)} ({mine / whole:.1%})" if mine < whole else ""
+    return units.binary_bytes(mine) + sharded
+  return f"per device: parameters {held(state.params)}, optimizer state {held(state.opt_state)}"
 
 
 def parameter_size(model: Model) -> tuple[int, int]:
@@ -86,11 +105,11 @@ def _devices(backend: parallel.Backend) -> str:
           f"the {'?' if seen is None else seen} devices it can see")
 
 
-def _backend(name: str, backend: parallel.Backend) -> str:
+def _backend(name: str, backend: parallel.Backend, holds: str) -> str:
   axes = ", ".join(f"{axis!r}: {size}" for axis, size in backend.mesh.shape.items())
   if name == "pmap":
     return f"pmap: jax.pmap over {backend.num_devices} devices (axis {axes}), one state copy per device"
-  return f"{name}: jit(shard_map) over Mesh({{{axes}}}), state replicated, batch sharded"
+  return f"{name}: jit(shard_map) over Mesh({{{axes}}}), {holds}, batch sharded"
 
 
 def compute(step_flops: float | None, peak: float | None, device: jax.Device) -> str:

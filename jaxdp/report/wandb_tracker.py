@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxdp.config import ConfigError
-from jaxdp.loop.hooks import Hook, StepInfo
+from jaxdp.report.hook import Hook, StepInfo
 from jaxdp.report.metrics import is_number
 
 RUN_ID_FILE = "wandb_run_id"  # In the workdir: a restarted run logs on to the same W&B run.
@@ -29,7 +29,7 @@ class WandbTracker(Hook):
     try:
       import wandb
     except ImportError:
-      raise ConfigError("WandbTracker needs wandb: pip install 'jaxdp[wandb]'") from None
+      raise ConfigError("WandbTracker needs wandb: pip install -e '.[wandb]' in your clone of jaxdp") from None
     kwargs = dict(self.init_kwargs)
     if "dir" not in kwargs and "WANDB_DIR" not in os.environ:
       kwargs["dir"] = info.workdir

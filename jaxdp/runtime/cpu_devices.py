@@ -1,14 +1,11 @@
 """CPU devices: `--cpu_devices N` / JAXDP_CPU_DEVICES, else `config.cpu_devices`, set before JAX starts its backends."""
 
-import logging
 import os
 from collections.abc import Mapping
 
 import ml_collections
 
 from jaxdp.config import ConfigError
-
-log = logging.getLogger("jaxdp")
 
 ENV_VAR = "JAXDP_CPU_DEVICES"
 FLAG = "--cpu_devices"
@@ -26,16 +23,18 @@ _left: str = "JAX's own (jaxdp's process set-up did not run)"  # Else why `use` 
 _threads: str = ""  # The thread pool `fix_threads` set, as the start summary says it.
 
 
-def simulate(count: int) -> None:
-  """Makes JAX see `count` CPU devices; must run before JAX first uses a device (any JAX import is fine)."""
+def simulate(count: int, asked: str = "") -> None:
+  """Makes JAX see `count` CPU devices, as `asked` (`source`) says; must run before JAX first uses a device."""
   import jax
   try:
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError:  # JAX already started its backends: fine if it already has what was asked.
     if jax.device_count() != count or jax.devices()[0].platform != "cpu":
-      raise ConfigError(f"{FLAG}={count} comes too late: JAX already runs on {jax.device_count()} "
-                        f"{jax.devices()[0].platform} device(s)") from None
+      # JAX reads XLA's own flag when it starts, whenever that is: what works after a JAX call in the script.
+      raise ConfigError(f"{asked or f'{FLAG}={count}'} comes too late: a JAX call ran first, and JAX runs on "
+                        f"{jax.device_count()} {jax.devices()[0].platform} device(s); set "
+                        f"XLA_FLAGS={DEVICE_COUNT_FLAG}={count} before Python starts instead") from None
 
 
 def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[str, str]) -> int | None:
@@ -48,14 +47,15 @@ def pool_size(config: ml_collections.ConfigDict, cores: int, environ: Mapping[st
 def fix_threads(config: ml_collections.ConfigDict, cores: int) -> int | None:
   """Sets PJRT_NPROC to `pool_size` before JAX starts its CPU backend; returns it, or None where none was set."""
   global _threads
-  if backends_started():  # Too late to set: a warning where XLA's own pool differs from the one wanted.
+  if backends_started():  # Too late to set: refused where XLA's own pool is not the one the mode needs.
     import jax
     wanted = pool_size(config, cores, os.environ)
     started = max(_base_pool(os.environ, cores), jax.local_device_count())  # XLA's own choice.
     if wanted is not None and jax.default_backend() == "cpu" and started != wanted:
-      log.warning("parallel.invariant: JAX started before jaxdp could size XLA:CPU's thread pool (%d threads, not "
-                  "%d): convolutions may round differently on other device counts; set %s=%d before JAX starts (e.g. "
-                  "pass the model as a class, not an instance made before)", started, wanted, THREADS_ENV, wanted)
+      # No compile option reaches XLA:CPU's Eigen convolutions (xla_cpu_multi_thread_eigen changes no bit): refused.
+      raise ConfigError(f"parallel.invariant: JAX started before jaxdp, with XLA:CPU's thread pool at {started} "
+                        f"threads, not {wanted}, and convolutions round by it, so the bits would depend on the device "
+                        f"count; set {THREADS_ENV}={wanted} before Python starts")
     return None
   ours = os.environ.pop(THREADS_ADDED, None)
   if ours is not None and os.environ.get(THREADS_ENV) == ours:
@@ -82,6 +82,16 @@ def requested(argv: list[str]) -> int | None:
       return count_of(arg.split("=", 1)[1])
   value = os.environ.get(ENV_VAR)
   return count_of(value) if value else None
+
+
+def source(argv: list[str]) -> str:
+  """How `requested(argv)` was asked, as the user wrote it: `--cpu_devices N` or JAXDP_CPU_DEVICES=N."""
+  for i, arg in enumerate(argv):
+    if arg == FLAG and i + 1 < len(argv):
+      return f"{FLAG} {argv[i + 1]}"
+    if arg.startswith(FLAG + "="):
+      return arg
+  return f"{ENV_VAR}={os.environ.get(ENV_VAR, '')}"
 
 
 def count_of(text: str) -> int:

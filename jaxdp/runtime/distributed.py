@@ -140,6 +140,10 @@ def settings() -> dict:
   names = ours if os.environ.get(ENV_COORDINATOR) or not os.environ.get(JAX_ENV[0]) else JAX_ENV
   address, num_text, pid_text = (os.environ.get(name, "") for name in names)
   address = address or None
+  missing = [name for name, text in zip(names[1:], (num_text, pid_text)) if address and not text.strip()]
+  if missing:  # Else every process would join as one id, or JAX would guess a count.
+    raise ConfigError(f"distributed: {names[0]}={address!r} is set but {' and '.join(missing)} not: set "
+                      f"{names[1]} (the process count) and {names[2]} (0 to count - 1) in every process")
   try:  # Unset: no count, no id.
     num, pid = int(num_text.strip() or 0), int(pid_text.strip() or -1)
   except ValueError:

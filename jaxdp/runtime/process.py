@@ -43,10 +43,21 @@ def init(config: ml_collections.ConfigDict) -> None:
   use_compilation_cache()
   from jaxdp.runtime import cpu_devices, distributed
   cpu_devices.fix_threads(config, cpu_devices.cores())  # Before JAX starts its CPU backend.
+  deterministic_gpu(config, cpu_devices.backends_started())
   if not distributed.initialize():
     cpu_devices.use(config)  # One process: its CPU devices (config.cpu_devices), before JAX starts its backends.
   elif jax.process_index() != 0:
     log.setLevel(logging.WARNING)
+
+
+def deterministic_gpu(config: ml_collections.ConfigDict, started: bool) -> None:
+  """In invariant mode, XLA's deterministic GPU ops for every program of the process, set before JAX starts."""
+  from jaxdp.strategies.invariant import DETERMINISTIC_GPU  # JAX: imported, not started.
+  flags = os.environ.get("XLA_FLAGS", "")
+  if not config.parallel.invariant or started or f"--{DETERMINISTIC_GPU}" in flags:
+    return  # Once JAX started, the mesh backend's own compile options hold it (`Invariant.compiler_options`).
+  # First: XLA ignores every flag after one it does not know.
+  os.environ["XLA_FLAGS"] = f"--{DETERMINISTIC_GPU}=true {flags}".strip()
 
 
 def join(config: ml_collections.ConfigDict) -> None:
@@ -55,5 +66,5 @@ def join(config: ml_collections.ConfigDict) -> None:
   if distributed.joined():  # The CLI joined before its command: its devices are the run's (global count now).
     return
   if (count := cpu_devices.requested([])) is not None:  # JAXDP_CPU_DEVICES, as the CLI reads it; launched or not.
-    cpu_devices.simulate(count)
+    cpu_devices.simulate(count, cpu_devices.source([]))
   init(config)

@@ -62,6 +62,8 @@ class StrategyOptions:
 class Strategy(abc.ABC):
   """How gradients are reduced across replicas and applied; one instance per run, chosen in `jaxdp.build`."""
   flag: ClassVar[str | None] = None     # The `config.parallel` flag that picks it (`jaxdp.strategies.select`).
+  title: ClassVar[str] = "plain data parallelism"  # How messages name it.
+  holds: ClassVar[str] = "state replicated"  # How it lays the state out over the devices (the start summary).
   checked: ClassVar[bool] = True        # shard_map may check replication (False: the strategy gathers itself).
   shards_state: ClassVar[bool] = False  # Lays the state out other than replicated (needs the mesh backend).
 
@@ -72,6 +74,12 @@ class Strategy(abc.ABC):
   def validate(cls, config: ml_collections.ConfigDict, layout: Layout) -> None:
     """Raises ConfigError naming a value this strategy cannot serve (after `config.validate`); default: none."""
     del config, layout
+
+  @classmethod
+  def compiler_options(cls, platform: str) -> dict[str, Any] | None:
+    """XLA options this strategy's steps compile with on `platform` ('cpu', 'gpu', 'tpu'); default: none."""
+    del platform
+    return None
 
   def stored_opt_layout(self, wanted: PyTree, stored_leaf: Callable[[tuple], Any]) -> PyTree:
     """`wanted.opt_state` (of an abstract TrainState) as a checkpoint holds it: a replicated state, as it is."""
@@ -90,6 +98,16 @@ class Strategy(abc.ABC):
   def state_specs(self, abstract_state: PyTree) -> PyTree:
     """PartitionSpecs of the train state over the data axis: everything replicated."""
     return jax.tree.map(lambda _: P(), abstract_state)
+
+  def gather(self, params: PyTree, axis: DataAxis) -> PyTree:
+    """This replica's parameters as the state holds them -> the whole parameters: the same, unsharded."""
+    del axis
+    return params
+
+  def on_shards(self, loss_fn: Callable[..., Any], axis: DataAxis) -> Callable[..., Any]:
+    """`loss_fn(params, ...)` of whole parameters -> of the parameters as the state holds them: itself, unsharded."""
+    del axis
+    return loss_fn
 
   @abc.abstractmethod
   def gradients(self, grad_fn: GradFn, state: Any, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:

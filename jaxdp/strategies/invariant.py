@@ -12,10 +12,13 @@ from jax import lax
 from jaxdp.config import ConfigError, Layout
 from jaxdp.strategies.base import DataAxis, EvalFn, Gradients, GradFn, PyTree, Strategy, is_float, micro_batches
 
+DETERMINISTIC_GPU = "xla_gpu_deterministic_ops"  # XLA's name in jax 0.10.2 (also a flag: --xla_gpu_deterministic_ops).
+
 
 class Invariant(Strategy):
   """Fixed micro-shards summed in a fixed order: the same bits on 1, 2, 4, ... devices."""
   flag = "invariant"
+  title = "invariant mode"
   checked = False  # The step gathers and sums across devices itself.
 
   @classmethod
@@ -43,6 +46,12 @@ class Invariant(Strategy):
       raise ConfigError(f"parallel.invariant cannot serve synchronized BatchNorm (model.bn_axis_name="
                         f"{config.model.bn_axis_name!r}); set model.bn_axis_name=None")
 
+  @classmethod
+  def compiler_options(cls, platform: str) -> dict[str, Any] | None:
+    """On GPUs, XLA's deterministic ops (no atomics in scatters and reductions): per program, so they hold however
+    late JAX started; the CLI also sets them in XLA_FLAGS (`runtime.process.deterministic_gpu`)."""
+    return {DETERMINISTIC_GPU: True} if platform == "gpu" else None
+
   def gradients(self, grad_fn: GradFn, state: PyTree, batch: dict, rng: jax.Array, axis: DataAxis) -> Gradients:
     m, k = self.options.invariant_shards, self.options.accum_steps
     m_local = m // self.options.num_shards
@@ -50,8 +59,10 @@ class Invariant(Strategy):
     first = lax.axis_index(axis.name) * m_local * k  # Global index of this device's first piece.
 
     def one(p: int, model_state: PyTree) -> tuple:
-      piece = jax.tree.map(lambda x: x[p], pieces)
-      (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, jax.random.fold_in(rng, first + p))
+      piece, key = jax.tree.map(lambda x: x[p], pieces), jax.random.fold_in(rng, first + p)
+      zero = 0.0 * jax.random.uniform(jax.random.fold_in(key, 1))  # 0, but no value XLA can fold or share.
+      model_state = jax.tree.map(lambda x: x + zero.astype(x.dtype) if is_float(x) else x, model_state)
+      (_, (metrics, model_state)), grads = grad_fn(state.params, model_state, piece, key)
       return metrics, model_state, grads
 
     # Unrolled, not a loop: XLA:CPU compiles a convolution in a loop differently, by a trip count that depends on N.

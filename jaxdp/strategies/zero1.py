@@ -13,6 +13,8 @@ from jaxdp.strategies.plain import DataParallel
 class ZeRO1(DataParallel):
   """Reduce-scatter, update the local optimizer-state shard, all-gather the parameters."""
   flag = "shard_optimizer_state"
+  title = "ZeRO-1"
+  holds = "optimizer state sharded (ZeRO-1), parameters replicated"
   checked = False  # The step all-gathers the new parameters itself; `grad` then adds no implicit psum.
   shards_state = True
 

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from jaxdp.config import ConfigError
 
 KINDS = ("mean", "sum", "max")  # How a metric combines: weighted mean over elements, sum, maximum.
-GROUPS = ("mean", "weight", "sum", "max")  # Mergeable sums of metrics: a mean is its "mean" (Σ w·v) over its "weight".
+# Mergeable sums of metrics: a mean is its "mean" (Σ w·v) over its "weight"; "negative" counts its weights below 0.
+GROUPS = ("mean", "weight", "sum", "max", "negative")
 PyTree = Any
 
 
@@ -112,7 +113,17 @@ def per_row(metrics: Mapping[str, Metric], real: jax.Array) -> dict[str, Any]:
     out[m.reduce][name] = _rows(jnp.where(mask, v * w, 0.0), jnp.sum)
     if m.reduce == "mean":
       out["weight"][name] = _rows(jnp.where(mask, w, 0.0), jnp.sum)
+      out["negative"][name] = _rows(jnp.where(mask & (w < 0), 1.0, 0.0), jnp.sum)
   return out
+
+
+def refuse_negative(counts: Mapping[str, Any], where: str) -> None:
+  """ConfigError naming the first mean metric with negative weights (`counts`: their number by name) and `where`."""
+  for name, count in sorted(counts.items(), key=lambda kv: kv[0] != "loss"):  # The loss first, as ever.
+    if count > 0:
+      raise ConfigError(f"metric {name!r} has {int(count)} negative weights at {where}: a weight is a mean's "
+                        "normalizer (a mask, a count); a signed per-example factor (an advantage) belongs in the loss "
+                        "(docs/tasks.md#weights)")
 
 
 def combine(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def start(argv: list[str], usage: str = "", extra_help: str = "") -> None:
 def _simulate_devices(argv: list[str]) -> None:
   """Simulated CPU devices (`--cpu_devices N` or JAXDP_CPU_DEVICES), set up before JAX starts."""
   if (count := cpu_devices.requested(argv)) is not None:
-    cpu_devices.simulate(count)
+    cpu_devices.simulate(count, cpu_devices.source(argv))
 
 
 def parse_workdir(argv: list[str], step: int | None = None) -> tuple[ml_collections.ConfigDict, str]:
@@ -199,10 +199,9 @@ def _override(config: ml_collections.ConfigDict, argv: list[str], where: str = "
   except flags.Error as e:
     raise config_lib.ConfigError(f"{e}{where}") from None
   except (AttributeError, KeyError) as e:  # An override names a key the config does not have.
-    bad = _bad_override(rest, e)
-    if (key := bad.removeprefix("config.").partition("'")[0]) in config_lib.REMOVED:
+    if (key := _bad_override(rest, e)) in config_lib.REMOVED:
       raise config_lib.removed(key) from None
-    raise config_lib.ConfigError(f"unknown config key '{bad}{where}") from None
+    raise config_lib.ConfigError(f"{config_lib.unknown(key)}{where}") from None
   except TypeError as e:  # An override reaches into a field that is no dict (--config.dataset.name.x=1).
     overrides = ", ".join(a.split("=")[0] for a in rest if a.startswith("--config."))
     raise config_lib.ConfigError(f"bad config override among {overrides} ({e}){where}") from None
@@ -225,9 +224,8 @@ def _check_model_key(name: str, key: str) -> None:
 
 
 def _bad_override(argv: list[str], error: Exception) -> str:
-  """The `--config.x.y` flag that failed with KeyError/AttributeError 'y', with ml_collections' hint."""
+  """The key ("x.y") of the `--config.x.y` flag that failed with KeyError/AttributeError 'y'."""
   lookup = re.search(r"Attempting to lookup: ([\w.]+)", str(error))  # A key under a field that is no dict.
   key = lookup.group(1).rpartition(".")[2] if lookup else re.search(r"\w+", str(error)).group()
-  hint = re.search(r'Did you mean "(\w+)"', str(error))
-  flag = next((a.split("=")[0].lstrip("-") for a in argv if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)
-  return f"{flag}'" + (f" (did you mean {hint.group(1)!r}?)" if hint else "")
+  return next((a.split("=")[0].lstrip("-").removeprefix("config.") for a in argv
+               if re.match(rf"--config\.([\w.]+\.)?{key}\b", a)), key)

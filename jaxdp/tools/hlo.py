@@ -49,7 +49,8 @@ def run_options(parts: build.Parts) -> dict[str, Any]:
           "global_batch": parts.layout.global_batch, "per_device_batch": parts.layout.per_device_batch,
           "grad_accum_steps": config.grad_accum_steps, "dtype": config.dtype,
           "allreduce_dtype": config.parallel.allreduce_dtype,
-          "shard_optimizer_state": bool(config.parallel.shard_optimizer_state)}
+          "shard_optimizer_state": bool(config.parallel.shard_optimizer_state),
+          "shard_params": bool(config.parallel.shard_params), "layout": parts.strategy.holds}
 
 
 def memory(compiled: Any) -> dict[str, int] | None:

@@ -68,6 +68,8 @@ def _notes(report: dict, platform: str) -> list[str]:
       notes.append(f"{kind}: the lowered program sends {', '.join(sent) or 'nothing'}, the program compiled for "
                    f"{platform} sends {', '.join(kept) or 'nothing'}: the compiler changed the dtype (XLA:CPU "
                    "promotes bfloat16 all-reduces to float32; the lowered dtype is what the step asks for)")
+  if report["run"]["shard_params"]:
+    notes.append(_against_plain(compiled, report["params"]["bytes"]))
   looped = sum(c["in_loop"] for c in compiled.values())
   if looped:
     notes.append(f"{looped} compiled collective(s) sit inside a loop body and run once per iteration, "
@@ -79,6 +81,15 @@ def _notes(report: dict, platform: str) -> list[str]:
   return notes
 
 
+def _against_plain(compiled: dict, params_bytes: int) -> str:
+  """shard_params' gathers and reduce-scatters, in parameter bytes: plain DDP all-reduces them once a step."""
+  moved = {kind: compiled[kind]["tensor_bytes"] / max(params_bytes, 1) for kind in ("all-gather", "reduce-scatter")}
+  return (f"shard_params: {compiled['all-gather']['count']} all-gathers move {moved['all-gather']:.2f}x the parameter "
+          f"bytes (the backward pass gathers again what the compiler does not keep), {compiled['reduce-scatter']['count']} reduce-scatters "
+          f"{moved['reduce-scatter']:.2f}x; plain DDP all-reduces 1x (an all-reduce moves about twice what a "
+          "reduce-scatter or an all-gather does)")
+
+
 def format_report(r: dict) -> str:
   """The report as aligned text."""
   run, mem, dev = r["run"], r["memory"], r["per_device"]
@@ -88,7 +99,8 @@ def format_report(r: dict) -> str:
       f"jaxdp inspect: {run['model']} on {run['devices']} x {run['device_kind']} ({run['platform']}), "
       f"backend {run['backend']}, batch {run['global_batch']} = {run['devices']} x {run['per_device_batch']}",
       f"  options     accum {run['grad_accum_steps']}, dtype {run['dtype']}, all-reduce {run['allreduce_dtype']}, "
-      f"ZeRO-1 {'on' if run['shard_optimizer_state'] else 'off'}, optimizer {run['optimizer']}",
+      f"ZeRO-1 {'on' if run['shard_optimizer_state'] else 'off'}, shard_params "
+      f"{'on' if run['shard_params'] else 'off'}, optimizer {run['optimizer']}",
       f"  parameters  {r['params']['count']:,} ({size(r['params']['bytes'])}); optimizer state "
       f"{size(r['optimizer_state_bytes'])}",
       f"  per device  params {size(dev['params_bytes'])}, optimizer state {size(dev['opt_state_bytes'])}, "
