@@ -41,6 +41,13 @@ _OWN_FIELDS = ("model", "builder_kwargs", "optimizer_kwargs")
 # Sections whose keys are anyone's (a model's, a task's, an optimizer's, a TFDS builder's keyword arguments): every
 # other key a config sets must be one of configs/default.py's, or it would be ignored.
 OPEN_SECTIONS = ("model", "task", "optimizer_kwargs", "dataset.builder_kwargs")
+# Keys that take numbers or names, where a user may set an object that belongs in a Python argument, and that argument.
+# Such a field takes any type (configs/default.py), so that the assignment reaches this check: ml_collections' own
+# type check would raise a TypeError that names neither.
+AS_ARGUMENTS = {
+    "learning_rate": "learning_rate is a number (lr_schedule shapes it); pass a schedule object in an optimizer: "
+                     "train_and_evaluate(..., optimizer=optax.adamw(schedule)), dp.init(model, optax.adamw(schedule))",
+}
 # Keys jaxdp no longer has, and what took their place. A config that sets one is a ConfigError naming it; the
 # config a checkpoint stores drops them (`drop_removed`), so that older runs still evaluate and resume.
 REMOVED = {
@@ -111,13 +118,15 @@ def unknown(key: str, known: list[str] | None = None) -> ConfigError:
 
 
 def _check_known(node: dict[str, Any], defaults: dict[str, Any], prefix: str) -> None:
-  """A ConfigError (`unknown`) for the first key of `node` that `defaults` lacks, outside OPEN_SECTIONS."""
+  """A ConfigError for the first key of `node` that `defaults` lacks (outside OPEN_SECTIONS) or of AS_ARGUMENTS."""
   for key, value in node.items():
     path = prefix + key
     if path in OPEN_SECTIONS:
       continue
     if key not in defaults:
       raise unknown(path, [prefix + k for k in defaults])
+    if path in AS_ARGUMENTS and callable(value):
+      raise ConfigError(AS_ARGUMENTS[path])
     if isinstance(value, dict) and isinstance(defaults[key], dict):
       _check_known(value, defaults[key], path + ".")
 
@@ -171,11 +180,7 @@ def validate(config: ml_collections.ConfigDict, num_devices: int, num_processes:
   """Checks the fields every run needs in a defaults-filled `config` (a strategy checks its own); the batch layout."""
   for key in ("batch_size", "num_train_steps", "log_every_steps", "eval_every_steps", "parallel.prefetch"):
     _number(config, key, lambda v: v >= 1, "a positive integer", integer=True)
-  if callable(config.learning_rate):  # A schedule object: optax takes it in the optimizer.
-    raise ConfigError("learning_rate is a number (lr_schedule shapes it); pass a schedule object in an optimizer: "
-                      "train_and_evaluate(..., optimizer=optax.adamw(schedule))")
-  if not config.learning_rate > 0:
-    raise ConfigError(f"learning_rate must be positive, got {config.learning_rate!r}")
+  _number(config, "learning_rate", lambda v: v > 0, "a positive number")
   # eval_batch_size 0: the train batch size.
   layout = Layout(num_devices, num_processes, config.batch_size, config.eval_batch_size or config.batch_size)
   for key, size in (("batch_size", layout.global_batch), ("eval_batch_size", layout.eval_global_batch)):

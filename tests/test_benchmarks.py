@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 import abrun  # noqa: E402
 import equivalence  # noqa: E402
+import fsdp_mechanism  # noqa: E402
 import gpu_check  # noqa: E402
 import overhead  # noqa: E402
 
@@ -267,3 +268,17 @@ def test_four_way_variants_run_jaxdp_with_their_flags_and_report_against_jaxdp()
   assert "| MLP, 2 processes: jaxdp CLI / torchrun DDP samples/s | 2 (2..2) | >= 1.0 |" in four_way.acceptance(table)
   with pytest.raises(SystemExit):
     four_way.parse(["--jaxdp_variant", "no flags"])
+
+
+def test_fsdp_mechanisms_compile_the_same_training_step_over_the_same_layout():
+  s = fsdp_mechanism.Setup("mlp4x512:64", jax.devices())
+  built = fsdp_mechanism.build(s)
+  agree = fsdp_mechanism.one_step_agreement(s, built)
+  assert set(agree) == {"ddp", "shard_map", "jit", "jit+act"} and max(agree.values()) < 1e-6, agree
+  figures = {name: fsdp_mechanism.compiled_figures(c, 8) for name, c in built.items()}
+  args = {name: f["memory"]["argument_bytes"] for name, f in figures.items()}
+  # One FSDP layout, sharded; jaxdp's step also takes its block's index (an int32).
+  assert args["jit"] == args["jit+act"] == args["shard_map"] - 4 < 0.3 * args["ddp"]
+  assert figures["shard_map"]["collectives"]["reduce-scatter"]["count"] == 9  # Four kernels, five biases.
+  assert "reduce-scatter" not in figures["ddp"]["collectives"]
+

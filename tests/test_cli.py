@@ -33,6 +33,7 @@ def _run(argv, capsys):
     ("--config.nokey=1", "config.nokey"),
     ("--config.learning_rate=0.0", "0.0"),
     ("--config.learning_rate=-0.1", "-0.1"),
+    ("--config.learning_rate=fast", "learning_rate must be a positive number, got 'fast'"),
     ("--config.num_train_steps=0", "0"),
     ("--config.parallel.backend=horovod", "horovod"),
     ("--config.optimizer=adagrad9", "adagrad9"),

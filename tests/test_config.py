@@ -4,6 +4,7 @@ key is one ConfigError naming it."""
 import re
 
 import ml_collections
+import optax
 import pytest
 
 from jaxdp import config as config_lib
@@ -31,7 +32,8 @@ def test_the_defaults_pass_and_give_the_layout():
 @pytest.mark.parametrize("key, value, named", [
     ("batch_size", 0, "batch_size must be a positive integer, got 0"),
     ("log_every_steps", 2.5, "log_every_steps must be a positive integer, got 2.5"),
-    ("learning_rate", 0.0, "learning_rate must be positive, got 0.0"),
+    ("learning_rate", 0.0, "learning_rate must be a positive number, got 0.0"),
+    ("learning_rate", "fast", "learning_rate must be a positive number, got 'fast'"),
     ("batch_size", 100, "batch_size (100) must be divisible by the number of devices (8)"),
     ("eval_batch_size", 12, "eval_batch_size (12) must be divisible"),
     ("grad_accum_steps", 3, "grad_accum_steps (3) must be a positive divisor of the per-device batch (16)"),
@@ -93,6 +95,14 @@ def test_an_unknown_key_set_from_python_is_one_config_error_naming_it_and_the_ne
   with pytest.raises(ConfigError) as raised:
     _config(key, 0.5)
   assert str(raised.value) == f"unknown config key 'config.{key}' (did you mean {nearest!r}?)"
+
+
+def test_a_schedule_set_as_the_default_configs_learning_rate_is_one_config_error_naming_optimizer():
+  """Seen failing: ml_collections' own TypeError at the assignment ("cannot be casted to type <class 'float'>")."""
+  config = default.get_config()
+  config.learning_rate = optax.warmup_cosine_decay_schedule(0.0, 1e-3, 10, 100)
+  with pytest.raises(ConfigError, match=r"^learning_rate is a number .* optimizer=optax\.adamw\(schedule\)"):
+    config_lib.with_defaults(config)
 
 
 def test_a_typo_in_a_section_names_a_known_key_of_that_section():

@@ -3,7 +3,8 @@
 Each fenced block declares itself by its info string:
 - ```text: output shown to the reader; not run (the Quickstart's sample output is checked against a real run).
 - ```bash, ```sh: each command runs (a `\\` continuation joins lines; `#` lines are comments).
-- ```python: runs as a script; one whose first line is `# NAME.py` is written to NAME.py for later blocks to use.
+- ```python: runs as a script (its `assert`s are the page's checks: a GAN's bits on 1 and 2 devices, a frozen
+  parameter's); one whose first line is `# NAME.py` is written to NAME.py for later blocks to use.
 - ```LANG no-run (reason): not run, for what cannot run here (srun, kubectl, a GPU, your own files); the reason
   must be given.
 Substitutions, so that a page stays what a user types and the test stays short: `/tmp/` becomes a temporary

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -134,8 +135,8 @@ def _script(workdir, *args: str, steps: int = 30) -> subprocess.Popen:
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def test_a_sharded_run_resumes_bitwise_after_sigkill(tmp_path):
-  runs.finish(_script(tmp_path / "reference"))
+def test_a_sharded_run_resumes_bitwise_after_sigkill(tmp_path, sharded):
+  # The uninterrupted reference is `sharded`: the same 30 steps of the same program, in this process.
   proc = _script(tmp_path / "killed", steps=100_000)
   runs.wait_for(lambda: (tmp_path / "killed" / "checkpoints" / "8").is_dir() or proc.poll() is not None, timeout=240)
   os.killpg(proc.pid, signal.SIGKILL)
@@ -143,7 +144,7 @@ def test_a_sharded_run_resumes_bitwise_after_sigkill(tmp_path):
   last = checkpoint.steps(str(tmp_path / "killed"))[-1]
   assert proc.returncode == -signal.SIGKILL and 8 <= last < 30, (proc.returncode, last)  # Killed mid-run.
   runs.finish(_script(tmp_path / "killed"))
-  runs.assert_bitwise(runs.final(tmp_path / "killed"), runs.final(tmp_path / "reference"))
+  runs.assert_bitwise(runs.final(tmp_path / "killed"), sharded)
 
 
 def test_two_processes_of_4_sharded_devices_train_the_one_device_objective(tmp_path, one_device):
@@ -154,12 +155,10 @@ def test_two_processes_of_4_sharded_devices_train_the_one_device_objective(tmp_p
   assert _rel(runs.final(tmp_path), one_device) < 1e-5
 
 
-def test_evaluate_reads_a_sharded_checkpoint_on_another_device_count(config, tmp_path):
-  config.parallel.shard_params, config.num_train_steps, config.checkpoint_every_steps = True, 4, 4
-  config.eval_every_steps = 4
-  train.train_and_evaluate(config, str(tmp_path))
-  last = [r for r in metrics.read(str(tmp_path)) if "eval/loss" in r][-1]
-  out = runs.finish(runs.start("jaxdp.evaluate", ["--workdir", str(tmp_path)], devices=2), timeout=300)
+def test_evaluate_reads_a_sharded_checkpoint_on_another_device_count(config, tmp_path_factory, trained_pairs):
+  workdir = _pair(trained_pairs, config, tmp_path_factory, _clipping)[2]  # Checkpointed and evaluated at step 4.
+  last = [r for r in metrics.read(workdir) if "eval/loss" in r][-1]
+  out = runs.finish(runs.start("jaxdp.evaluate", ["--workdir", workdir], devices=2), timeout=300)
   record = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
   assert record["step"] == 4 and record["eval/num_examples"] == last["eval/num_examples"]
   assert record["eval/loss"] == pytest.approx(last["eval/loss"], rel=1e-5)
@@ -245,23 +244,38 @@ def _clipping(config):
   config.max_grad_norm, config.optimizer, config.learning_rate = 0.05, "sgd", 1.0
 
 
+@pytest.fixture(scope="module")
+def trained_pairs() -> dict:
+  """setup -> (plain DDP's final state, shard_params', shard_params' workdir): each pair trained once in this module."""
+  return {}
+
+
+def _pair(pairs: dict, config: ml_collections.ConfigDict, tmp_path_factory: pytest.TempPathFactory,
+          setup: Callable[[ml_collections.ConfigDict], None]) -> tuple:
+  """4 steps of `setup`'s config, plainly and with shard_params, trained once (the sharded clipping run checkpoints
+  its last step, which the evaluate test reads)."""
+  if setup not in pairs:
+    setup(config)
+    config.num_train_steps = 4
+    finals, workdir = [], str(tmp_path_factory.mktemp(setup.__name__))
+    for shard in (False, True):
+      config.parallel.shard_params = shard
+      config.checkpoint_every_steps = 4 if shard and setup is _clipping else 0
+      result = train.train_and_evaluate(config, os.path.join(workdir, str(shard)))
+      finals.append(runs.host_state(result) | {"model_state": result.model_state})
+    pairs[setup] = (*finals, os.path.join(workdir, "True"))
+  return pairs[setup]
+
+
 @pytest.mark.parametrize("setup", [_resnet, _dropout, _float16, _clipping],
                          ids=["synced_batchnorm", "dropout", "float16_loss_scaling", "clipping"])
-def test_shard_params_trains_as_plain_ddp_with(config, tmp_path, setup):
-  setup(config)
-  config.num_train_steps = 4
-  finals = []
-  for shard in (False, True):
-    config.parallel.shard_params = shard
-    result = train.train_and_evaluate(config, str(tmp_path / str(shard)))
-    finals.append(runs.host_state(result) | {"model_state": result.model_state})
-  plain, sharded = finals
+def test_shard_params_trains_as_plain_ddp_with(config, tmp_path_factory, trained_pairs, setup):
+  plain, sharded, _ = _pair(trained_pairs, config, tmp_path_factory, setup)
   if setup is _float16:  # The loss scale ran (and parameters stay float32).
     assert {x.dtype for x in jax.tree.leaves(plain["params"])} == {np.dtype(np.float32)}
   flat = [{jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_leaves_with_path(t)
            if np.issubdtype(np.asarray(v).dtype, np.floating)} for t in (plain, sharded)]
   assert _rel(flat[1], flat[0]) < 1e-5
-
 
 
 def test_the_replica_check_compares_the_replicated_leaves_of_a_sharded_state(config):

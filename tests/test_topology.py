@@ -55,7 +55,7 @@ def test_a_billion_parameter_mlp_fits_only_with_zero1(data_dir):
 
 
 def test_twenty_16384_wide_layers_fit_a_v5e_4x4_only_with_shard_params(data_dir):
-  """5.4 B parameters (21.5 GB in float32): each chip holds 1/16 of them and of Adam's moments, plus what it gathers."""
+  """5.1 B parameters (20.4 GB in float32): each chip holds 1/16 of them and of Adam's moments, plus what it gathers."""
   width, depth = 16_384, 20
   config = lambda **more: runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp",  # noqa: E731
                                             "model.hidden": (width,) * depth, "batch_size": 64, **more})
@@ -101,6 +101,31 @@ def test_max_batch_finds_the_largest_fitting_multiple(data_dir, monkeypatch):
   limit = 3
   with pytest.raises(ConfigError, match=r"even the smallest global batch \(4\) does not fit"):
     topology.max_batch(runs.config_with({"dataset.data_dir": data_dir}), "v5e:2x2")
+
+
+def test_max_batch_searches_with_shard_params(data_dir, monkeypatch, capsys):
+  """One hidden layer of 2**24 units (1.2 B parameters): with shard_params a v5e:2x2 holds a quarter of the state
+  and one gathered layer; plainly, not even 4 rows fit (parameters, gradient and Adam's two moments: 19.8 GB)."""
+  trials, real = [], topology.report
+
+  def recorded(config, name, devs=None):
+    r = real(config, name, devs)
+    trials.append((config.batch_size, config.parallel.shard_params, r["fits"]))
+    return r
+
+  monkeypatch.setattr(topology, "report", recorded)
+  flags = ["--config.model.name=mlp", f"--config.model.hidden=({2**24},)", "--config.batch_size=256"]
+  status = inspect.main(["inspect", "--config", runs.default.__file__, f"--config.dataset.data_dir={data_dir}", *flags,
+                         "--config.parallel.shard_params=True", "--topology", "v5e:2x2", "--max_batch", "--json"])
+  assert status == 0
+  r = json.loads(capsys.readouterr().out)
+  best, unit = r["max_batch"], r["batch_unit"]
+  assert r["fits"] and r["options"]["shard_params"] and unit == 4 and best == r["global_batch"] >= unit
+  assert all(shard for _, shard, _ in trials)  # Every trial compiled the sharded step.
+  assert (best + unit, True, False) in trials  # One more step of the batch was compiled and did not fit.
+  plain = real(runs.config_with({"dataset.data_dir": data_dir, "model.name": "mlp", "model.hidden": (2**24,),
+                                 "batch_size": 4}), "v5e:2x2")
+  assert plain["fits"] is False
 
 
 @pytest.mark.parametrize("name", ["v9:2x2", "v5e", "v5litepod-16", "v5e:3x3"])

@@ -17,7 +17,8 @@ def get_config() -> ml_collections.ConfigDict:
   # The named optimizer's other keyword arguments ({"b1": 0.95}; sgd: {"momentum": 0.9, "nesterov": True});
   # learning_rate, weight_decay and its mask come from the keys below.
   config.optimizer_kwargs = ml_collections.ConfigDict()
-  config.learning_rate = 3e-3        # Peak learning rate. Must be positive.
+  # Peak learning rate. Must be positive. A schedule object goes in the optimizer: optimizer=optax.adamw(schedule).
+  config.learning_rate = config_dict.FieldReference(3e-3, field_type=object)
   config.weight_decay = 0.0          # Decoupled where the optimizer takes weight_decay (adamw, lion), L2 otherwise.
   config.weight_decay_mask = "rank>=2"  # Which decay: rank>=2 (not biases, norm scales) | all | a regex on param paths.
   config.max_grad_norm = 0.0         # Clip the all-reduced gradient to this global norm (also under ZeRO-1); 0: off.
