@@ -183,8 +183,13 @@ class Rate:
     if WARM_BLOCKS < self.blocks <= WARM_BLOCKS + TIMED_BLOCKS:
       self.examples, self.seconds = self.examples + examples, self.seconds + seconds
       if self.blocks == WARM_BLOCKS + TIMED_BLOCKS:
-        log.info("input | %s examples/s once warm (read and placed by the feeding thread, blocks %d-%d)",
-                 f"{self.per_second:,.0f}", WARM_BLOCKS + 1, self.blocks)
+        self.log()
+
+  def log(self) -> None:
+    """Logs the rate over the timed blocks so far (also at a stream's end before the last of them: 64-step blocks)."""
+    if self.per_second is not None:
+      log.info("input | %s examples/s once warm (read and placed by the feeding thread, blocks %d-%d)",
+               f"{self.per_second:,.0f}", WARM_BLOCKS + 1, min(self.blocks, WARM_BLOCKS + TIMED_BLOCKS))
 
   @property
   def per_second(self) -> float | None:
@@ -204,6 +209,8 @@ def _produce(put: Callable[[Block], PyTree], blocks: Iterator[tuple[Block, int]]
       if not _put(out, ((placed, real), None), stop) or stop.is_set():
         return  # Stopped: not one more read.
       began = time.perf_counter()
+    if rate.blocks < WARM_BLOCKS + TIMED_BLOCKS:  # Not logged yet.
+      rate.log()
     _put(out, (_END, None), stop)
   except BaseException as e:  # Anything, to be raised in the loop's thread.
     _put(out, (None, e), stop)

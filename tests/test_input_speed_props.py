@@ -158,3 +158,20 @@ def test_the_input_rate_is_the_pipelines_not_the_slower_steps(caplog):
   assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("input |")] == [
       f"input | {feeder.rate.per_second:,.0f} examples/s once warm (read and placed by the feeding thread, blocks "
       f"{feed.WARM_BLOCKS + 1}-{blocks})"]
+
+
+def test_a_stream_that_ends_before_the_timed_blocks_are_done_still_logs_its_rate(caplog):
+  """Blocks of 64 steps: a 400-step run has 7, fewer than the timed ones; its rate is logged at the stream's end."""
+  blocks = feed.WARM_BLOCKS + 3
+  feeder = feed.Feeder(_Put(), _slow(blocks, 0.01), 1, 1)
+  try:
+    with caplog.at_level(logging.INFO, logger="jaxdp"):
+      for _ in range(blocks):
+        next(feeder)
+      with pytest.raises(StopIteration):
+        next(feeder)
+  finally:
+    feeder.close()
+  assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("input |")] == [
+      f"input | {feeder.rate.per_second:,.0f} examples/s once warm (read and placed by the feeding thread, blocks "
+      f"{feed.WARM_BLOCKS + 1}-{blocks})"]
