@@ -1,6 +1,7 @@
 """The one way train batches reach the devices: blocks of k >= 1 steps, each placed in one transfer ahead by one
 thread, the step taking its batch out of the block on the devices (docs/design-notes.md#one-feeder)."""
 
+import dataclasses
 import itertools
 import logging
 import queue
@@ -13,10 +14,13 @@ import jax
 import numpy as np
 from jaxdp import data, parallel
 from jaxdp.batch import INDEX
+from jaxdp.data import preprocess
+from jaxdp.data.source import INPUTS
 
 log = logging.getLogger("jaxdp")
 PyTree = Any
 Block = dict[str, np.ndarray]  # Each feature stacked [steps, rows, ...].
+WARM_BLOCKS, TIMED_BLOCKS = 4, 20  # The rate is logged over blocks 5..24: after tf.data's threads and XLA's compile.
 BLOCK_MIB = 4.0  # Bytes of batches per transfer; beyond it the transfer's cost per step is already small.
 MAX_STEPS = 64   # Beyond this a block only reads further ahead.
 
@@ -26,6 +30,13 @@ def steps_per_block(ds: data.Dataset, rows: int) -> int:
   if data.decoded_by(ds):
     return 1
   return int(max(1, min(MAX_STEPS, BLOCK_MIB * 2**20 // max(1, rows * ds.row_bytes()))))
+
+
+def uint8_to_devices(ds: data.Dataset) -> tuple[data.Dataset, Callable[[PyTree], PyTree]]:
+  """`ds` read with its uint8 inputs kept uint8, and the `finish` that scales them once placed: a quarter of
+  float32's bytes per transfer and no float arithmetic on the host (docs/design-notes.md#uint8-to-the-devices)."""
+  pre = dataclasses.replace(ds.options.preprocess, uint8_out=True)
+  return dataclasses.replace(ds, options=dataclasses.replace(ds.options, preprocess=pre)), preprocess.scale_on_device(pre)
 
 
 def stack(batches: Iterator[data.Batch], steps: int) -> Iterator[tuple[Block, int]]:
@@ -55,9 +66,10 @@ def describe(ds: data.Dataset, rows: int, steps: int, prefetch: int) -> str:
   """The start summary's `input` line: how host batches of `rows` rows reach the devices, and why."""
   ahead = f"{prefetch} transfers ahead by a thread"
   if steps > 1:
-    return f"{steps} steps' batches per transfer (nothing to decode), {ahead}; the step takes its batch from the block"
+    return (f"{steps} steps' batches per transfer (nothing to decode), {ahead}; the step takes its batch from the "
+            f"block; its rate is logged once warm")
   why = data.decoded_by(ds) or f"one step's batch, {rows * ds.row_bytes() / 2**20:.3g} MiB, fills a transfer"
-  return f"one transfer per step ({why}), {ahead}"
+  return f"one transfer per step ({why}), {ahead}; its rate is logged once warm"
 
 
 class Feeder(Iterator[tuple[PyTree, jax.Array]]):
@@ -67,14 +79,17 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
   _EMPTY = queue.Empty  # Held by the class: at interpreter exit the module's globals may already be gone.
 
   def __init__(self, backend: parallel.Backend, batches: Iterator[data.Batch], steps: int, depth: int, *,
-               on_ids: Callable[[np.ndarray], None] | None = None, abstract: PyTree = None, about: str = ""):
+               on_ids: Callable[[np.ndarray], None] | None = None, abstract: PyTree = None, about: str = "",
+               finish: Callable[[PyTree], PyTree] | None = None):
     self.steps, self.abstract, self.about = steps, abstract, about  # The shapes of an item; how it is fed.
     self._source = batches
     self._indices = [backend.put_index(i) for i in range(steps)]  # Placed once; every block reuses them.
     self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
     self._stop = threading.Event()
     blocks = stack(_take_ids(iter(batches), on_ids) if on_ids else iter(batches), steps)
-    self._thread = threading.Thread(target=_produce, args=(backend.put_block, blocks, self._queue, self._stop),
+    put = backend.put_block if finish is None else _finished(backend.put_block, finish)
+    self.rate = Rate()
+    self._thread = threading.Thread(target=_produce, args=(put, blocks, self._queue, self._stop, self.rate),
                                     name="jaxdp-prefetch", daemon=True)  # Daemon: a stuck read never holds exit.
     self._block, self._real, self._at, self._done = None, 0, 0, False
     self.waited = 0.0
@@ -142,17 +157,60 @@ def _take_ids(batches: Iterator[data.Batch], on_ids: Callable[[np.ndarray], None
     yield batch
 
 
+def _finished(put: Callable[[Block], PyTree], finish: Callable[[PyTree], PyTree]) -> Callable[[Block], PyTree]:
+  """`put`, then `finish` on the devices for blocks whose inputs are uint8 (`uint8_to_devices`)."""
+  def put_finished(block: Block) -> PyTree:
+    placed = put(block)
+    return finish(placed) if getattr(block.get(INPUTS), "dtype", None) == np.uint8 else placed
+
+  return put_finished
+
+
 _END = object()  # The stream's end, as the thread queues it.
 _PUT_POLL_S = 0.1  # How often a thread waiting for room checks for `close`.
 
 
+class Rate:
+  """Examples per second the feeding thread reads and places, its waits for room in the queue left out: the input
+  pipeline's rate where input limits the step (else at least the step's rate); logged once, after warm-up."""
+
+  def __init__(self):
+    self.blocks, self.examples, self.seconds = 0, 0, 0.0
+
+  def add(self, examples: int, seconds: float) -> None:
+    """Counts one block of `examples` read and placed in `seconds`; logs the rate after the timed blocks."""
+    self.blocks += 1
+    if WARM_BLOCKS < self.blocks <= WARM_BLOCKS + TIMED_BLOCKS:
+      self.examples, self.seconds = self.examples + examples, self.seconds + seconds
+      if self.blocks == WARM_BLOCKS + TIMED_BLOCKS:
+        self.log()
+
+  def log(self) -> None:
+    """Logs the rate over the timed blocks so far (also at a stream's end before the last of them: 64-step blocks)."""
+    if self.per_second is not None:
+      log.info("input | %s examples/s once warm (read and placed by the feeding thread, blocks %d-%d)",
+               f"{self.per_second:,.0f}", WARM_BLOCKS + 1, min(self.blocks, WARM_BLOCKS + TIMED_BLOCKS))
+
+  @property
+  def per_second(self) -> float | None:
+    """The rate over the timed blocks so far (None before the first)."""
+    return self.examples / self.seconds if self.seconds > 0 else None
+
+
 def _produce(put: Callable[[Block], PyTree], blocks: Iterator[tuple[Block, int]], out: queue.Queue,
-             stop: threading.Event) -> None:
+             stop: threading.Event, rate: Rate) -> None:
   """The prefetch thread: ((device block, real steps), None) per block, then (_END, None), or (None, error)."""
   try:
+    began = time.perf_counter()
     for block, real in blocks:
-      if not _put(out, ((put(block), real), None), stop) or stop.is_set():
+      placed = put(block)
+      rows = len(next(iter(block.values()), ())[0]) if block else 0
+      rate.add(real * rows, time.perf_counter() - began)
+      if not _put(out, ((placed, real), None), stop) or stop.is_set():
         return  # Stopped: not one more read.
+      began = time.perf_counter()
+    if rate.blocks < WARM_BLOCKS + TIMED_BLOCKS:  # Not logged yet.
+      rate.log()
     _put(out, (_END, None), stop)
   except BaseException as e:  # Anything, to be raised in the loop's thread.
     _put(out, (None, e), stop)

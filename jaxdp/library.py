@@ -124,14 +124,14 @@ class DataParallel:
       except ConfigError as e:
         raise ConfigError(f"checkpoint {path}: {e} (the checkpoint is left untouched)") from None
     self._stream, self._train_ds = spec, ds
-    host = datalib.train_batches(ds, split, seed=seed, global_batch=batch_size, start_step=start_step,
+    read, finish = feed.uint8_to_devices(ds)  # uint8 inputs placed as uint8, scaled on the devices.
+    host = datalib.train_batches(read, split, seed=seed, global_batch=batch_size, start_step=start_step,
                                  process_index=jax.process_index(), process_count=jax.process_count(),
                                  stop_step=stop_step, with_ids=on_ids is not None)
-    rows = batch_size // jax.process_count()
-    steps = feed.steps_per_block(ds, rows)
+    steps = feed.steps_per_block(ds, rows := batch_size // jax.process_count())
     return feed.Feeder(self.backend, host, steps, self.config.parallel.prefetch, on_ids=on_ids,
                        abstract=self.backend.abstract_item(ds.element_spec(), rows, steps),
-                       about=feed.describe(ds, rows, steps, self.config.parallel.prefetch))
+                       about=feed.describe(ds, rows, steps, self.config.parallel.prefetch), finish=finish)
 
   def train_step(self, task: Callable = step_lib.CLASSIFICATION, *, cast_inputs: bool = True) -> Callable:
     """The compiled `(state, batch) -> (state, metrics)` for `task(model, batch) -> (loss, metrics)`: the loss and

@@ -176,23 +176,54 @@ def test_the_time_line_names_the_shares_that_took_any_time_in_print_order(tmp_pa
   assert clock.line() == "time | 0:00:20 wall over 1 run: 90% training, 10% input, 0% checkpoint saves"
 
 
-def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
-  """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.25 s late."""
+def _slow_stream(monkeypatch, delay_s: float) -> None:
+  """Every train batch read `delay_s` late, each placed in a transfer of its own (each step waits for its own)."""
   from jaxdp import data
   read = data.train_batches
 
   def slow(*args, **kwargs):
     for batch in read(*args, **kwargs):
-      time.sleep(0.25)  # Far longer than a step, even on a loaded machine.
+      time.sleep(delay_s)
       yield batch
 
   monkeypatch.setattr(data, "train_batches", slow)
+  monkeypatch.setattr(feed, "BLOCK_MIB", 0)
+
+
+def test_a_slow_stream_is_booked_as_input(config, tmp_path, monkeypatch):
+  """The loop books what the feed waited for as `time/total/input`: here every batch, read 0.25 s late."""
+  _slow_stream(monkeypatch, 0.25)  # Far longer than a step, even on a loaded machine.
   config.num_train_steps, config.eval_every_steps, config.checkpoint_every_steps = 10, 10, 10
-  monkeypatch.setattr(feed, "BLOCK_MIB", 0)  # A batch a transfer: each step waits for its own.
   train.train_and_evaluate(config, str(tmp_path))
   # At most 4 batches are read ahead while the step compiles: the other 6 are waited for, 0.25 s less a step each,
   # and about 1.5 s in all; waits counted from the run's start would sum to over 5 s.
   assert 0.6 <= metrics.read(str(tmp_path))[-1]["time/total/input"] <= 4.0
+
+
+def test_every_log_record_says_what_share_of_the_step_time_waited_for_input(config, tmp_path, monkeypatch):
+  """`perf/input_wait`: the share of the loop's step time (its steps and its waits for input) since the previous
+  log record that went to waiting for input; near 1 where every batch comes 0.25 s late, as here."""
+  _slow_stream(monkeypatch, 0.25)
+  config.num_train_steps, config.log_every_steps = 12, 2
+  train.train_and_evaluate(config, str(tmp_path))
+  logged = [r for r in metrics.read(str(tmp_path)) if "train/loss" in r]
+  assert [r["step"] for r in logged] == [2, 4, 6, 8, 10, 12]
+  assert all(0.0 <= r["perf/input_wait"] <= 1.0 for r in logged), logged
+  # The batches read ahead while the step compiled are used up by step 6: each later step waits about 0.25 s for
+  # its batch against a few ms of its own.
+  assert logged[-1]["perf/input_wait"] > 0.5, logged[-1]
+
+
+def test_the_input_wait_is_the_share_of_each_window_not_of_the_run(tmp_path):
+  now = [0.0]
+  clock = goodput.Clock(str(tmp_path), goodput.CompileWatch(), clock=lambda: now[0])
+  for train_s, input_s, share in ((3.0, 1.0, 0.25), (1.0, 0.0, 0.0), (0.0, 0.0, 0.0), (1.0, 4.0, 0.8)):
+    with clock.span("train"):
+      now[0] += train_s
+    with clock.span("eval"):  # Not the loop's step time.
+      now[0] += 7.0
+    clock.add("input", input_s)
+    assert clock.input_wait() == pytest.approx(share)
 
 
 def test_tracing_counts_as_compilation_wherever_it_happens(config, tmp_path, monkeypatch):

@@ -4,8 +4,10 @@ every random draw keyed by (seed, step, row in the global batch), never by the p
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -42,6 +44,8 @@ class Preprocess:
   crop_padding: int = 0
   flip: bool = False
   image_size: int = 0  # Images of varying size: cropped to image_size squares (`train_crop`); 0: off.
+  # uint8 inputs left as uint8 by `finish`, for `scale_on_device` to finish where they are placed.
+  uint8_out: bool = False
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict, input_shape: tuple[int, ...]) -> "Preprocess":
@@ -106,11 +110,14 @@ class Preprocess:
     return padded[np.arange(rows)[:, None, None], ys[:, :, None], cols[:, None, :]]
 
   def finish(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inputs to float32, normalized (`affine`); other features to their `batch_dtype` (jaxdp's "_" keys kept)."""
+    """Inputs to float32, normalized (`affine`; uint8 ones kept with `uint8_out`); other features to their
+    `batch_dtype` (jaxdp's "_" keys kept)."""
     out = {k: v if k == INPUTS or k.startswith("_") or v.dtype == object else
            np.ascontiguousarray(v, batch_dtype(k, v.dtype)) for k, v in batch.items()}
     if INPUTS not in batch:
       return out
+    if self.uint8_out and batch[INPUTS].dtype == np.uint8:
+      return {**out, INPUTS: np.ascontiguousarray(batch[INPUTS])}
     affine = self.affine(batch[INPUTS].dtype)
     if affine is None:
       return {**out, INPUTS: np.ascontiguousarray(batch[INPUTS], np.float32)}
@@ -118,6 +125,26 @@ class Preprocess:
     x = np.multiply(batch[INPUTS], scale, dtype=np.float32)  # Cast and scaled in one pass, into an array of its own.
     np.subtract(x, offset, out=x)
     return {**out, INPUTS: x}
+
+
+def scale_on_device(pre: Preprocess) -> Callable[[dict[str, jax.Array]], dict[str, jax.Array]]:
+  """A jitted `finish` of placed batches whose inputs `pre.finish` kept uint8 (`uint8_out`), on the devices: each
+  value looked up in the host's own `finish` of all 256 values, so the bits are the host's on any backend (XLA fuses
+  x * scale - offset into one multiply-add, rounded once). Any other input passes through."""
+  host = dataclasses.replace(pre, uint8_out=False)
+
+  @jax.jit
+  def scaled(x: jax.Array) -> jax.Array:
+    width = x.shape[-1]  # Broadcast against the last axis, as numpy broadcasts (scale, offset).
+    values = np.broadcast_to(np.arange(256, dtype=np.uint8)[:, None], (256, width))
+    table = jax.numpy.asarray(host.finish({INPUTS: values})[INPUTS].ravel())
+    return table[x.astype(np.int32) * width + np.arange(width, dtype=np.int32)]
+
+  def finish(batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    x = batch.get(INPUTS)
+    return batch if x is None or x.dtype != np.uint8 else {**batch, INPUTS: scaled(x)}
+
+  return finish
 
 
 # The random-resized ("Inception") crop of the Flax ImageNet example and torchvision.

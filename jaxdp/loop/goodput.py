@@ -90,6 +90,7 @@ class Clock:
     self.began = clock()
     self.seconds = dict.fromkeys(CATEGORIES, 0.0)
     self._between_steps = 0.0  # Wall seconds of this run's eval and checkpoint spans, compilation included.
+    self._window = (0.0, 0.0)  # This run's (train, input) seconds at the last `input_wait`.
     self.previous, self.runs, saved_at = _load(self.path)
     if os.environ.get(ENV_RESTARTED) and saved_at is not None:  # Lost: on no clock since the last save.
       self.seconds["restart"] = max(0.0, now() - saved_at)
@@ -111,6 +112,13 @@ class Clock:
   def add(self, category: str, seconds: float) -> None:
     """Counts `seconds` that its owner timed as `category` (the loop's waits for input, as the feed timed them)."""
     self.seconds[category] += seconds
+
+  def input_wait(self) -> float:
+    """`perf/input_wait`: the share of the loop's step time (train and input) since the last call spent waiting for
+    input; near 1: input limits the step (docs/data.md#input-speed)."""
+    window, self._window = self._window, (self.seconds["train"], self.seconds["input"])
+    steps, waited = self._window[0] - window[0], self._window[1] - window[1]
+    return waited / (steps + waited) if steps + waited > 0 else 0.0
 
   def between_steps(self) -> float:
     """Wall seconds this run spent so far in eval and checkpoint saves (their compilation included)."""

@@ -46,7 +46,8 @@ class Periodic:
         train_metrics = {**self.tracker.flush(), **self.learning_rate(step, state)}
       skipped = self._skipped(step)
       self.writer.write(step, {**train_metrics, **self.reporter.on_log(step, train_metrics),
-                               **self.run.recorder.metrics(step), **skipped, **clock.scalars()})
+                               **self.run.recorder.metrics(step), **skipped, **clock.scalars(),
+                               "perf/input_wait": clock.input_wait()})
       clock.save()
       self.writer.call("on_log", step, state, {**train_metrics, **skipped})
     if itstime(step, config.checkpoint_every_steps, total) or step == total:  # Before a diverged copy is saved.
