@@ -7,13 +7,14 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 import runs
 
 from jaxdp import config as config_lib
 from jaxdp import train
 from jaxdp.configs import mlp_digits
-from jaxdp.runtime import distributed
+from jaxdp.runtime import distributed, process
 
 
 def _unused_port() -> int:
@@ -109,3 +110,37 @@ def test_a_missing_process_count_or_id_is_named(monkeypatch, names, values, miss
   unset = [names[1], names[2]] if missing is None else [names[missing]]
   with pytest.raises(config_lib.ConfigError, match=f"{names[0]}='here:2' is set but {' and '.join(unset)} not"):
     distributed.settings()
+
+
+# A user's script: joins the run the launcher names, then one all-reduce across both processes.
+_PSUM = """
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jaxdp
+from jaxdp.loop import goodput
+jaxdp.DataParallel()
+mesh = Mesh(np.array(jax.devices()), ("data",))
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), np.ones(jax.local_device_count(), "f4"))
+with goodput.CompileWatch() as watch:  # What the start summary's compile line says of the cache.
+  total = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "data"), mesh=mesh, in_specs=P("data"), out_specs=P()))(x)
+print("psum", float(total.addressable_data(0)[0]), watch.describe(), flush=True)
+"""
+
+
+def test_two_cpu_processes_run_again_on_the_cache_of_their_first_run(tmp_path):
+  """A warm cache would have process 0 load what the others compile (each process's key is its own): on jax 0.12
+  the second run hung in its all-reduce. A CPU run of several processes keeps no persistent cache."""
+  script, cache = tmp_path / "psum.py", tmp_path / "cache"
+  script.write_text(_PSUM)
+  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+  for _ in range(2):
+    out = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "2",
+                          "--", str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.count("psum 4.0") == 2, (out.stdout + out.stderr)[-3000:]
+    assert out.stdout.count("(no persistent cache)") == 2, out.stdout
+  assert not cache.exists() or not os.listdir(cache)
+
+
+def test_one_process_keeps_the_compilation_cache():
+  assert jax.process_count() == 1 and jax.config.jax_enable_compilation_cache
+  assert not process.no_cache_across_cpu_processes() and jax.config.jax_enable_compilation_cache

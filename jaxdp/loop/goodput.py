@@ -74,7 +74,7 @@ class CompileWatch:
 
   def describe(self) -> str:
     """`2.31 s for 3 programs (2 from the persistent cache)`."""
-    cache = jax.config.jax_compilation_cache_dir
+    cache = jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache
     source = f"{self.cache_hits} from the persistent cache" if cache else "no persistent cache"
     return f"{self.seconds:.2f} s for {self.programs} program{'s' * (self.programs != 1)} ({source})"
 

@@ -37,6 +37,19 @@ def use_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def no_cache_across_cpu_processes() -> bool:
+  """Turns JAX's compilation cache off (the user's too) in a joined run of several CPU processes; whether it did."""
+  import jax
+  if jax.process_count() == 1 or jax.default_backend() != "cpu" or not jax.config.jax_enable_compilation_cache:
+    return False
+  # A process's cache key holds its own devices and only process 0 writes, so with a warm cache process 0 runs
+  # loaded executables while the others compile theirs: on jax 0.12 (XLA:CPU, gloo) the two wait for each other in
+  # the first all-reduce forever. The others compile anyway, so the cache never shortened such a run. Before the
+  # first compile: JAX decides once per process whether it uses the cache.
+  jax.config.update("jax_enable_compilation_cache", False)
+  return True
+
+
 def init(config: ml_collections.ConfigDict) -> None:
   """Turns the compile cache on; joins the run the environment names, else sets the CPU devices; quiets process > 0."""
   import jax
@@ -46,8 +59,10 @@ def init(config: ml_collections.ConfigDict) -> None:
   deterministic_gpu(config, cpu_devices.backends_started())
   if not distributed.initialize():
     cpu_devices.use(config)  # One process: its CPU devices (config.cpu_devices), before JAX starts its backends.
-  elif jax.process_index() != 0:
-    log.setLevel(logging.WARNING)
+  else:
+    no_cache_across_cpu_processes()
+    if jax.process_index() != 0:
+      log.setLevel(logging.WARNING)
 
 
 def deterministic_gpu(config: ml_collections.ConfigDict, started: bool) -> None:
