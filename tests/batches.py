@@ -20,6 +20,14 @@ def global_batches(ds, process_count: int, **kwargs) -> list:
   return [{k: np.concatenate([pp[s][k] for pp in per]) for k in per[0][s]} for s in range(len(per[0]))]
 
 
+def nan_inputs_at(stream, steps: set[int], start_step: int):
+  """`stream` with float32 inputs, NaN at the global steps in `steps`: uint8 inputs (kept uint8 for the devices) cast
+  NaN to 0, so every batch is made float32 and the block keeps one dtype."""
+  for step, batch in enumerate(stream, start_step):
+    inputs = batch["inputs"].astype(np.float32)
+    yield {**batch, "inputs": np.full_like(inputs, np.nan) if step in steps else inputs}
+
+
 def assert_same(a: list, b: list) -> None:
   """The same batches: the same features, dtypes and values."""
   assert len(a) == len(b)

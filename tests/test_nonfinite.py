@@ -2,6 +2,7 @@
 
 import re
 
+import batches
 import numpy as np
 import pytest
 
@@ -17,8 +18,7 @@ def _poison(config, monkeypatch, steps: set[int]) -> None:
   real = data.train_batches
 
   def poisoned(*args, start_step: int, **kwargs):
-    for step, batch in enumerate(real(*args, start_step=start_step, **kwargs), start_step):
-      yield {**batch, "inputs": np.full_like(batch["inputs"], np.nan)} if step in steps else batch
+    return batches.nan_inputs_at(real(*args, start_step=start_step, **kwargs), steps, start_step)
 
   monkeypatch.setattr(data, "train_batches", poisoned)
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 
+import batches
 import jax
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 import numpy as np
@@ -208,10 +209,11 @@ def _failing_stream(monkeypatch, at_step: int, error: Exception | None = None, n
   real = data.train_batches
 
   def stream(*args, start_step: int, **kwargs):
-    for step, batch in enumerate(real(*args, start_step=start_step, **kwargs), start_step):
+    for step, batch in enumerate(batches.nan_inputs_at(real(*args, start_step=start_step, **kwargs), nan_steps,
+                                                       start_step), start_step):
       if step == at_step and error is not None:
         raise error
-      yield {**batch, "inputs": np.full_like(batch["inputs"], np.nan)} if step in nan_steps else batch
+      yield batch
 
   monkeypatch.setattr(data, "train_batches", stream)
 
