@@ -34,6 +34,7 @@ def reference_forward(model: gpt.GPT, tokens: jax.Array) -> jax.Array:
   return model.head(model.ln_f(x))
 
 
+@nnx.jit(static_argnums=0)  # Made in one program: eagerly, each shape's random init compiles alone.
 def _model(positions: str) -> gpt.GPT:
   # Weights larger than the init's 0.02 so that attention is far from uniform and rotary matters.
   model = gpt.GPT((16,), 256, num_layers=2, num_heads=4, embed_dim=64, positions=positions, rngs=nnx.Rngs(3))
@@ -71,11 +72,13 @@ def test_forward_and_gradient_match_the_reference(positions):
     logits = forward(nnx.merge(graph, params), tokens)
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1).mean()
 
-  logits, expected = model(tokens), reference_forward(model, tokens)
+  # Each side compiled whole: op by op, the two forwards and backwards compile every op alone.
+  forward = jax.jit(lambda params, f: f(nnx.merge(graph, params), tokens), static_argnums=1)
+  logits, expected = forward(params, gpt.GPT.__call__), forward(params, reference_forward)
   assert float(jnp.abs(expected).max()) > 1.0  # Far from zero: the tolerance below is a relative one.
   np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5 * float(jnp.abs(expected).max()))
-  got = jax.grad(loss)(params, lambda m, t: m(t))
-  want = jax.grad(loss)(params, reference_forward)
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  got, want = grad(params, gpt.GPT.__call__), grad(params, reference_forward)
   assert jax.tree.structure(got) == jax.tree.structure(want)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     scale = float(jnp.abs(w).max())
@@ -85,7 +88,7 @@ def test_forward_and_gradient_match_the_reference(positions):
 
 def test_parameter_tree_is_unchanged():
   """The names and shapes users' checkpoints and benchmarks/four_way_torch.py's loader rely on."""
-  params = nnx.state(gpt.GPT((64,), 256, positions="rotary", rngs=nnx.Rngs(0)), nnx.Param)
+  params = nnx.state(nnx.eval_shape(lambda: gpt.GPT((64,), 256, positions="rotary", rngs=nnx.Rngs(0))), nnx.Param)
   shapes = {"/".join(str(getattr(k, "key", k)) for k in path[:-1]): tuple(v.shape)  # path[-1]: the leaf's .value.
             for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
   assert len(shapes) == 1 + 4 * 12 + 4  # embed; per block 2 LayerNorms and 4 Linears (2 each); ln_f, head.

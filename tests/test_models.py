@@ -32,17 +32,18 @@ def _block_inputs(model: ResNet, image_size: int, monkeypatch) -> list[tuple[int
   for cls in (BasicBlock, Bottleneck):
     call = cls.__call__
     monkeypatch.setattr(cls, "__call__", lambda self, x, call=call: seen.append(x.shape[1:]) or call(self, x))
-  model(jnp.zeros((1, image_size, image_size, 3)))
+  nnx.eval_shape(lambda m, x: m(x), model, jax.ShapeDtypeStruct((1, image_size, image_size, 3), jnp.float32))
   return seen
 
 
 def test_resnet_stages_halve_the_size_from_the_second_on_after_the_stem(monkeypatch):
-  cifar = ResNet((32, 32, 3), 10, width=8, bn_axis_name=None, rngs=nnx.Rngs(0))
+  # Abstract models, traced: shapes are all this reads (made eagerly, each kernel's init compiles: tens of seconds).
+  cifar = nnx.eval_shape(lambda: ResNet((32, 32, 3), 10, width=8, bn_axis_name=None, rngs=nnx.Rngs(0)))
   assert _block_inputs(cifar, 32, monkeypatch) == [(32, 32, 8), (32, 32, 8), (32, 32, 8), (16, 16, 16),
                                                     (16, 16, 16), (8, 8, 32), (8, 8, 32), (4, 4, 64)]
   # The ImageNet stem: a stride-2 convolution, then a stride-2 max-pool: a quarter of the side.
-  imagenet = ResNet((64, 64, 3), 10, (1, 1), width=8, stem="imagenet", block="bottleneck",
-                    bn_axis_name=None, rngs=nnx.Rngs(0))
+  imagenet = nnx.eval_shape(lambda: ResNet((64, 64, 3), 10, (1, 1), width=8, stem="imagenet", block="bottleneck",
+                                           bn_axis_name=None, rngs=nnx.Rngs(0)))
   assert _block_inputs(imagenet, 64, monkeypatch)[-2:] == [(16, 16, 8), (16, 16, 32)]
 
 
