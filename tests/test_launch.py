@@ -118,7 +118,7 @@ import os, signal, subprocess, sys, time
 if sys.argv[1] == "middle":  # Starts the trainer stand-in, says its pid, waits to be killed.
   child = subprocess.Popen([sys.executable, __file__, "child"], env={**os.environ, "JAXDP_LAUNCHER_PID": str(os.getpid())})
   print(child.pid, flush=True)
-  time.sleep(600)
+  child.wait(timeout=600)  # A child that cannot start ends this too: the test reads EOF, not a 600 s hang.
 else:  # Like a trainer under the preemption service: SIGTERM does not end it.
   from jaxdp.runtime import distributed
   distributed.die_with_launcher()
