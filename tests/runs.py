@@ -42,7 +42,6 @@ def flags(overrides: dict, base=default) -> list[str]:
 def start(module: str | list[str], args: list[str], devices: int = 8, **env) -> subprocess.Popen:
   """`python -m module args` (or `python *module args`) with `devices` CPU devices, output captured as text."""
   full_env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices), **env}
-  full_env.pop("XLA_FLAGS", None)
   command = ["-m", module] if isinstance(module, str) else module
   return subprocess.Popen([sys.executable, *command, *args], env=full_env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

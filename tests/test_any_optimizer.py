@@ -134,7 +134,6 @@ def test_an_optimizer_that_is_no_gradient_transformation_is_one_config_error(con
 
 def _script(workdir, data_dir, steps: int) -> subprocess.Popen:
   env = {**os.environ, "JAXDP_CPU_DEVICES": "4"}
-  env.pop("XLA_FLAGS", None)
   return subprocess.Popen([sys.executable, os.path.join(TESTS, "optim_train.py"), str(workdir), data_dir, str(steps)],
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)

@@ -95,7 +95,6 @@ def _env() -> dict:
   """This environment, 2 CPU devices, and tests/ importable (for `bad_datasets:BadTrainPngs`)."""
   env = {**os.environ, "JAXDP_CPU_DEVICES": "2",
          "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
-  env.pop("XLA_FLAGS", None)
   return env
 
 

@@ -32,7 +32,6 @@ def test_an_unreachable_coordinator_is_one_line_and_exit_2(tmp_path, data_dir):
   port = _unused_port()
   env = {**os.environ, "JAXDP_CPU_DEVICES": "1", distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
          distributed.ENV_NUM_PROCESSES: "2", distributed.ENV_PROCESS_ID: "1"}
-  env.pop("XLA_FLAGS", None)
   started = time.time()
   # jaxdp.train with a 2 s join timeout (the constant is 300 s): the error must not wait for it.
   proc = subprocess.run([sys.executable, *runs.train_with(INIT_TIMEOUT_S=2), *_flags(tmp_path, data_dir)],
@@ -132,7 +131,7 @@ def test_two_cpu_processes_run_again_on_the_cache_of_their_first_run(tmp_path):
   the second run hung in its all-reduce. A CPU run of several processes keeps no persistent cache."""
   script, cache = tmp_path / "psum.py", tmp_path / "cache"
   script.write_text(_PSUM)
-  env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, "JAX_COMPILATION_CACHE_DIR": str(cache)}
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache)}
   for _ in range(2):
     out = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "2",
                           "--", str(script)], env=env, capture_output=True, text=True, timeout=120)

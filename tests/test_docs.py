@@ -78,7 +78,6 @@ def run(argv: list[str], cwd: pathlib.Path, where: str, fresh: bool = False) -> 
   """Runs `argv` in `cwd` with 2 CPU devices (`fresh`: JAX's own, as on a fresh machine); fails naming `where` and
   the output's end when it fails."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(cwd)]), "JAXDP_CPU_DEVICES": "2"}
-  env.pop("XLA_FLAGS", None)
   if fresh:
     env.pop("JAXDP_CPU_DEVICES")
   p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

@@ -91,7 +91,6 @@ def test_the_scale_halves_on_a_nonfinite_step_and_doubles_after_the_growth_inter
 def _script(workdir, steps: int, devices: int = 8) -> subprocess.Popen:
   """tests/weighted_tasks.py in float16 at a loss factor whose first steps overflow, checkpointing every 4 steps."""
   env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices)}
-  env.pop("XLA_FLAGS", None)
   return subprocess.Popen([sys.executable, os.path.join(TESTS, "weighted_tasks.py"), str(workdir), "--steps",
                            str(steps), "--float16", str(OVERFLOWING), "--checkpoint_every", "4"], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)

@@ -31,7 +31,7 @@ from jaxdp.tools import inspect
 TESTS = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(TESTS, "fsdp_train.py")
 # A script's processes import jaxdp from this checkout (installed or not), and the tests' helpers beside it.
-ENV = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
+ENV = {**os.environ,
        "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(TESTS), os.environ.get("PYTHONPATH")]))}
 
 

@@ -25,10 +25,9 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_two_processes_stop_early_at_the_same_step_with_a_checkpoint_there(data_dir, tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "1",
                          "--", os.path.join(TESTS, "hook_train.py"), str(tmp_path), data_dir],
-                        env=env, capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   seen = [json.loads((tmp_path / f"hooks_{p}.json").read_text()) for p in (0, 1)]
   assert [s["stopped_at"] for s in seen] == [6, 6]

@@ -97,6 +97,8 @@ CONV_FIRST = ("import sys, tempfile, numpy as np, jax, jaxdp; from flax import n
 
 
 def _conv_first(devices: int, threads: int, out) -> subprocess.CompletedProcess:
+  """CONV_FIRST on `devices` CPU devices, XLA:CPU's pool at `threads`; XLA's default flags, not the suite's
+  (conftest.XLA_FLAGS): here the invariant mode's bits are held as users compile."""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES", "NPROC")}
   env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PJRT_NPROC=str(threads),
              JAX_PLATFORMS="cpu")

@@ -66,7 +66,7 @@ def _start(tmp_path: pathlib.Path, data_dir: str, steps: int, launch: bool = Fal
   script.write_text(_script(LOOP, workdir, data_dir, steps, invariant=True) + SAVE_FINAL.format(out=out))
   argv = [sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "4", "--",
           str(script)] if launch else [sys.executable, str(script)]
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES")}
+  env = {k: v for k, v in os.environ.items() if k != "JAXDP_CPU_DEVICES"}
   return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True), out
 

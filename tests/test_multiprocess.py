@@ -34,8 +34,7 @@ def _launch(workdir, overrides, processes=2, devices=4, **popen):
   args = ["--num_processes", str(processes), "--devices_per_process", str(devices), "--",
           *runs.flags(overrides), "--workdir", str(workdir)]
   return subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"},
-                          start_new_session=True, **popen)
+                          stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
 
 
 def _finish(proc, timeout=150):

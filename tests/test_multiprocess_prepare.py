@@ -15,8 +15,7 @@ def test_two_processes_prepare_an_unprepared_dataset_once_and_train(tmp_path):
   overrides = {"dataset.data_dir": str(data_dir), "model.name": "mlp", "model.hidden": (16,), "batch_size": 16,
                "num_train_steps": 2, "log_every_steps": 1, "eval_every_steps": 2, "checkpoint_every_steps": 2}
   args = ["--num_processes", "2", "--devices_per_process", "1", "--", *runs.flags(overrides), "--workdir", str(workdir)]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", *args], capture_output=True, text=True, env=env,
+  proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", *args], capture_output=True, text=True,
                         timeout=240)
   out = proc.stdout + proc.stderr
   assert proc.returncode == 0, out[-4000:]

@@ -48,7 +48,6 @@ def test_notebook_runs(path, data_dir, tmp_path, monkeypatch):
   monkeypatch.setenv("JAXDP_DATA_DIR", data_dir)
   monkeypatch.setenv("JAXDP_NOTEBOOK_STEPS", "12")
   monkeypatch.setenv("JAXDP_WORKDIR", str(tmp_path / "run"))
-  monkeypatch.setenv("XLA_FLAGS", "")  # The notebook sets its own device count.
   monkeypatch.delenv("JAX_PLATFORMS", raising=False)
   # The `python3` kernel spec may run plain `python`: make that this interpreter (the test venv).
   monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

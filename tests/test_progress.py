@@ -207,7 +207,7 @@ def test_summary_names_processes_and_their_batch_and_the_epochs_to_a_tenth(confi
 
 def test_cli_output_when_not_a_terminal(data_dir, tmp_path):
   workdir = tmp_path / "run"
-  env = {**os.environ, "JAXDP_CPU_DEVICES": "4", "XLA_FLAGS": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+  env = {**os.environ, "JAXDP_CPU_DEVICES": "4", "TF_CPP_MIN_LOG_LEVEL": "3"}
   proc = subprocess.run(
       [sys.executable, "-m", "jaxdp.train", "--config", default.__file__, "--workdir", str(workdir),
        f"--config.dataset.data_dir={data_dir}", "--config.model.name=mlp", "--config.batch_size=32",

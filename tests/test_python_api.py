@@ -129,7 +129,6 @@ STEPS = 40  # The script checkpoints every 8 steps.
 def _script(workdir, data_dir, *args, devices=8, steps=STEPS) -> subprocess.Popen:
   """tests/my_train.py (a user's script: model, task and invariant mode of its own) on `devices` CPU devices."""
   env = {**os.environ, "JAXDP_CPU_DEVICES": str(devices)}
-  env.pop("XLA_FLAGS", None)
   return subprocess.Popen([sys.executable, SCRIPT, "--workdir", str(workdir), "--data_dir", data_dir, "--steps",
                            str(steps), "--checkpoint_every", "8", "--invariant", "--save", *args], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -191,9 +190,8 @@ def test_two_launched_processes_run_a_user_script_like_one(data_dir, tmp_path, u
   args = ["--num_processes", "2", "--devices_per_process", "4", "--", SCRIPT, "--workdir", str(tmp_path),
           "--data_dir", data_dir, "--steps", str(STEPS), "--checkpoint_every", "8", "--invariant", "--save",
           "--task_name", "my_train:huber"]
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   out = runs.finish(subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True))
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True))
   assert "[0] step" in out and "[1] step" not in out, out[-2000:]  # Two processes, one reporting.
   assert restore.stored_config(str(tmp_path)).task.name == "my_train:huber"
   assert audit.main(["audit", str(ref_dir), str(tmp_path)]) == 0  # The same global batches, step by step.
@@ -234,9 +232,8 @@ def test_users_convolutional_models_train_the_same_bits_on_1_2_4_8_devices_in_in
   XLA's CPU thread pool has max(PJRT_NPROC, devices) threads, and Eigen splits a convolution's weight-gradient
   sum by it: PJRT_NPROC=1 (as on one core) gives each count its own pool unless invariant mode fixes it.
   """
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   procs = {n: subprocess.Popen([sys.executable, os.path.join(TESTS, "conv_train.py"), str(tmp_path / f"{n}.npz")],
-                               env={**env, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"}, stdout=subprocess.PIPE,
+                               env={**os.environ, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"}, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 2, 4, 8)}
   for proc in procs.values():
     runs.finish(proc)

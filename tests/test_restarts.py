@@ -42,7 +42,7 @@ def _overrides(data_dir: str) -> dict:
 def _launch(workdir, data_dir, *launcher_flags, **env) -> subprocess.Popen:
   args = ["--num_processes", "2", "--devices_per_process", "2", *launcher_flags, "--",
           *runs.flags(_overrides(data_dir)), "--workdir", str(workdir)]
-  full_env = {**{k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}, **env}
+  full_env = {**os.environ, **env}
   return subprocess.Popen([sys.executable, "-m", "jaxdp.launch", *args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=full_env, start_new_session=True)
 

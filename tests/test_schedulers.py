@@ -48,8 +48,8 @@ def _overrides(data_dir, **more) -> dict:
 
 
 def _clean_env() -> dict[str, str]:
-  """This process's environment without any scheduler's variables or XLA_FLAGS."""
-  return {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_PREFIXES) and k != "XLA_FLAGS"}
+  """This process's environment without any scheduler's variables."""
+  return {k: v for k, v in os.environ.items() if not k.startswith(SCHEDULER_PREFIXES)}
 
 
 # ---------------------------------------------------------------------------------------------- in-process joins

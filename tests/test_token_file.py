@@ -180,7 +180,8 @@ def test_a_token_file_larger_than_the_memory_budget_trains(tmp_path):
     f.truncate(size)  # Sparse zeros: instant, no disk; reading a page still maps it into RSS.
   json.dump({"dtype": "uint16", "vocab_size": 256}, open(big + ".json", "w"))
   budget = size // 4  # The growth the test allows itself: a quarter of the file.
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2",
+         "JAX_PLATFORMS": "cpu"}
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = subprocess.run([sys.executable, "-c", PROBE, small, big, str(tmp_path / "w1"), str(tmp_path / "w2"), val],
                        env=env, cwd=root, capture_output=True, text=True, timeout=300)

@@ -296,7 +296,6 @@ def test_an_error_kept_by_the_caller_does_not_hold_python_at_exit(tmp_path):
   (tmp_path / "slow_failing.py").write_text(_SLOW_AFTER_FAILING)
   tests = os.path.dirname(os.path.abspath(__file__))
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), tests, os.environ.get("PYTHONPATH", "")])}
-  env.pop("XLA_FLAGS", None)
   command = [sys.executable, "-c", _KEEP_THE_ERROR, str(tmp_path / "run"), str(tmp_path / "tfds")]
   try:  # Without the release the process printed its line, then waited forever (0% CPU) at exit.
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)

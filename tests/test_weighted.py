@@ -68,10 +68,9 @@ def test_a_bfloat16_allreduce_updates_by_the_objective_to_its_rounding(tmp_path)
 
 
 def test_two_processes_train_the_one_device_objective(tmp_path, one_device):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run([sys.executable, "-m", "jaxdp.launch", "--num_processes", "2", "--devices_per_process", "4",
                          "--", os.path.join(TESTS, "weighted_tasks.py"), str(tmp_path)],
-                        env=env, capture_output=True, text=True, timeout=600)
+                        capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
   with np.load(tmp_path / "final.npz") as f:
     final = {k: f[k] for k in f}
