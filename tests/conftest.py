@@ -18,9 +18,9 @@ cpu_devices.simulate(NUM_DEVICES)
 
 # The suite's XLA flags, in this process and, through the environment, in every process it starts (a test that
 # asks for others says so): XLA:CPU's LLVM at -O1 rather than its default -O3. The suite is bound by XLA:CPU
-# compiles, and -O1 compiles the same programs in about half the time (docs/testing.md). Its bits may differ from
-# -O3's in the last place, so processes whose numbers a test compares run with the same flags. Set before JAX
-# starts its CPU backend, when XLA reads them.
+# compiles, and -O1 compiles the same programs in about 0.5-0.65 of the time
+# (benchmarks/README.md#the-test-suites-compiles). Its bits may differ from -O3's in the last place, so processes
+# whose numbers a test compares run with the same flags. Set before JAX starts its CPU backend, when XLA reads them.
 XLA_FLAGS = "--xla_backend_optimization_level=1"
 os.environ["XLA_FLAGS"] = XLA_FLAGS
 
