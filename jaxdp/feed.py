@@ -1,12 +1,14 @@
 """The one way train batches reach the devices: blocks of k >= 1 steps, each placed in one transfer ahead by one
 thread, the step taking its batch out of the block on the devices (docs/design-notes.md#one-feeder)."""
 
+import atexit
 import dataclasses
 import itertools
 import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -94,6 +96,7 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
     self._block, self._real, self._at, self._done = None, 0, 0, False
     self.waited = 0.0
     self._thread.start()
+    _open.add(self)
 
   def skipped_through(self, step: int) -> int:
     """Bad examples the host stream replaced in this process's rows of steps up to `step` (skip_bad_examples)."""
@@ -147,6 +150,17 @@ class Feeder(Iterator[tuple[PyTree, jax.Array]]):
     # collected after the modules `close` reads.
     if hasattr(self, "_thread") and not self._stop.is_set():
       self.close()
+
+
+_open: "weakref.WeakSet[Feeder]" = weakref.WeakSet()  # Feeders whose thread may still run.
+
+
+@atexit.register
+def _close_open() -> None:
+  """Stops every feeder still open at exit (a script's, never closed), before Python ends its daemon threads: one
+  ended inside XLA's C++ (placing a block) aborts the process ("FATAL: exception not rethrown")."""
+  for feeder in list(_open):
+    feeder.close()
 
 
 def _take_ids(batches: Iterator[data.Batch], on_ids: Callable[[np.ndarray], None]) -> Iterator[data.Batch]:
