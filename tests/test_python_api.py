@@ -233,8 +233,9 @@ def test_users_convolutional_models_train_the_same_bits_on_1_2_4_8_devices_in_in
   sum by it: PJRT_NPROC=1 (as on one core) gives each count its own pool unless invariant mode fixes it.
   """
   procs = {n: subprocess.Popen([sys.executable, os.path.join(TESTS, "conv_train.py"), str(tmp_path / f"{n}.npz")],
-                               env={**os.environ, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True) for n in (1, 2, 4, 8)}
+                               env={**os.environ, "JAXDP_CPU_DEVICES": str(n), "PJRT_NPROC": "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+           for n in (1, 2, 4, 8)}
   for proc in procs.values():
     runs.finish(proc)
   params = {n: dict(np.load(tmp_path / f"{n}.npz")) for n in procs}
