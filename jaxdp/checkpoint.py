@@ -11,7 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from orbax.checkpoint import checkpoint_managers
 
@@ -23,6 +23,23 @@ from jaxdp.strategies import Strategy
 
 CHECKPOINT_DIR = "checkpoints"
 BEST_MODES = ("max", "min")
+
+
+def _one_replica_per_process(x: Any) -> Any:
+  """A replicated array as the same array on one device of each process (no copy); any other leaf as it is.
+
+  orbax divides the writing of a replicated array among its replicas, with a slice per replica: each a program
+  compiled for its shape, and on one process no less to write. One replica per process keeps the division across
+  processes, where it spreads the work, and drops the slices within one."""
+  if not isinstance(x, jax.Array) or not x.sharding.is_fully_replicated or len(x.sharding.device_set) == 1:
+    return x
+  first = {}  # Each process's first device, by id: the same choice in every process.
+  for device in sorted(x.sharding.device_set, key=lambda d: d.id):
+    first.setdefault(device.process_index, device)
+  sharding = NamedSharding(Mesh(np.array(list(first.values())), ("replica",)), P())
+  mine = first[jax.process_index()]
+  return jax.make_array_from_single_device_arrays(x.shape, sharding,
+                                                  [s.data for s in x.addressable_shards if s.device == mine])
 
 
 def directory(workdir: str) -> str:
@@ -106,7 +123,8 @@ class Checkpointer:
     meta = {"step": step, "config": json.loads(self.config.to_json_best_effort())}
     if self.stream is not None:
       meta["stream"] = self.stream
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(backend.to_global(state)),
+    written = jax.tree.map(_one_replica_per_process, backend.to_global(state))
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(written),
                                                     meta=ocp.args.JsonSave(meta)),
                       metrics=dict(metrics) if metrics else None, force=True)  # Whatever step orbax saved last.
 
