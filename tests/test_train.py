@@ -265,7 +265,7 @@ _SLOW_AFTER_FAILING = textwrap.dedent("""
       def __getitems__(self, keys):
         reader = threading.current_thread()  # A tf.data worker: not the loop's thread, nor jaxdp's prefetch thread.
         if _Records.failed and reader is not threading.main_thread() and reader.name != "jaxdp-prefetch":
-          time.sleep(10.0)  # Still running when the caller holds the error.
+          time.sleep(2.0)  # Still running when the caller holds the error.
         _Records.failed = _Records.failed or failing_datasets.BAD_INDEX in keys
         return super().__getitems__(keys)
 
