@@ -1,11 +1,13 @@
-"""XLA:CPU's LLVM optimization level (`--xla_backend_optimization_level`) against XLA's default: compile seconds of a
-short jaxdp run and whether its final parameters keep the same bits (the test suite compiles at -O1: tests/conftest.py).
+"""XLA:CPU's compile settings against the first one given: compile seconds of a short jaxdp run and whether its final
+parameters keep the same bits (the test suite's settings: tests/conftest.py).
 
-Each run is a fresh process (XLA reads XLA_FLAGS once), levels in turn per round: `train_and_evaluate` on `digits`
-(prepared once, first), 8 simulated CPU devices, plain and invariant mode; XLA's backend compile seconds
+A setting is `default` (XLA_FLAGS unset) or an LLVM level (`--xla_backend_optimization_level`), with `+loops` for
+XLA:CPU's loop emitters instead of its fusion emitters (`--xla_cpu_use_fusion_emitters=false`; XLA before 0.11).
+Each run is a fresh process (XLA reads XLA_FLAGS once), settings in turn per round: `train_and_evaluate` on
+`digits` (prepared once, first), 8 simulated CPU devices, plain and invariant mode; XLA's backend compile seconds
 (jax.monitoring) and the run's wall.
 
-    python benchmarks/compile_level.py --levels default,1 --models mlp,cnn --rounds 3 [--out compile_level.md]
+    python benchmarks/compile_level.py --settings default,1,0+loops --models mlp,cnn --rounds 3 [--out FILE.md]
 """
 
 import argparse
@@ -47,11 +49,19 @@ def child(model: str, invariant: bool, data_dir: str, out: str) -> None:
   print(json.dumps({"compile": sum(seconds), "wall": time.perf_counter() - start}))
 
 
-def run(level: str, model: str, invariant: bool, data_dir: str, out: str) -> dict[str, float]:
-  """`child` in a fresh process at `level` ("default": XLA_FLAGS unset)."""
+def xla_flags(setting: str) -> str:
+  """XLA_FLAGS for a setting: "" for `default`, else its LLVM level and, with `+loops`, the loop emitters."""
+  if setting == "default":
+    return ""
+  level, _, loops = setting.partition("+")
+  return f"--xla_backend_optimization_level={int(level)}" + (" --xla_cpu_use_fusion_emitters=false" if loops else "")
+
+
+def run(setting: str, model: str, invariant: bool, data_dir: str, out: str) -> dict[str, float]:
+  """`child` in a fresh process under `setting`."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  if level != "default":
-    env["XLA_FLAGS"] = f"--xla_backend_optimization_level={level}"
+  if setting != "default":
+    env["XLA_FLAGS"] = xla_flags(setting)
   done = subprocess.run([sys.executable, __file__, "--child", model, str(int(invariant)), data_dir, out], env=env,
                         capture_output=True, text=True, check=True)
   return json.loads(done.stdout.strip().splitlines()[-1])
@@ -65,32 +75,32 @@ def same_bits(a: str, b: str) -> bool:
 
 def main(argv: list[str]) -> None:
   parser = argparse.ArgumentParser()
-  parser.add_argument("--levels", default="default,1")
+  parser.add_argument("--settings", default="default,1,0+loops")
   parser.add_argument("--models", default="mlp,cnn")
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--out")
   args = parser.parse_args(argv)
-  levels, load = args.levels.split(","), abrun.load()
-  lines = abrun.header("XLA:CPU optimization level: compile seconds and bits", load, "8 simulated CPU devices")
-  lines += ["", "| model | mode | level | compile s, median (min..max) | run wall s | / default compile | "
-                "same bits as default |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  settings, load = args.settings.split(","), abrun.load()
+  lines = abrun.header("XLA:CPU compile settings: compile seconds and bits", load, "8 simulated CPU devices")
+  lines += ["", f"| model | mode | setting | compile s, median (min..max) | run wall s | / {settings[0]} compile | "
+                f"same bits as {settings[0]} |", "| --- | --- | --- | --- | --- | --- | --- |"]
   with tempfile.TemporaryDirectory() as tmp:
     import ml_collections
     from jaxdp import data
     data.load(ml_collections.ConfigDict({"name": "digits", "data_dir": tmp}))  # Prepared once, outside the runs.
     for model in args.models.split(","):
       for invariant in (False, True):
-        times = {level: [] for level in levels}
+        times = {setting: [] for setting in settings}
         for r in range(args.rounds):
-          for level in abrun.in_turn(levels, r):
-            times[level].append(run(level, model, invariant, tmp, os.path.join(tmp, f"{level}.npz")))
-        base = [t["compile"] for t in times[levels[0]]]
-        for level in levels:
-          compile_s = [t["compile"] for t in times[level]]
-          lines.append(f"| {model} | {'invariant' if invariant else 'plain'} | {level} | {abrun.fmt(compile_s)} | "
-                       f"{statistics.median(t['wall'] for t in times[level]):.2f} | "
+          for setting in abrun.in_turn(settings, r):
+            times[setting].append(run(setting, model, invariant, tmp, os.path.join(tmp, f"{setting}.npz")))
+        base = [t["compile"] for t in times[settings[0]]]
+        for setting in settings:
+          compile_s = [t["compile"] for t in times[setting]]
+          lines.append(f"| {model} | {'invariant' if invariant else 'plain'} | {setting} | {abrun.fmt(compile_s)} | "
+                       f"{statistics.median(t['wall'] for t in times[setting]):.2f} | "
                        f"{abrun.fmt(abrun.ratios(compile_s, base))} | "
-                       f"{same_bits(os.path.join(tmp, f'{levels[0]}.npz'), os.path.join(tmp, f'{level}.npz'))} |")
+                       f"{same_bits(os.path.join(tmp, f'{settings[0]}.npz'), os.path.join(tmp, f'{setting}.npz'))} |")
   abrun.write(args.out, lines)
 
 
