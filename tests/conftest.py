@@ -3,6 +3,8 @@
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import jax
@@ -17,11 +19,27 @@ NUM_DEVICES = 8
 cpu_devices.simulate(NUM_DEVICES)
 
 # The suite's XLA flags, in this process and, through the environment, in every process it starts (a test that
-# asks for others says so): XLA:CPU's LLVM at -O1 rather than its default -O3. The suite is bound by XLA:CPU
-# compiles, and -O1 compiles the same programs in about 0.5-0.65 of the time
-# (benchmarks/README.md#the-test-suites-compiles). Its bits may differ from -O3's in the last place, so processes
-# whose numbers a test compares run with the same flags. Set before JAX starts its CPU backend, when XLA reads them.
-XLA_FLAGS = "--xla_backend_optimization_level=1"
+# asks for others says so). The suite is bound by XLA:CPU's compiles, so it compiles for compile speed rather than
+# run speed: LLVM at -O0 rather than XLA's default -O3 and, where this XLA still has them, XLA:CPU's loop emitters
+# rather than its fusion emitters; together about 0.35-0.45 of -O1's compile seconds
+# (benchmarks/README.md#the-test-suites-compiles). Their bits may differ from XLA's defaults in the last place, so
+# processes whose numbers a test compares run with the same flags. Chosen once, by the first process to load this
+# file (pytest-xdist's controller; its workers inherit them), before JAX starts its CPU backend, when XLA reads them.
+COMPILE_FAST = "--xla_backend_optimization_level=0"
+LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"  # XLA 0.11 and later refuse it: they have no other emitters.
+
+
+def _xla_accepts(flags: str) -> bool:
+  """Whether XLA starts with `flags` (it aborts on a flag it does not know): a fresh process tries."""
+  probe = "import jax; jax.devices()"
+  env = {**os.environ, "XLA_FLAGS": flags, "JAX_PLATFORMS": "cpu"}
+  return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True).returncode == 0
+
+
+if "JAXDP_SUITE_XLA_FLAGS" not in os.environ:
+  with_loops = f"{COMPILE_FAST} {LOOP_EMITTERS}"
+  os.environ["JAXDP_SUITE_XLA_FLAGS"] = with_loops if _xla_accepts(with_loops) else COMPILE_FAST
+XLA_FLAGS = os.environ["JAXDP_SUITE_XLA_FLAGS"]
 os.environ["XLA_FLAGS"] = XLA_FLAGS
 
 # One compilation cache for the session, inherited by the CLI and launcher subprocesses: many tests

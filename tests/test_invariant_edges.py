@@ -1,6 +1,8 @@
 """Invariant mode's promise at its edges: BatchNorm statistics under accumulation; deterministic GPU ops."""
 
+import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -10,6 +12,8 @@ import pytest
 
 from jaxdp import parallel, strategies, train
 from jaxdp.runtime import process
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -26,17 +30,31 @@ def _stats(config, workdir):
   return result.backend.get(result.state.model_state)["batch_stats"]["BatchNorm_0"]
 
 
+# Trains the pickled config argv[2] on 1 and 8 devices; saves run N's parameters and statistics as argv[3]_N.npz and
+# its eval metrics as argv[3]_N.json.
+BN_RUNS = ("import json, pickle, sys, numpy as np, jax; sys.path.insert(0, sys.argv[1]); from jaxdp import train; "
+           "config, out = pickle.load(open(sys.argv[2], 'rb')), sys.argv[3]\n"
+           "for n in (1, 8):\n"
+           "  config.parallel.num_devices = n; r = train.train_and_evaluate(config, f'{out}_{n}')\n"
+           "  np.savez(f'{out}_{n}.npz', *jax.tree.leaves(r.backend.get((r.state.params, r.state.model_state))))\n"
+           "  json.dump(r.eval_metrics, open(f'{out}_{n}.json', 'w'))")
+
+
 def test_batchnorm_statistics_and_eval_metrics_are_bitwise_on_1_and_8_devices(bn_config, tmp_path):
-  """Three steps (the running averages nonzero from the second on), then an eval on the statistics."""
+  """Three steps (the running averages nonzero from the second on), then an eval on the statistics; XLA's default
+  flags, not the suite's (conftest.XLA_FLAGS): XLA:CPU's loop emitters put the statistics 1 ulp apart."""
   bn_config.num_train_steps, bn_config.eval_batch_size, bn_config.dataset.eval_split = 3, 40, "test[:80]"
-  runs = {}
-  for n in (1, 8):
-    bn_config.parallel.num_devices = n
-    result = train.train_and_evaluate(bn_config, str(tmp_path / str(n)))
-    runs[n] = result.backend.get((result.state.params, result.state.model_state)), result.eval_metrics
-  for a, b in zip(jax.tree.leaves(runs[1][0]), jax.tree.leaves(runs[8][0])):
-    assert a.tobytes() == b.tobytes(), np.abs(a - b).max()
-  assert runs[1][1] == runs[8][1]
+  (tmp_path / "config.pkl").write_bytes(pickle.dumps(bn_config))
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES")}
+  env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-c", BN_RUNS, TESTS, str(tmp_path / "config.pkl"), str(tmp_path / "run")],
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  one, eight = (np.load(tmp_path / f"run_{n}.npz") for n in (1, 8))
+  assert len(one.files) == 8  # Six parameters (two Dense, BatchNorm's scale and bias), then mean and variance.
+  for k in one.files:
+    assert one[k].tobytes() == eight[k].tobytes(), (k, np.abs(one[k] - eight[k]).max())
+  assert json.loads((tmp_path / "run_1.json").read_text()) == json.loads((tmp_path / "run_8.json").read_text())
 
 
 def test_batchnorm_statistics_under_accumulation_are_the_mean_over_micro_batches(bn_config, tmp_path):
@@ -83,7 +101,6 @@ def test_the_process_sets_deterministic_gpu_ops_first_in_xla_flags_before_jax_st
   assert os.environ["XLA_FLAGS"] == "--xla_gpu_deterministic_ops=true --xla_dump_to=/tmp/x"
 
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
 # A user's script: an NNX conv model made first (JAX starts there), then trained in invariant mode from Python.
 CONV_FIRST = ("import sys, tempfile, numpy as np, jax, jaxdp; from flax import nnx; sys.path.insert(0, sys.argv[1]); "
               "import conv_train, user_models; from jaxdp.configs import default; "
