@@ -60,8 +60,8 @@ def xla_flags(setting: str) -> str:
 def run(setting: str, model: str, invariant: bool, data_dir: str, out: str) -> dict[str, float]:
   """`child` in a fresh process under `setting`."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  if setting != "default":
-    env["XLA_FLAGS"] = xla_flags(setting)
+  if flags := xla_flags(setting):  # `default`: XLA_FLAGS unset.
+    env["XLA_FLAGS"] = flags
   done = subprocess.run([sys.executable, __file__, "--child", model, str(int(invariant)), data_dir, out], env=env,
                         capture_output=True, text=True, check=True)
   return json.loads(done.stdout.strip().splitlines()[-1])

@@ -16,6 +16,15 @@ from jaxdp.runtime import process
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
+def _as_users_compile(script: str, *args: str, devices: int, **env: str) -> subprocess.CompletedProcess:
+  """`python -c script TESTS *args` on `devices` CPU devices with XLA's default flags, not the suite's
+  (conftest.XLA_FLAGS): where the invariant mode's bits are held as users compile; `env` added."""
+  clean = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES", "NPROC")}
+  clean.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu", **env)
+  return subprocess.run([sys.executable, "-c", script, TESTS, *args], env=clean, capture_output=True, text=True,
+                        timeout=300)
+
+
 @pytest.fixture
 def bn_config(config):
   """A linen BatchNorm model in invariant mode, one step on a batch of 64."""
@@ -41,14 +50,11 @@ BN_RUNS = ("import json, pickle, sys, numpy as np, jax; sys.path.insert(0, sys.a
 
 
 def test_batchnorm_statistics_and_eval_metrics_are_bitwise_on_1_and_8_devices(bn_config, tmp_path):
-  """Three steps (the running averages nonzero from the second on), then an eval on the statistics; XLA's default
-  flags, not the suite's (conftest.XLA_FLAGS): XLA:CPU's loop emitters put the statistics 1 ulp apart."""
+  """Three steps (the running averages nonzero from the second on), then an eval on the statistics, as users
+  compile: XLA:CPU's loop emitters, which the suite's flags choose, put the statistics 1 ulp apart."""
   bn_config.num_train_steps, bn_config.eval_batch_size, bn_config.dataset.eval_split = 3, 40, "test[:80]"
   (tmp_path / "config.pkl").write_bytes(pickle.dumps(bn_config))
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES")}
-  env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-  done = subprocess.run([sys.executable, "-c", BN_RUNS, TESTS, str(tmp_path / "config.pkl"), str(tmp_path / "run")],
-                        env=env, capture_output=True, text=True, timeout=300)
+  done = _as_users_compile(BN_RUNS, str(tmp_path / "config.pkl"), str(tmp_path / "run"), devices=8)
   assert done.returncode == 0, done.stderr[-2000:]
   one, eight = (np.load(tmp_path / f"run_{n}.npz") for n in (1, 8))
   assert len(one.files) == 8  # Six parameters (two Dense, BatchNorm's scale and bias), then mean and variance.
@@ -114,13 +120,8 @@ CONV_FIRST = ("import sys, tempfile, numpy as np, jax, jaxdp; from flax import n
 
 
 def _conv_first(devices: int, threads: int, out) -> subprocess.CompletedProcess:
-  """CONV_FIRST on `devices` CPU devices, XLA:CPU's pool at `threads`; XLA's default flags, not the suite's
-  (conftest.XLA_FLAGS): here the invariant mode's bits are held as users compile."""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXDP_CPU_DEVICES", "NPROC")}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", PJRT_NPROC=str(threads),
-             JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "-c", CONV_FIRST, TESTS, str(out)], env=env, capture_output=True, text=True,
-                        timeout=300)
+  """CONV_FIRST on `devices` CPU devices, XLA:CPU's pool at `threads`, as users compile."""
+  return _as_users_compile(CONV_FIRST, str(out), devices=devices, PJRT_NPROC=str(threads))
 
 
 def test_a_conv_model_made_before_jaxdp_is_bitwise_or_refused_in_one_line(tmp_path):
